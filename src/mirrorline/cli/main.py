@@ -1,0 +1,85 @@
+"""Entry point: ``mirrorline COMMAND -c CONFIG``.
+
+Exit status: 0 success, 1 when ``verify`` finds a difference, 2 usage or configuration error, 3 any other failure;
+each failure with a one-line reason on stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import os
+import sys
+from collections.abc import Sequence
+
+from mirrorline import __version__
+
+# (command, module, one-line help). Order is the order of `mirrorline --help`.
+COMMANDS: list[tuple[str, str, str]] = [
+    ("run", "mirrorline.cli.run_cmd", "capture, compile and apply for every target"),
+    ("capture", "mirrorline.cli.capture_cmd", "source to change log only"),
+    ("compile", "mirrorline.cli.compile_cmd", "compile the change log into net row changes (units of work) only"),
+    ("apply", "mirrorline.cli.apply_cmd", "change log to target(s) only, compiling as needed"),
+    ("snapshot", "mirrorline.cli.snapshot_cmd", "consistent initial load of a target, over the wire or through files"),
+    ("log", "mirrorline.cli.log_cmd", "import or export the change log as deltaflood/daystream lines"),
+    ("status", "mirrorline.cli.status_cmd", "targets, positions, lag and the slot's retained WAL"),
+    ("verify", "mirrorline.cli.verify_cmd", "compare source and target tables (exit 1 on any difference)"),
+    ("demo", "mirrorline.cli.demo_cmd", "the embedded default: replicate a throwaway PostgreSQL into SQLite and DuckDB"),
+]
+
+
+def add_config_argument(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-c", "--config", default=os.environ.get("MIRRORLINE_CONFIG", "mirrorline.toml"),
+                   help="configuration file (TOML; default: $MIRRORLINE_CONFIG or ./mirrorline.toml)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="mirrorline",
+        description="Change-data-capture replication of PostgreSQL tables: capture once through pgoutput, stage in "
+        "a durable change log, compile net row changes with Spark, apply set-based to PostgreSQL, SQLite, DuckDB "
+        "and Parquet targets, exactly once.",
+        epilog="Exit status: 0 success, 1 verify found a difference, 2 usage or configuration error, 3 other failure.",
+    )
+    parser.add_argument("--version", action="version", version=f"mirrorline {__version__}")
+    parser.add_argument("-v", "--verbose", action="count", default=0, help="more log output (-vv for debug)")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, module, help_text in COMMANDS:
+        mod = importlib.import_module(module)
+        p = sub.add_parser(name, help=help_text, description=(mod.__doc__ or help_text).strip())
+        p.add_argument("-v", "--verbose", action="count", default=0, help=argparse.SUPPRESS)
+        mod.add_arguments(p)
+        p.set_defaults(_module=mod)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from mirrorline.errors import MirrorlineError
+
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # argparse: --help exits 0, usage errors exit 2
+        return int(e.code or 0)
+    if not getattr(args, "command", None):
+        parser.print_help(sys.stderr)
+        return 2
+    level = logging.WARNING - 10 * min(args.verbose, 2)
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    try:
+        return int(args._module.run(args) or 0)
+    except MirrorlineError as e:
+        print(f"mirrorline {args.command}: {e}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        print(f"mirrorline {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+def entry() -> None:
+    sys.exit(main())
+
+
+if __name__ == "__main__":
+    entry()

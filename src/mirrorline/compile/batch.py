@@ -1,0 +1,49 @@
+"""The output of compiling one unit of work: net row changes per table (DESIGN §5). The contract between compile and
+apply; it does not depend on the target, so one compiled batch serves every target.
+
+``net`` is a Spark DataFrame with one row per net change:
+
+=============  ====================  ===========================================================================
+column         type                  meaning
+=============  ====================  ===========================================================================
+table          string                "schema.name"
+kind           string                "D" (delete this key), "U" (update to this image), "I" (insert this image)
+key            array<string>         the key values, in the table's key-column order
+new            map<string,string>    the image for U and I (null for D); columns marked unchanged are absent
+unchanged      array<string>         for U: columns not sent and not seen in the unit (keep the target's value)
+lsn, seq       bigint, bigint        position of the last change folded into this net change
+=============  ====================  ===========================================================================
+
+A "replace" (delete then insert of one key) is two rows, kind D and kind I. Apply runs, per table in ``tables``
+order: TRUNCATE if the table is in ``truncated``, then the deletes, then the updates, then the inserts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from mirrorline.position import Position
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+NET_DDL = (
+    "`table` STRING NOT NULL, kind STRING NOT NULL, key ARRAY<STRING> NOT NULL, new MAP<STRING, STRING>, "
+    "unchanged ARRAY<STRING> NOT NULL, lsn BIGINT NOT NULL, seq BIGINT NOT NULL"
+)
+
+
+@dataclass
+class NetBatch:
+    start: Position  # exclusive: the unit holds the changes after this position ...
+    end: Position  # ... up to and including this one
+    tables: list[str]  # every table with a change in the unit, in the order of its first change
+    net: DataFrame
+    truncated: dict[str, Position] = field(default_factory=dict)  # table -> position of its last TRUNCATE
+    changes: int = 0  # how many log changes the unit held
+
+    def of(self, table: str, kind: str) -> DataFrame:
+        from pyspark.sql import functions as F
+
+        return self.net.where((F.col("table") == table) & (F.col("kind") == kind))

@@ -1,0 +1,309 @@
+"""The one configuration file (TOML, DESIGN §8), loaded and validated.
+
+Every problem is refused at start with the file, the key and the reason. Passwords in DSNs are never printed: use
+:func:`redact_dsn` on anything that shows a DSN.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from mirrorline.errors import ConfigError
+
+TARGET_KINDS = ("postgresql", "sqlite", "duckdb", "parquet")
+MODES = ("update", "mirror")
+ON_ERROR = ("stop", "reject")
+_DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
+_TABLE_RE = re.compile(r"^[^.\s]+\.[^.\s]+$")
+
+
+@dataclass(frozen=True)
+class SourceConfig:
+    dsn: str
+    slot: str = "mirrorline"
+    publication: str = "mirrorline"
+
+
+@dataclass(frozen=True)
+class LogConfig:
+    path: Path
+    segment_changes: int = 100_000  # close a segment after this many changes ...
+    segment_seconds: float = 1.0  # ... or this long after its first change
+
+
+@dataclass(frozen=True)
+class ApplyConfig:
+    latency: float = 2.0  # seconds: close a unit of work after this long ...
+    max_changes: int = 1_000_000  # ... or after this many changes
+    threads: int = 1
+    builders: int = 1  # the third field of the IBM "threads:latency:builders" form: Spark tasks building worktables
+    on_error: str = "stop"
+
+
+@dataclass(frozen=True)
+class TableConfig:
+    name: str  # "schema.name"
+    actions: frozenset[str] = frozenset("IDU")
+    sequence: int = -1
+    key: tuple[str, ...] = ()
+    columns: dict[str, str] = field(default_factory=dict)  # column -> PostgreSQL type, for tables fed from files
+
+
+@dataclass(frozen=True)
+class TargetConfig:
+    name: str
+    url: str
+    kind: str  # one of TARGET_KINDS
+    location: str  # a path for file targets, a DSN for PostgreSQL
+    mode: str = "update"
+    on_error: str = "stop"
+
+
+@dataclass(frozen=True)
+class Config:
+    file: Path
+    source: SourceConfig | None
+    log: LogConfig
+    apply: ApplyConfig
+    tables: dict[str, TableConfig]
+    targets: dict[str, TargetConfig]
+
+    def table(self, name: str) -> TableConfig:
+        return self.tables.get(name) or TableConfig(name)
+
+    def tables_in_load_order(self) -> list[TableConfig]:
+        """DESIGN §7: negative or missing sequence first (any order), then ascending sequence."""
+        return sorted(self.tables.values(), key=lambda t: (max(t.sequence, -1), t.name))
+
+
+def redact_dsn(dsn: str) -> str:
+    """Hide the password in a URL or keyword DSN."""
+    dsn = re.sub(r"(://[^:/@\s]*:)[^@/\s]*@", r"\1***@", dsn)
+    dsn = re.sub(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", r"\1***", dsn, flags=re.IGNORECASE)
+    return re.sub(r"([?&]password=)[^&\s]*", r"\1***", dsn, flags=re.IGNORECASE)
+
+
+def parse_duration(value: Any) -> float:
+    """``"2s"``, ``"500ms"``, ``"1m"``, ``"1h"`` or a number of seconds -> seconds."""
+    if isinstance(value, bool):
+        raise ValueError("expected a duration")
+    if isinstance(value, int | float):
+        if value < 0:
+            raise ValueError("a duration cannot be negative")
+        return float(value)
+    if isinstance(value, str):
+        m = _DURATION_RE.match(value)
+        if m:
+            n = float(m.group(1))
+            return n * {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}[m.group(2) or "s"]
+    raise ValueError(f'expected a duration such as "2s", "500ms" or "1m", got {value!r}')
+
+
+def parse_threads(value: Any) -> tuple[int, float | None, int | None]:
+    """``threads`` as a number, or the IBM form ``"threads:latency:builders"`` (e.g. ``"2:45:3"``, latency in
+    seconds). Returns (threads, latency or None, builders or None)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        if value < 1:
+            raise ValueError("threads must be at least 1")
+        return value, None, None
+    if isinstance(value, str):
+        parts = value.split(":")
+        if 1 <= len(parts) <= 3 and all(p.strip().isdigit() for p in parts):
+            nums = [int(p) for p in parts]
+            if nums[0] < 1 or (len(nums) == 3 and nums[2] < 1):
+                raise ValueError("threads and builders must be at least 1")
+            return (
+                nums[0],
+                float(nums[1]) if len(nums) > 1 else None,
+                nums[2] if len(nums) > 2 else None,
+            )
+    raise ValueError(f'expected a number of threads or "threads:latency:builders" such as "2:45:3", got {value!r}')
+
+
+def target_location(url: str, base: Path) -> tuple[str, str]:
+    """Split a target URL into (kind, location). File URLs follow the SQLAlchemy convention: ``sqlite:///cache.db``
+    is relative to the configuration file's folder, ``sqlite:////var/cache.db`` is absolute."""
+    scheme = url.split(":", 1)[0].lower() if ":" in url else ""
+    if scheme in ("postgresql", "postgres"):
+        return "postgresql", url
+    if scheme in ("sqlite", "duckdb", "parquet"):
+        rest = url[len(scheme) + 1 :]
+        if not rest.startswith("///"):
+            raise ValueError(f"expected {scheme}:///relative/path or {scheme}:////absolute/path, got {url!r}")
+        path = rest[3:]
+        if not path:
+            raise ValueError(f"no path in {url!r}")
+        p = Path(path)
+        return scheme, str(p if p.is_absolute() else (base / p))
+    raise ValueError(f"unknown target kind {scheme or url!r}: expected one of {', '.join(TARGET_KINDS)}")
+
+
+class _Reader:
+    """Reads one TOML table with file/key-qualified errors and a check for unknown keys."""
+
+    def __init__(self, file: str, prefix: str, data: Any) -> None:
+        self.file, self.prefix = file, prefix
+        if not isinstance(data, dict):
+            raise ConfigError(file, prefix or None, f"expected a table, got {type(data).__name__}")
+        self.data = data
+
+    def key(self, name: str) -> str:
+        return f"{self.prefix}.{name}" if self.prefix else name
+
+    def fail(self, name: str, reason: str) -> ConfigError:
+        return ConfigError(self.file, self.key(name), reason)
+
+    def get(self, name: str, kind: type | tuple[type, ...], default: Any = None, required: bool = False) -> Any:
+        if name not in self.data:
+            if required:
+                raise self.fail(name, "is required")
+            return default
+        value = self.data[name]
+        if isinstance(value, bool) and bool not in (kind if isinstance(kind, tuple) else (kind,)):
+            raise self.fail(name, f"expected {_kind_name(kind)}, got a boolean")
+        if not isinstance(value, kind):
+            raise self.fail(name, f"expected {_kind_name(kind)}, got {type(value).__name__} {value!r}")
+        return value
+
+    def only(self, *allowed: str) -> None:
+        for k in self.data:
+            if k not in allowed:
+                raise self.fail(k, f"unknown key (allowed here: {', '.join(allowed)})")
+
+
+def _kind_name(kind: type | tuple[type, ...]) -> str:
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    names = {str: "a string", int: "an integer", float: "a number", list: "a list", dict: "a table", bool: "a boolean"}
+    return " or ".join(names.get(k, k.__name__) for k in kinds)
+
+
+def load(path: str | os.PathLike[str]) -> Config:
+    """Load and validate a configuration file; raise :class:`ConfigError` naming file, key and reason."""
+    p = Path(path)
+    file = str(p)
+    try:
+        raw = p.read_bytes()
+    except FileNotFoundError:
+        raise ConfigError(file, None, "no such file", hint="pass an existing file with -c/--config") from None
+    except OSError as e:
+        raise ConfigError(file, None, f"cannot read: {e.strerror}") from None
+    try:
+        data = tomllib.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise ConfigError(file, None, "not UTF-8 text") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(file, None, f"not valid TOML: {e}") from None
+    return parse(data, p)
+
+
+def parse(data: dict[str, Any], path: Path) -> Config:
+    file = str(path)
+    base = path.resolve().parent
+    top = _Reader(file, "", data)
+    top.only("source", "log", "apply", "tables", "targets")
+
+    source = None
+    if "source" in data:
+        r = _Reader(file, "source", data["source"])
+        r.only("dsn", "slot", "publication")
+        slot = r.get("slot", str, "mirrorline")
+        if not re.fullmatch(r"[a-z0-9_]{1,63}", slot):
+            raise r.fail("slot", f"{slot!r} is not a valid slot name (lower-case letters, digits and _, at most 63)")
+        dsn = r.get("dsn", str, required=True)
+        if not dsn.strip():
+            raise r.fail("dsn", "is empty")
+        source = SourceConfig(dsn=dsn, slot=slot, publication=r.get("publication", str, slot))
+
+    r = _Reader(file, "log", data.get("log", {}))
+    r.only("path", "segment_changes", "segment_seconds")
+    log_path = Path(r.get("path", str, "./mirrorline-log"))
+    seg_changes = r.get("segment_changes", int, 100_000)
+    if seg_changes < 1:
+        raise r.fail("segment_changes", "must be at least 1")
+    try:
+        seg_seconds = parse_duration(r.get("segment_seconds", (str, int, float), 1.0))
+    except ValueError as e:
+        raise r.fail("segment_seconds", str(e)) from None
+    log = LogConfig(path=log_path if log_path.is_absolute() else base / log_path, segment_changes=seg_changes,
+                    segment_seconds=seg_seconds)
+
+    r = _Reader(file, "apply", data.get("apply", {}))
+    r.only("latency", "max_changes", "threads", "builders", "on_error")
+    try:
+        threads, t_latency, t_builders = parse_threads(r.get("threads", (int, str), 1))
+    except ValueError as e:
+        raise r.fail("threads", str(e)) from None
+    try:
+        latency = parse_duration(r.get("latency", (str, int, float), t_latency if t_latency is not None else 2.0))
+    except ValueError as e:
+        raise r.fail("latency", str(e)) from None
+    max_changes = r.get("max_changes", int, 1_000_000)
+    if max_changes < 1:
+        raise r.fail("max_changes", "must be at least 1")
+    builders = r.get("builders", int, t_builders or 1)
+    if builders < 1:
+        raise r.fail("builders", "must be at least 1")
+    on_error = r.get("on_error", str, "stop")
+    if on_error not in ON_ERROR:
+        raise r.fail("on_error", f"expected one of {', '.join(ON_ERROR)}, got {on_error!r}")
+    apply = ApplyConfig(latency=latency, max_changes=max_changes, threads=threads, builders=builders,
+                        on_error=on_error)
+
+    tables: dict[str, TableConfig] = {}
+    r = _Reader(file, "tables", data.get("tables", {}))
+    for name, spec in r.data.items():
+        if not _TABLE_RE.match(name):
+            raise r.fail(name, 'table names are "schema.name", e.g. [tables."public.orders"]')
+        tables[name] = _table(file, name, spec)
+
+    targets: dict[str, TargetConfig] = {}
+    r = _Reader(file, "targets", data.get("targets", {}))
+    for name, spec in r.data.items():
+        if not re.fullmatch(r"[A-Za-z0-9_-]{1,40}", name):
+            raise r.fail(name, "target names are letters, digits, _ and -, at most 40")
+        t = _Reader(file, f"targets.{name}", spec)
+        t.only("url", "mode", "on_error")
+        url = t.get("url", str, required=True)
+        try:
+            kind, location = target_location(url, base)
+        except ValueError as e:
+            raise t.fail("url", str(e)) from None
+        mode = t.get("mode", str, "update")
+        if mode not in MODES:
+            raise t.fail("mode", f"expected one of {', '.join(MODES)}, got {mode!r}")
+        t_on_error = t.get("on_error", str, on_error)
+        if t_on_error not in ON_ERROR:
+            raise t.fail("on_error", f"expected one of {', '.join(ON_ERROR)}, got {t_on_error!r}")
+        targets[name] = TargetConfig(name=name, url=url, kind=kind, location=location, mode=mode,
+                                     on_error=t_on_error)
+
+    return Config(file=path, source=source, log=log, apply=apply, tables=tables, targets=targets)
+
+
+def _table(file: str, name: str, spec: Any) -> TableConfig:
+    r = _Reader(file, f'tables."{name}"', spec)
+    r.only("actions", "sequence", "key", "columns")
+    actions = r.get("actions", str, "IDU").upper()
+    if not actions or any(a not in "IDU" for a in actions):
+        raise r.fail("actions", f"expected letters among I, D and U (e.g. \"IDU\"), got {actions!r}")
+    sequence = r.get("sequence", int, -1)
+    key = r.get("key", list, [])
+    if not all(isinstance(k, str) and k for k in key):
+        raise r.fail("key", "expected a list of column names")
+    if len(set(key)) != len(key):
+        raise r.fail("key", "names a column twice")
+    columns = r.get("columns", dict, {})
+    for col, typ in columns.items():
+        if not isinstance(typ, str) or not typ.strip():
+            raise r.fail(f"columns.{col}", "expected a PostgreSQL type name such as \"bigint\" or \"text\"")
+    missing = [k for k in key if columns and k not in columns]
+    if missing:
+        raise r.fail("key", f"names columns not in columns: {', '.join(missing)}")
+    return TableConfig(name=name, actions=frozenset(actions), sequence=max(sequence, -1), key=tuple(key),
+                       columns=dict(columns))

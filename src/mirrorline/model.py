@@ -1,0 +1,117 @@
+"""The types that cross stages: operations, changes, table schemas.
+
+Values travel as PostgreSQL sent them: text (or ``None`` for SQL NULL). A column whose unchanged TOASTed value was not
+sent is *absent* from the new image and listed in ``unchanged``: never a null.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+
+from mirrorline.position import Position
+
+Value = str | None
+Key = tuple[Value, ...]
+
+
+class Op(str, Enum):
+    INSERT = "I"
+    UPDATE = "U"
+    DELETE = "D"
+    TRUNCATE = "T"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    """One row change (or a TRUNCATE) at its log position.
+
+    - ``key``: the row's key values in key-column order; for a DELETE the deleted row's key; for an UPDATE the new key;
+      ``()`` for TRUNCATE.
+    - ``new``: the new image for INSERT/UPDATE (column -> text value), ``None`` for DELETE and TRUNCATE. Columns whose
+      unchanged TOAST value was not sent are absent from it and named in ``unchanged``.
+    - ``old_key``: for an UPDATE that changed the key, the key before it; ``None`` otherwise.
+    - ``schema_version``: the version of the table's schema (see :class:`TableSchema`) the change was captured with.
+    """
+
+    pos: Position
+    commit_ts: int  # microseconds since the Unix epoch, UTC
+    xid: int
+    table: str  # "schema.name"
+    op: Op
+    key: Key = ()
+    new: Mapping[str, Value] | None = None
+    unchanged: frozenset[str] = frozenset()
+    old_key: Key | None = None
+    schema_version: int = 1
+
+
+# Types whose values are large objects: never part of a default (all-columns) key (DESIGN §5).
+LOB_TYPES = frozenset({"text", "bytea", "json", "jsonb", "xml"})
+
+
+@dataclass(frozen=True, slots=True)
+class Column:
+    name: str
+    type_name: str  # PostgreSQL's format_type() text: "integer", "numeric(10,2)", "character varying(20)", "text"
+    type_oid: int = 0
+    typmod: int = -1
+    nullable: bool = True
+
+    @property
+    def is_lob(self) -> bool:
+        base = self.type_name.split("(")[0].strip().lower()
+        return base in LOB_TYPES
+
+
+@dataclass(frozen=True, slots=True)
+class TableSchema:
+    """One version of a table's schema, as recorded in the log."""
+
+    table: str  # "schema.name"
+    columns: tuple[Column, ...]
+    key: tuple[str, ...]
+    version: int = 1
+    since: Position = field(default_factory=lambda: Position(0, 0))
+
+    @property
+    def column_names(self) -> tuple[str, ...]:
+        return tuple(c.name for c in self.columns)
+
+    def column(self, name: str) -> Column:
+        for c in self.columns:
+            if c.name == name:
+                return c
+        raise KeyError(name)
+
+
+def default_key(columns: Sequence[Column], flagged: Sequence[str] = (), configured: Sequence[str] = ()) -> tuple[str, ...]:
+    """The key of a table (DESIGN §5): the configured key, else the primary key / replica identity columns, else
+    every column except large-object types."""
+    if configured:
+        return tuple(configured)
+    if flagged:
+        return tuple(flagged)
+    return tuple(c.name for c in columns if not c.is_lob)
+
+
+def split_table_name(table: str) -> tuple[str, str]:
+    """``"public.orders"`` -> ``("public", "orders")``; an unqualified name is in ``public``."""
+    if "." in table:
+        schema, _, name = table.partition(".")
+        return schema, name
+    return "public", table
+
+
+def quote_ident(name: str) -> str:
+    """Quote one SQL identifier (works for PostgreSQL, SQLite and DuckDB)."""
+    return '"' + name.replace('"', '""') + '"'
+
+
+def quote_table(table: str) -> str:
+    schema, name = split_table_name(table)
+    return f"{quote_ident(schema)}.{quote_ident(name)}"
