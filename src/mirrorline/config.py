@@ -12,7 +12,6 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 from mirrorline.errors import ConfigError
 

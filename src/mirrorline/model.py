@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
 
 from mirrorline.position import Position
 
@@ -16,7 +16,7 @@ Value = str | None
 Key = tuple[Value, ...]
 
 
-class Op(str, Enum):
+class Op(StrEnum):
     INSERT = "I"
     UPDATE = "U"
     DELETE = "D"
@@ -89,7 +89,9 @@ class TableSchema:
         raise KeyError(name)
 
 
-def default_key(columns: Sequence[Column], flagged: Sequence[str] = (), configured: Sequence[str] = ()) -> tuple[str, ...]:
+def default_key(
+    columns: Sequence[Column], flagged: Sequence[str] = (), configured: Sequence[str] = ()
+) -> tuple[str, ...]:
     """The key of a table (DESIGN §5): the configured key, else the primary key / replica identity columns, else
     every column except large-object types."""
     if configured:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from mirrorline.cli._common import not_built
+from mirrorline.cli._common import load_config, not_built
 from mirrorline.cli.main import add_config_argument
 
 
@@ -13,4 +13,5 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--once", action="store_true", help="compile what the log holds now, then stop")
 
 def run(args: argparse.Namespace) -> int:
+    load_config(args)
     raise not_built("compile", "the apply issue (#4)")

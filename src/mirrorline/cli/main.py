@@ -25,7 +25,7 @@ COMMANDS: list[tuple[str, str, str]] = [
     ("log", "mirrorline.cli.log_cmd", "import or export the change log as deltaflood/daystream lines"),
     ("status", "mirrorline.cli.status_cmd", "targets, positions, lag and the slot's retained WAL"),
     ("verify", "mirrorline.cli.verify_cmd", "compare source and target tables (exit 1 on any difference)"),
-    ("demo", "mirrorline.cli.demo_cmd", "the embedded default: replicate a throwaway PostgreSQL into SQLite and DuckDB"),
+    ("demo", "mirrorline.cli.demo_cmd", "the embedded default: a throwaway PostgreSQL replicated into SQLite, DuckDB"),
 ]
 
 

@@ -1,0 +1,136 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from mirrorline import config
+from mirrorline.errors import ConfigError
+
+FULL = """
+[source]
+dsn = "postgresql://app:s3cret@db.example:5432/app"
+slot = "mirrorline"
+
+[log]
+path = "./mirrorline-log"
+
+[apply]
+latency = "2s"
+max_changes = 1000000
+threads = "2:45:3"
+
+[tables."public.orders"]
+actions = "IDU"
+sequence = 1
+key = ["id"]
+
+[tables."public.items"]
+actions = "iu"
+
+[tables."public.notes"]
+sequence = -5
+
+[targets.cache]
+url = "sqlite:///cache.db"
+[targets.warehouse]
+url = "postgresql://dw@warehouse.example/dw"
+mode = "mirror"
+[targets.lake]
+url = "duckdb:////var/lib/lake.duckdb"
+"""
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    p = tmp_path / "mirrorline.toml"
+    p.write_text(text)
+    return p
+
+
+def test_the_design_example_loads(tmp_path):
+    cfg = config.load(write(tmp_path, FULL))
+    assert cfg.source is not None and cfg.source.slot == "mirrorline" and cfg.source.publication == "mirrorline"
+    assert cfg.log.path == tmp_path / "mirrorline-log"
+    assert (cfg.apply.threads, cfg.apply.latency, cfg.apply.builders) == (2, 2.0, 3)  # explicit latency wins
+    assert cfg.apply.max_changes == 1_000_000
+    assert cfg.tables["public.orders"].key == ("id",)
+    assert cfg.tables["public.items"].actions == frozenset("IU")
+    assert cfg.tables["public.notes"].sequence == -1
+    assert cfg.targets["cache"].kind == "sqlite"
+    assert cfg.targets["cache"].location == str(tmp_path.resolve() / "cache.db")
+    assert cfg.targets["lake"].location == "/var/lib/lake.duckdb"
+    assert cfg.targets["warehouse"].mode == "mirror" and cfg.targets["warehouse"].kind == "postgresql"
+
+
+def test_tables_load_in_sequence_order_negatives_first(tmp_path):
+    cfg = config.load(write(tmp_path, FULL))
+    assert [t.name for t in cfg.tables_in_load_order()] == ["public.items", "public.notes", "public.orders"]
+
+
+def test_threads_form_gives_latency_and_builders(tmp_path):
+    cfg = config.load(write(tmp_path, '[apply]\nthreads = "2:45:3"\n'))
+    assert (cfg.apply.threads, cfg.apply.latency, cfg.apply.builders) == (2, 45.0, 3)
+
+
+def test_explicit_latency_wins_over_the_threads_form(tmp_path):
+    cfg = config.load(write(tmp_path, '[apply]\nthreads = "2:45:3"\nlatency = "500ms"\n'))
+    assert cfg.apply.latency == 0.5 and cfg.apply.threads == 2
+
+
+@pytest.mark.parametrize(
+    ("text", "key", "reason"),
+    [
+        ("[apply]\nlatency = \"soon\"\n", "apply.latency", "expected a duration"),
+        ("[apply]\nthreads = 0\n", "apply.threads", "at least 1"),
+        ("[apply]\nthreads = \"2:x\"\n", "apply.threads", "threads:latency:builders"),
+        ("[apply]\nmax_changes = \"many\"\n", "apply.max_changes", "expected an integer"),
+        ("[apply]\non_error = \"ignore\"\n", "apply.on_error", "expected one of stop, reject"),
+        ("[source]\nslot = \"x\"\n", "source.dsn", "is required"),
+        ("[source]\ndsn = \"host=x\"\nslot = \"Bad-Slot\"\n", "source.slot", "not a valid slot name"),
+        ("[tables.orders]\n", "tables.orders", '"schema.name"'),
+        ("[tables.\"public.t\"]\nactions = \"IX\"\n", 'tables."public.t".actions', "letters among I, D and U"),
+        ("[tables.\"public.t\"]\nsequence = \"1\"\n", 'tables."public.t".sequence', "expected an integer"),
+        ("[tables.\"public.t\"]\nkey = [\"a\", \"a\"]\n", 'tables."public.t".key', "twice"),
+        ("[tables.\"public.t\"]\nkeys = [\"a\"]\n", 'tables."public.t".keys', "unknown key"),
+        ("[targets.x]\nurl = \"mysql://h/db\"\n", "targets.x.url", "unknown target kind"),
+        ("[targets.x]\nurl = \"sqlite:/rel.db\"\n", "targets.x.url", "sqlite:///relative/path"),
+        ("[targets.x]\nurl = \"sqlite:///x.db\"\nmode = \"merge\"\n", "targets.x.mode", "update, mirror"),
+        ("[targets.x]\n", "targets.x.url", "is required"),
+        ("[sources]\n", "sources", "unknown key"),
+    ],
+)
+def test_bad_configuration_names_file_key_and_reason(tmp_path, text, key, reason):
+    p = write(tmp_path, text)
+    with pytest.raises(ConfigError) as e:
+        config.load(p)
+    assert e.value.key == key
+    assert reason in str(e.value)
+    assert str(e.value).startswith(f"{p}: {key}: ")
+    assert e.value.exit_code == 2
+
+
+def test_missing_file_and_invalid_toml_are_config_errors(tmp_path):
+    with pytest.raises(ConfigError, match="no such file"):
+        config.load(tmp_path / "absent.toml")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        config.load(write(tmp_path, "[source\n"))
+
+
+@pytest.mark.parametrize(
+    ("dsn", "shown"),
+    [
+        ("postgresql://app:s3cret@db:5432/app", "postgresql://app:***@db:5432/app"),
+        ("host=db user=app password=s3cret dbname=app", "host=db user=app password=*** dbname=app"),
+        ("host=db password='s3 cret' dbname=app", "host=db password=*** dbname=app"),
+        ("postgresql://db/app?user=a&password=s3cret", "postgresql://db/app?user=a&password=***"),
+        ("postgresql://app@db/app", "postgresql://app@db/app"),
+    ],
+)
+def test_passwords_are_redacted(dsn, shown):
+    assert config.redact_dsn(dsn) == shown
+    assert "s3cret" not in config.redact_dsn(dsn)
+
+
+@pytest.mark.parametrize(("value", "seconds"), [("2s", 2.0), ("500ms", 0.5), ("1m", 60.0), (3, 3.0), ("1.5", 1.5)])
+def test_durations(value, seconds):
+    assert config.parse_duration(value) == seconds
