@@ -1,0 +1,2 @@
+"""Capture: the source PostgreSQL's changes, through logical decoding (pgoutput, large transactions streamed), into
+the change log (DESIGN §3)."""

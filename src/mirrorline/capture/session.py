@@ -1,0 +1,375 @@
+"""The replication session: source checks, publication and slot, then pgoutput streamed into the change log.
+
+Watermarks (DESIGN §2), kept apart and named:
+
+- *received*: the end LSN of the last transaction received whole (or the server's WAL end when nothing is open);
+  it is in capture's memory only.
+- *durable*: in the log, fsynced (``LogWriter.durable``). Only the end LSN of a durable transaction is reported to
+  PostgreSQL as flushed (``confirmed_flush_lsn`` of the slot), so a restart resends exactly what the log lacks;
+  transactions resent with a commit LSN at or below the log's last one are skipped.
+
+A dropped connection is retried (with back-off) from the slot, after making what was received whole durable and
+discarding open stream spills (PostgreSQL streams those transactions again from their start).
+"""
+
+from __future__ import annotations
+
+import logging
+import select
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from mirrorline.capture.assembler import (
+    Assembler,
+    Committed,
+    Event,
+    SkippedTxn,
+    SpillAbort,
+    SpillBlockEnd,
+    SpillChanges,
+    SpillCommit,
+)
+from mirrorline.capture.decoder import Decoder
+from mirrorline.capture.source import (
+    PublicationReport,
+    TypeNames,
+    check_server,
+    connect,
+    current_wal_lsn,
+    describe_tables,
+    ensure_slot,
+    is_transient,
+    reconcile_publication,
+    source_error,
+)
+from mirrorline.config import Config
+from mirrorline.errors import ConfigError, SourceError, TransientSourceError
+from mirrorline.log.stream import StreamSpill
+from mirrorline.log.writer import LogWriter
+from mirrorline.position import Position, format_lsn
+
+log = logging.getLogger("mirrorline.capture")
+
+TAKE_ROWS = 20_000  # hand committed rows to the writer in batches of about this many
+IDLE_WAIT = 0.1  # seconds to wait for the server when it has nothing for us
+
+
+@dataclass
+class CaptureStats:
+    """What a capture run did; the watermarks as LSNs (0: none yet)."""
+
+    publication: PublicationReport | None = None
+    slot_created: bool = False
+    target_lsn: int = 0  # --once: pg_current_wal_lsn() at start
+    received_lsn: int = 0
+    durable_lsn: int = 0  # end LSN of the last durable transaction (what was reported as flushed)
+    durable: Position | None = None
+    transactions: int = 0
+    streamed: int = 0
+    skipped: int = 0
+    changes: int = 0
+    messages: int = 0
+    reconnects: int = 0
+    schema_versions: list[str] = field(default_factory=list)
+
+
+class Capture:
+    """``mirrorline capture``: run until stopped (or, with ``once``, until everything the source had committed at
+    start is durable in the log)."""
+
+    def __init__(self, config: Config, *, once: bool = False, max_retry_seconds: float = 300.0,
+                 on_ready: Callable[[CaptureStats], None] | None = None) -> None:
+        if config.source is None:
+            raise ConfigError(str(config.file), "source", "is required for capture",
+                              hint="add a [source] section with the dsn of the database to capture")
+        self.config = config
+        self.source = config.source
+        self.once = once
+        self.max_retry_seconds = max_retry_seconds
+        self.on_ready = on_ready
+        self.stats = CaptureStats()
+        self._stop = False
+        self._writer: LogWriter | None = None
+        self._types: TypeNames | None = None
+        self._spills: dict[int, StreamSpill] = {}
+        self._ends: deque[tuple[int, int, int]] = deque()  # (commit_lsn, end_lsn, rows) not reported flushed yet
+        self._wal_end = 0  # highest WAL end the server told us it has sent up to
+        self._started = False  # replication was started once in this run
+        self._streaming = False  # the current connection got as far as streaming
+
+    def stop(self) -> None:
+        """Ask the run to end at the next message or idle tick (signal-handler safe)."""
+        self._stop = True
+
+    # ------------------------------------------------------------------------------------------------- start
+
+    def prepare(self) -> dict[str, Any]:
+        """Check the source and the configured tables, reconcile the publication, create the slot if missing."""
+        dsn = self.source.dsn
+        conn = connect(dsn)
+        try:
+            try:
+                check_server(conn)
+                tables = describe_tables(conn, self.config)
+                self.stats.publication = reconcile_publication(conn, self.source.publication, tables)
+                log.debug("%s", self.stats.publication.summary())
+                self.stats.slot_created = ensure_slot(conn, self.source.slot)
+                if self.stats.slot_created:
+                    log.info("replication slot %s created", self.source.slot)
+                if self.once:
+                    self.stats.target_lsn = current_wal_lsn(conn)
+            except Exception as e:
+                import psycopg2
+
+                if isinstance(e, psycopg2.Error):
+                    raise source_error(e, dsn, "source check failed") from None
+                raise
+        finally:
+            conn.close()
+        self._types = TypeNames(dsn)
+        self._types.add_tables(tables.values())
+        return tables
+
+    def run(self) -> CaptureStats:
+        tables = self.prepare()
+        lcfg = self.config.log
+        self._writer = writer = LogWriter(lcfg.path, lcfg.segment_changes, lcfg.segment_seconds)
+        try:
+            assert self._types is not None
+            asm = Assembler(self._types, self._record_schema, {n: t.info for n, t in tables.items()})
+            self._loop(asm, writer)
+        finally:
+            self._spills.clear()
+            writer.close()
+            if self._types is not None:
+                self._types.close()
+        self.stats.durable = writer.durable
+        return self.stats
+
+    def _record_schema(self, schema: Any) -> Any:
+        assert self._writer is not None
+        s = self._writer.record_schema(schema)
+        label = f"{s.table}@{s.version}"
+        if label not in self.stats.schema_versions:
+            self.stats.schema_versions.append(label)
+        return s
+
+    # ------------------------------------------------------------------------------------------------- streaming
+
+    def _loop(self, asm: Assembler, writer: LogWriter) -> None:
+        down_since: float | None = None
+        delay = 0.2
+        while not self._stop:
+            try:
+                self._stream(asm, writer)
+            except TransientSourceError as e:
+                busy = str(e.context.get("sqlstate", "")) == "55006"  # slot still held by a dying walsender
+                if not self._started and not busy:
+                    raise
+                self._after_connection(asm, writer)
+                now = time.monotonic()
+                if self._streaming:
+                    down_since, delay = None, 0.2
+                down_since = down_since or now
+                if now - down_since > self.max_retry_seconds:
+                    raise SourceError(f"{e.message}; gave up after {self.max_retry_seconds:.0f} s of retries",
+                                      hint=e.hint) from None
+                if self._streaming:
+                    self.stats.reconnects += 1
+                log.warning("replication connection lost (%s); reconnecting in %.1f s", e.message, delay)
+                time.sleep(delay)
+                delay = min(delay * 2, 5.0)
+                continue
+            self._after_connection(asm, writer)
+            return
+
+    def _after_connection(self, asm: Assembler, writer: LogWriter) -> None:
+        """The connection ended: what was received whole becomes durable; open spills are dropped (resent)."""
+        self._handle(asm.reset(), asm, writer, None)
+        self._take(asm, writer)
+        writer.flush()
+        for spill in self._spills.values():
+            spill.abort()
+        self._spills.clear()
+        self._ends.clear()
+        durable = writer.durable
+        self.stats.durable = durable
+
+    def _stream(self, asm: Assembler, writer: LogWriter) -> None:
+        import psycopg2
+
+        dsn = self.source.dsn
+        self._streaming = False
+        conn = connect(dsn, replication=True, doing="cannot open the replication connection")
+        try:
+            cur = conn.cursor()
+            try:
+                cur.start_replication(
+                    slot_name=self.source.slot, decode=False, status_interval=5,
+                    options={"proto_version": "2", "publication_names": self.source.publication,
+                             "streaming": "on", "messages": "true"})
+            except psycopg2.Error as e:
+                raise source_error(e, dsn, f"cannot start replication from slot {self.source.slot}") from None
+            asm.skip_through = writer.last_lsn
+            decoder = Decoder()
+            self._streaming = True
+            if not self._started:
+                self._started = True
+                if self.on_ready is not None:
+                    self.on_ready(self.stats)
+            self._consume(cur, decoder, asm, writer)
+        except psycopg2.Error as e:
+            if is_transient(e):
+                raise source_error(e, dsn, "replication connection failed") from None
+            raise source_error(e, dsn, "replication failed") from None
+        finally:
+            try:
+                conn.close()
+            except Exception:  # the connection may be dead already
+                log.debug("closing the replication connection failed", exc_info=True)
+
+    def _consume(self, cur: Any, decoder: Decoder, asm: Assembler, writer: LogWriter) -> None:
+        stats = self.stats
+        decode = decoder.decode
+        feed = asm.feed
+        read = cur.read_message
+        handle = self._handle
+        once = self.once
+        target = stats.target_lsn
+        next_check = time.monotonic() + 0.2
+        last_ask = 0.0
+        n = 0
+        while not self._stop:
+            msg = read()
+            if msg is not None:
+                n += 1
+                events = feed(decode(msg.payload))
+                if events:
+                    handle(events, asm, writer, cur)
+                if n & 1023 == 0:
+                    stats.messages = n
+                    now = time.monotonic()
+                    if now >= next_check:
+                        next_check = now + 0.2
+                        self._periodic(cur, asm, writer)
+                continue
+            # nothing waiting from the server
+            stats.messages = n
+            wal_end = cur.wal_end
+            if wal_end > self._wal_end:
+                self._wal_end = wal_end
+            now = time.monotonic()
+            if now >= next_check:
+                next_check = now + 0.2
+                self._periodic(cur, asm, writer)
+            if once:
+                if self._wal_end >= target and not asm.in_transaction:
+                    self._take(asm, writer)
+                    writer.flush()
+                    self._feedback(cur, asm, writer)
+                    if self._once_done(asm, writer):
+                        self._feedback(cur, asm, writer, force=True)
+                        return
+                if now - last_ask >= 0.2:  # ask for a keepalive: it tells how far the server has sent
+                    cur.send_feedback(reply=True, force=True)
+                    last_ask = now
+            select.select([cur], [], [], IDLE_WAIT)
+        self._take(asm, writer)
+        writer.flush()
+        self._feedback(cur, asm, writer, force=True)
+
+    def _periodic(self, cur: Any, asm: Assembler, writer: LogWriter) -> None:
+        """Every ~0.2 s: committed rows to the writer, segments flushed by its time limit, feedback."""
+        if asm.buffered:
+            self._take(asm, writer)
+        writer.tick()
+        self._feedback(cur, asm, writer)
+
+    def _once_done(self, asm: Assembler, writer: LogWriter) -> bool:
+        """Everything the source had committed when we started is durable: the server has sent past that point and
+        nothing received is waiting."""
+        if asm.in_transaction or asm.buffered or writer.pending or self._ends:
+            return False
+        return max(self._wal_end, self.stats.durable_lsn) >= self.stats.target_lsn
+
+    # ------------------------------------------------------------------------------------------------- events
+
+    def _handle(self, events: Sequence[Event], asm: Assembler, writer: LogWriter, cur: Any) -> None:
+        stats = self.stats
+        for ev in events:
+            cls = type(ev)
+            if cls is Committed:
+                assert isinstance(ev, Committed)
+                stats.transactions += 1
+                stats.changes += ev.rows
+                stats.received_lsn = ev.end_lsn
+                self._ends.append((ev.commit_lsn, ev.end_lsn, ev.rows))
+                if asm.buffered >= TAKE_ROWS:
+                    self._take(asm, writer)
+                    self._feedback(cur, asm, writer)
+            elif cls is SpillChanges:
+                assert isinstance(ev, SpillChanges)
+                spill = self._spills.get(ev.xid)
+                if spill is None:
+                    spill = self._spills[ev.xid] = writer.open_stream(ev.xid)
+                spill.add(ev.subxid, ev.rows)
+            elif cls is SpillBlockEnd:
+                assert isinstance(ev, SpillBlockEnd)
+                spill = self._spills.get(ev.xid)
+                if spill is not None:
+                    spill.end_block()
+            elif cls is SpillCommit:
+                assert isinstance(ev, SpillCommit)
+                self._take(asm, writer)  # the log holds whole transactions in commit order
+                spill = self._spills.pop(ev.xid, None)
+                stats.transactions += 1
+                stats.streamed += 1
+                stats.received_lsn = ev.end_lsn
+                rows = 0
+                if spill is not None:
+                    rows = spill.changes
+                    spill.commit(ev.commit_lsn, ev.commit_ts)
+                stats.changes += rows
+                self._ends.append((ev.commit_lsn, ev.end_lsn, rows))
+                self._feedback(cur, asm, writer)
+            elif cls is SpillAbort:
+                assert isinstance(ev, SpillAbort)
+                spill = self._spills.get(ev.xid)
+                if spill is not None:
+                    if ev.subxid == ev.xid:
+                        self._spills.pop(ev.xid)
+                        spill.abort()
+                    else:
+                        spill.abort_subxact(ev.subxid)
+            elif cls is SkippedTxn:
+                assert isinstance(ev, SkippedTxn)
+                stats.skipped += 1
+                stats.received_lsn = ev.end_lsn
+                self._ends.append((ev.commit_lsn, ev.end_lsn, 0))
+
+    def _take(self, asm: Assembler, writer: LogWriter) -> None:
+        rows = asm.take()
+        if rows is not None:
+            writer.add_transactions(rows)
+
+    def _feedback(self, cur: Any, asm: Assembler, writer: LogWriter, force: bool = False) -> None:
+        """Report as flushed the end of the last transaction that is durable (and everything before it is)."""
+        if cur is None:
+            return
+        durable = writer.durable
+        durable_lsn = durable.lsn if durable is not None else 0
+        ends = self._ends
+        flushed = self.stats.durable_lsn
+        while ends and (ends[0][2] == 0 or ends[0][0] <= durable_lsn):
+            flushed = max(flushed, ends.popleft()[1])
+        if not ends and not asm.in_transaction and not asm.buffered and not writer.pending:
+            # nothing received is waiting: the server's WAL end is a transaction boundary for us
+            flushed = max(flushed, self._wal_end)
+        if flushed > self.stats.durable_lsn or force:
+            self.stats.durable_lsn = flushed
+            log.debug("durable through %s (received %s)", format_lsn(flushed), format_lsn(self.stats.received_lsn))
+            cur.send_feedback(write_lsn=max(flushed, self.stats.received_lsn), flush_lsn=flushed,
+                              apply_lsn=flushed, force=force)

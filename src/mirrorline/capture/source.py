@@ -1,0 +1,311 @@
+"""The source database seen through a normal SQL connection: checks, the configured tables' keys, the publication
+reconciled with the configuration, the replication slot, type names.
+
+Everything here runs before streaming starts, so that a missing table or a table without a usable key is a clear
+error before anything streams. Errors never show a password (:func:`mirrorline.config.redact_dsn`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from mirrorline.capture.assembler import TableInfo
+from mirrorline.config import Config, redact_dsn
+from mirrorline.errors import ConfigError, SourceError, TransientSourceError
+from mirrorline.model import Column, default_key, quote_ident, quote_table, split_table_name
+from mirrorline.position import parse_lsn
+
+log = logging.getLogger(__name__)
+
+# SQLSTATEs after which trying again can help: connection failures, shutdowns, the slot still held by a walsender
+# that has not yet noticed its client died.
+_TRANSIENT_STATES = ("08", "57P01", "57P02", "57P03", "55006", "53300")
+
+
+def is_transient(e: Exception) -> bool:
+    import psycopg2
+
+    if isinstance(e, psycopg2.InterfaceError):
+        return True
+    if not isinstance(e, psycopg2.Error):
+        return False
+    code = e.pgcode
+    if code is None:  # no SQLSTATE: the connection itself failed or dropped
+        return isinstance(e, psycopg2.OperationalError | psycopg2.DatabaseError)
+    return any(code.startswith(s) for s in _TRANSIENT_STATES)
+
+
+def source_error(e: Exception, dsn: str, doing: str) -> SourceError:
+    """A driver exception -> one clear line, no password; transient ones as :class:`TransientSourceError`."""
+    import psycopg2
+
+    text = str(e).strip()
+    first = next((ln.strip() for ln in text.splitlines() if ln.strip()), type(e).__name__)
+    if first.startswith("FATAL:"):
+        first = first[len("FATAL:"):].strip()
+    where = redact_dsn(dsn)
+    code = getattr(e, "pgcode", None)
+    if (code and code.startswith("28")) or "password authentication failed" in text or "no password supplied" in text:
+        return SourceError(f"{doing}: {first}", hint="check the user in [source] dsn and PGPASSWORD / ~/.pgpass",
+                           dsn=where)
+    if is_transient(e):
+        hint = "is the server running and reachable?" if isinstance(e, psycopg2.OperationalError) else None
+        return TransientSourceError(f"{doing}: {first}", hint=hint, dsn=where, sqlstate=code)
+    return SourceError(f"{doing}: {first}", dsn=where, sqlstate=code)
+
+
+def connect(dsn: str, *, replication: bool = False, doing: str = "cannot connect to the source") -> Any:
+    import psycopg2
+    import psycopg2.extras
+
+    try:
+        if replication:
+            return psycopg2.connect(dsn, connection_factory=psycopg2.extras.LogicalReplicationConnection,
+                                    connect_timeout=10)
+        conn = psycopg2.connect(dsn, connect_timeout=10, application_name="mirrorline capture")
+        conn.autocommit = True
+        return conn
+    except psycopg2.Error as e:
+        raise source_error(e, dsn, doing) from None
+
+
+def _fetch(conn: Any, sql: str, args: Iterable[Any] = ()) -> list[tuple[Any, ...]]:
+    with conn.cursor() as cur:
+        cur.execute(sql, tuple(args))
+        return list(cur.fetchall()) if cur.description else []
+
+
+# --------------------------------------------------------------------------------------------------------- checks
+
+
+def check_server(conn: Any) -> None:
+    (version,), = _fetch(conn, "SELECT current_setting('server_version_num')::int")
+    if version < 140000:
+        raise SourceError(f"the source runs PostgreSQL {version // 10000}; mirrorline needs 14 or newer "
+                          "(pgoutput protocol version 2 with streaming)")
+    (level,), = _fetch(conn, "SELECT current_setting('wal_level')")
+    if level != "logical":
+        raise SourceError(f"the source has wal_level = {level}; logical decoding needs wal_level = logical",
+                          hint="set wal_level = logical in postgresql.conf and restart the server")
+
+
+def current_wal_lsn(conn: Any) -> int:
+    (lsn,), = _fetch(conn, "SELECT pg_current_wal_lsn()::text")
+    return parse_lsn(lsn)
+
+
+_TABLE_SQL = """
+SELECT c.oid, c.relkind, c.relreplident,
+  ARRAY(SELECT a.attname FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey)
+        WHERE i.indrelid = c.oid AND i.indisprimary ORDER BY array_position(i.indkey::int2[], a.attnum)),
+  ARRAY(SELECT a.attname FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey)
+        WHERE i.indrelid = c.oid AND i.indisreplident ORDER BY array_position(i.indkey::int2[], a.attnum))
+FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE n.nspname = %s AND c.relname = %s
+"""
+_COLUMNS_SQL = """
+SELECT a.attname, a.atttypid, a.atttypmod, format_type(a.atttypid, a.atttypmod), a.attnotnull
+FROM pg_attribute a WHERE a.attrelid = %s AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = ''
+ORDER BY a.attnum
+"""
+
+
+@dataclass
+class SourceTable:
+    """A configured table as the catalog describes it."""
+
+    name: str
+    oid: int
+    replica_identity: str  # d n f i
+    primary_key: tuple[str, ...]
+    identity: tuple[str, ...]  # replica identity columns ('d': the primary key, 'i': the index's; 'f': every one)
+    columns: tuple[Column, ...]
+    info: TableInfo = field(default_factory=lambda: TableInfo(""))
+
+
+def describe_tables(conn: Any, config: Config) -> dict[str, SourceTable]:
+    """Every configured table, checked: it exists, is a table, and has a usable key (primary key, replica identity
+    index, or REPLICA IDENTITY FULL). Raises :class:`ConfigError` naming the table otherwise."""
+    file = str(config.file)
+    if not config.tables:
+        raise ConfigError(file, "tables", "no tables configured",
+                          hint='add at least one [tables."schema.name"] section')
+    out: dict[str, SourceTable] = {}
+    for name, tcfg in config.tables.items():
+        key_name = f'tables."{name}"'
+        schema, rel = split_table_name(name)
+        rows = _fetch(conn, _TABLE_SQL, (schema, rel))
+        if not rows:
+            raise ConfigError(file, key_name, f"no table {name} in the source database",
+                              hint="create it there, or remove it from the configuration")
+        oid, relkind, ident, pk, ri = rows[0]
+        if relkind not in ("r", "p"):
+            kinds = {"v": "a view", "m": "a materialized view", "f": "a foreign table", "S": "a sequence"}
+            raise ConfigError(file, key_name, f"{name} is {kinds.get(relkind, 'not a table')}, which logical "
+                                              "replication cannot publish")
+        columns = tuple(Column(n, t, int(o), int(m), not nn) for n, o, m, t, nn in _fetch(conn, _COLUMNS_SQL, (oid,)))
+        names = [c.name for c in columns]
+        pk = tuple(pk or ())
+        identity: tuple[str, ...] = {"d": pk, "i": tuple(ri or ()), "f": tuple(names), "n": ()}.get(ident, ())
+        if not identity:
+            what = "has no primary key" if ident == "d" else "has REPLICA IDENTITY NOTHING"
+            raise ConfigError(file, key_name, f"{name} {what} and no REPLICA IDENTITY FULL: its updates and deletes "
+                                              "cannot be captured with a key",
+                              hint=f"add a primary key, or run ALTER TABLE {quote_table(name)} REPLICA IDENTITY FULL")
+        if tcfg.key:
+            unknown = [k for k in tcfg.key if k not in names]
+            if unknown:
+                raise ConfigError(file, f"{key_name}.key", f"{name} has no column(s) {', '.join(unknown)}")
+            outside = [k for k in tcfg.key if k not in identity]
+            if outside:
+                raise ConfigError(file, f"{key_name}.key",
+                                  f"key column(s) {', '.join(outside)} are not in {name}'s replica identity "
+                                  f"({', '.join(identity)}), so deletes would not carry them",
+                                  hint=f"configure a key among those columns, or ALTER TABLE {quote_table(name)} "
+                                       "REPLICA IDENTITY FULL")
+        elif ident == "f" and not pk and not default_key(columns):
+            raise ConfigError(file, key_name, f"{name} has no primary key and only large-object columns, so it has "
+                                              "no usable key", hint="add a primary key, or configure tables.key")
+        info = TableInfo(name, tuple(tcfg.key), pk, frozenset(c.name for c in columns if not c.nullable))
+        out[name] = SourceTable(name, int(oid), ident, pk, identity, columns, info)
+    return out
+
+
+# --------------------------------------------------------------------------------------------------------- publication
+
+
+@dataclass
+class PublicationReport:
+    publication: str
+    created: bool = False
+    added: list[str] = field(default_factory=list)
+    removed: list[str] = field(default_factory=list)
+    publish_fixed: bool = False
+
+    @property
+    def changed(self) -> bool:
+        return self.created or bool(self.added or self.removed) or self.publish_fixed
+
+    def summary(self) -> str:
+        if not self.changed:
+            return f"publication {self.publication}: unchanged"
+        parts = []
+        if self.created:
+            parts.append("created")
+        if self.added:
+            parts.append("added " + ", ".join(self.added))
+        if self.removed:
+            parts.append("removed " + ", ".join(self.removed))
+        if self.publish_fixed:
+            parts.append("now publishes insert, update, delete, truncate")
+        return f"publication {self.publication}: " + "; ".join(parts)
+
+
+def reconcile_publication(conn: Any, publication: str, tables: Iterable[str]) -> PublicationReport:
+    """Make the publication hold exactly the configured tables (DESIGN §3): create it, add the missing tables,
+    remove the ones no longer configured, publish every operation. Reports what changed."""
+    wanted = sorted(set(tables))
+    report = PublicationReport(publication)
+    pub = quote_ident(publication)
+    old_autocommit = conn.autocommit
+    conn.autocommit = False
+    try:
+        rows = _fetch(conn, "SELECT puballtables, pubinsert AND pubupdate AND pubdelete AND pubtruncate "
+                            "FROM pg_publication WHERE pubname = %s", (publication,))
+        if not rows:
+            _fetch(conn, f"CREATE PUBLICATION {pub} FOR TABLE {', '.join(quote_table(t) for t in wanted)}")
+            report.created = True
+            report.added = wanted
+        else:
+            all_tables, publishes_all = rows[0]
+            if all_tables:
+                raise SourceError(f"publication {publication} is FOR ALL TABLES, so mirrorline cannot reconcile it "
+                                  "with the configured tables",
+                                  hint="set [source] publication to a name of mirrorline's own")
+            current = sorted(f"{s}.{t}" for s, t in _fetch(
+                conn, "SELECT schemaname, tablename FROM pg_publication_tables WHERE pubname = %s", (publication,)))
+            report.added = [t for t in wanted if t not in current]
+            report.removed = [t for t in current if t not in wanted]
+            if report.added:
+                _fetch(conn, f"ALTER PUBLICATION {pub} ADD TABLE {', '.join(quote_table(t) for t in report.added)}")
+            if report.removed:
+                _fetch(conn, f"ALTER PUBLICATION {pub} DROP TABLE "
+                             f"{', '.join(quote_table(t) for t in report.removed)}")
+            if not publishes_all:
+                _fetch(conn, f"ALTER PUBLICATION {pub} SET (publish = 'insert, update, delete, truncate')")
+                report.publish_fixed = True
+        conn.commit()
+    except BaseException:
+        conn.rollback()
+        raise
+    finally:
+        conn.autocommit = old_autocommit
+    return report
+
+
+# --------------------------------------------------------------------------------------------------------- slot
+
+
+def ensure_slot(conn: Any, slot: str) -> bool:
+    """Create the logical replication slot (pgoutput) if it is missing; True when created. An existing slot must be
+    a logical pgoutput slot of this database."""
+    rows = _fetch(conn, "SELECT plugin, slot_type, database = current_database() FROM pg_replication_slots "
+                        "WHERE slot_name = %s", (slot,))
+    if rows:
+        plugin, kind, same_db = rows[0]
+        if kind != "logical" or plugin != "pgoutput":
+            raise SourceError(f"replication slot {slot} exists but is a {kind} slot of plugin {plugin}",
+                              hint="set [source] slot to another name, or drop that slot")
+        if not same_db:
+            raise SourceError(f"replication slot {slot} belongs to another database",
+                              hint="set [source] slot to a name of its own for this source")
+        return False
+    _fetch(conn, "SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
+    return True
+
+
+# --------------------------------------------------------------------------------------------------------- types
+
+
+class TypeNames:
+    """``format_type(oid, typmod)`` text, cached; looked up on a normal SQL connection, once per (oid, typmod)."""
+
+    def __init__(self, dsn: str, known: Mapping[tuple[int, int], str] | None = None) -> None:
+        self.dsn = dsn
+        self.cache: dict[tuple[int, int], str] = dict(known or {})
+        self._conn: Any = None
+
+    def add_tables(self, tables: Iterable[SourceTable]) -> None:
+        for t in tables:
+            for c in t.columns:
+                self.cache[(c.type_oid, c.typmod)] = c.type_name
+
+    def __call__(self, oid: int, typmod: int) -> str | None:
+        name = self.cache.get((oid, typmod))
+        if name is not None:
+            return name
+        import psycopg2
+
+        try:
+            if self._conn is None or self._conn.closed:
+                self._conn = connect(self.dsn, doing="cannot look up a type name on the source")
+            rows = _fetch(self._conn, "SELECT format_type(%s, %s)", (oid, typmod))
+        except psycopg2.Error as e:
+            log.warning("cannot look up type %s(%s) on the source: %s", oid, typmod, str(e).strip())
+            self.close()
+            return None
+        name = rows[0][0] if rows and rows[0][0] else None
+        if name is not None and name != "???":
+            self.cache[(oid, typmod)] = name
+            return str(name)
+        return None
+
+    def close(self) -> None:
+        if self._conn is not None:
+            try:
+                self._conn.close()
+            finally:
+                self._conn = None
