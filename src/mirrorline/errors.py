@@ -95,6 +95,12 @@ class TargetError(MirrorlineError):
     """A target could not be reached, cannot hold a type, or a change failed to apply there."""
 
 
+class TransientTargetError(TargetError):
+    """A target connection dropped or the server refused work for a reason a retry may cure; nothing was applied."""
+
+    retryable = True
+
+
 class ApplyError(TargetError):
     """A change failed to apply: names the target, table, key, position and the database's message."""
 

@@ -1,0 +1,44 @@
+"""Apply: net row changes into targets with set-based bulk statements, exactly once (DESIGN §6).
+
+Every target has the same small interface (:class:`~mirrorline.apply.engine.Target`)::
+
+    target = open_target(config.targets["cache"], threads=config.apply.threads)
+    target.ensure_schema(schemas)                  # optional: apply() does it for the unit's tables
+    state = target.applied_positions()             # unit end + per-table positions; .position is the safe minimum
+    result = target.apply(batch, schemas, changes) # a NetBatch; schemas: table -> TableSchema; changes: the raw
+                                                   # Change list (or a callable giving it) for the failure path
+    target.close()
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mirrorline.apply.engine import AppliedState, ApplyResult, Target, deal
+from mirrorline.config import TargetConfig
+from mirrorline.errors import ConfigError
+
+__all__ = ["AppliedState", "ApplyResult", "Target", "deal", "open_target", "target_class"]
+
+
+def target_class(kind: str) -> type[Target]:
+    if kind == "postgresql":
+        from mirrorline.apply.postgresql import PostgresTarget
+
+        return PostgresTarget
+    if kind == "sqlite":
+        from mirrorline.apply.sqlite import SqliteTarget
+
+        return SqliteTarget
+    if kind == "duckdb":
+        from mirrorline.apply.duckdb import DuckdbTarget
+
+        return DuckdbTarget
+    raise ConfigError("targets", kind, f"no apply target for kind {kind!r} (built: postgresql, sqlite, duckdb)")
+
+
+def open_target(cfg: TargetConfig, *, threads: int = 1, **options: Any) -> Target:
+    """A target from its configuration. ``options``: ``driver_rows`` (units larger than this load table by table),
+    ``parallel_rows`` (PostgreSQL: units with at least this many changes load worktables from Spark tasks)."""
+    cls = target_class(cfg.kind)
+    return cls(cfg.name, cfg.location, mode=cfg.mode, on_error=cfg.on_error, threads=threads, **options)

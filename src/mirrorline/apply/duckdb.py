@@ -1,0 +1,105 @@
+"""DuckDB target: one file, opened once per target; every session (apply thread) is a cursor of that database.
+Worktables are TEMP tables created straight from the Arrow rows (DuckDB scans a registered Arrow table without
+copying it through Python)."""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import duckdb
+import pyarrow as pa
+
+from mirrorline.apply.engine import Target
+from mirrorline.apply.session import Session
+from mirrorline.apply.sql import DUCKDB
+from mirrorline.errors import TargetError
+
+_DATA_ERRORS = (
+    duckdb.ConstraintException,
+    duckdb.ConversionException,
+    duckdb.InvalidInputException,
+    duckdb.OutOfRangeException,
+    duckdb.TypeMismatchException,
+)
+_views = itertools.count(1)
+
+
+class DuckdbSession(Session):
+    dialect = DUCKDB
+    db_errors = (duckdb.Error,)
+
+    def __init__(self, conn: duckdb.DuckDBPyConnection) -> None:
+        self.cur = conn.cursor()
+
+    def begin(self) -> None:
+        self.cur.execute("BEGIN TRANSACTION")
+
+    def commit(self) -> None:
+        self.cur.execute("COMMIT")
+
+    def rollback(self) -> None:
+        self.cur.execute("ROLLBACK")
+
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> None:
+        self.cur.execute(sql, list(params) if params else None)
+
+    def dml(self, sql: str, params: Sequence[Any] = ()) -> int:
+        row = self.cur.execute(sql, list(params) if params else None).fetchone()
+        return int(row[0]) if row else 0
+
+    def query(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        return self.cur.execute(sql, list(params) if params else None).fetchall()
+
+    def load(self, name: str, columns: Sequence[str], data: pa.Table) -> None:
+        view = f"mirrorline_arrow_{next(_views)}"
+        self.cur.register(view, data.rename_columns(list(columns)))
+        try:
+            self.cur.execute(f"CREATE TEMP TABLE {name} AS SELECT * FROM {view}")
+        finally:
+            self.cur.unregister(view)
+
+    def table_columns(self, table: str) -> list[str] | None:
+        schema, name = self.dialect.names(table)
+        rows = self.cur.execute(
+            "SELECT column_name FROM information_schema.columns WHERE table_catalog = current_database() "
+            "AND table_schema = ? AND table_name = ? ORDER BY ordinal_position", [schema, name]).fetchall()
+        return [r[0] for r in rows] or None
+
+    def is_data_error(self, exc: BaseException) -> bool:
+        return isinstance(exc, _DATA_ERRORS)
+
+    def error_text(self, exc: BaseException) -> str:
+        text = str(exc).strip()
+        return text.split("\n\nLINE")[0].strip() if text else type(exc).__name__
+
+    def close(self) -> None:
+        self.cur.close()
+
+
+class DuckdbTarget(Target):
+    kind = "duckdb"
+    dialect = DUCKDB
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._db: duckdb.DuckDBPyConnection | None = None
+        self._lock = threading.Lock()
+
+    def session(self) -> Session:
+        with self._lock:
+            if self._db is None:
+                try:
+                    self._db = duckdb.connect(self.location)
+                except duckdb.Error as e:
+                    raise TargetError(f"cannot open DuckDB database {self.location}: {e}",
+                                      hint="another process may hold it open", target=self.name) from e
+            return DuckdbSession(self._db)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._db is not None:
+                self._db.close()
+                self._db = None

@@ -1,0 +1,452 @@
+"""The apply engine, the same for every target (DESIGN §6): a compiled unit of work (:class:`NetBatch`) applied
+exactly once with set-based statements, the target's applied position written in the same transaction.
+
+Per table, in the unit's first-seen order: TRUNCATE if truncated, then the net deletes (join-delete), updates
+(join-update of only the columns not marked unchanged; "mirror" mode: delete + insert, unchanged columns kept from
+the existing row), inserts (insert-select), each from a bulk-loaded worktable.
+
+- threads = 1: the whole unit is one transaction, with every table's position and the unit end.
+- threads = N > 1: tables dealt round-robin (first-seen order) to N connections; each table is one transaction with
+  its own position; the unit end is written once every table is done.
+- A bulk failure rolls back the transaction and re-applies the unit's changes one by one in log order to find the
+  first that fails: stop with :class:`ApplyError` naming it, or (``on_error = "reject"``) record it in
+  ``mirrorline_rejects`` and apply the rest, the position advanced.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+from mirrorline.apply import rows as R
+from mirrorline.apply.session import RowMissing, Session
+from mirrorline.apply.sql import GLOBAL_SCOPE, Dialect, key_col, parse_mask
+from mirrorline.apply.stage import ArrowStager, Stager
+from mirrorline.apply.types import cannot_hold
+from mirrorline.errors import ApplyError, TargetError, TransientTargetError
+from mirrorline.model import Change, Op, TableSchema
+from mirrorline.position import ZERO, Position
+
+if TYPE_CHECKING:
+    from mirrorline.compile.batch import NetBatch
+
+ChangeSource = Callable[[], Iterable[Change]] | Sequence[Change] | None
+
+
+class _Mismatch(Exception):
+    """A set-based statement touched a different number of rows than the worktable holds."""
+
+    def __init__(self, table: str, kind: str, expected: int, got: int) -> None:
+        what = {"D": "deleted", "U": "updated", "I": "inserted"}[kind]
+        super().__init__(f"{table}: {what} {got} rows, expected {expected}")
+
+
+@dataclass(frozen=True)
+class AppliedState:
+    """What a target has applied: the unit end every table has reached, and each table's own position."""
+
+    unit_end: Position = ZERO
+    tables: dict[str, Position] = field(default_factory=dict)
+
+    @property
+    def position(self) -> Position:
+        """Every change up to this position is applied (per-table positions taken into account)."""
+        if not self.tables:
+            return self.unit_end
+        return max(self.unit_end, min(self.tables.values()))
+
+    def table(self, table: str) -> Position:
+        """Every change of ``table`` up to this position is applied."""
+        return max(self.unit_end, self.tables.get(table, ZERO))
+
+
+@dataclass
+class ApplyResult:
+    target: str
+    start: Position
+    end: Position
+    applied: list[str] = field(default_factory=list)  # tables applied by this call
+    skipped: list[str] = field(default_factory=list)  # tables that already had the unit
+    rows: dict[str, dict[str, int]] = field(default_factory=dict)  # table -> {"D": n, "U": n, "I": n}
+    rejects: int = 0
+    serial: list[str] = field(default_factory=list)  # tables that went through the failure path
+    seconds: float = 0.0
+
+    @property
+    def noop(self) -> bool:
+        return not self.applied
+
+
+def deal(tables: Sequence[str], threads: int) -> list[list[str]]:
+    """Tables dealt round-robin to ``threads`` lanes in first-seen order (003: TABLE1, TABLE3 -> 0; TABLE2 -> 1)."""
+    lanes: list[list[str]] = [[] for _ in range(max(threads, 1))]
+    for i, t in enumerate(tables):
+        lanes[i % len(lanes)].append(t)
+    return lanes
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds")
+
+
+class Target(ABC):
+    """A target database. Subclasses (one module per engine) give the dialect, sessions and bulk paths."""
+
+    kind: str
+    dialect: Dialect
+
+    def __init__(self, name: str, location: str, *, mode: str = "update", on_error: str = "stop",
+                 threads: int = 1, driver_rows: int = 200_000) -> None:
+        if mode not in ("update", "mirror"):
+            raise ValueError(f"mode must be update or mirror, not {mode!r}")
+        if on_error not in ("stop", "reject"):
+            raise ValueError(f"on_error must be stop or reject, not {on_error!r}")
+        self.name, self.location, self.mode, self.on_error = name, location, mode, on_error
+        self.threads = max(threads, 1)
+        self.driver_rows = driver_rows  # units with more changes than this load table by table (or from Spark)
+        self._ready = False
+
+    # -- per engine ------------------------------------------------------------------------------------------------
+    @abstractmethod
+    def session(self) -> Session:
+        """A new connection."""
+
+    def stager(self, batch: NetBatch, schemas: Mapping[str, TableSchema], tables: list[str]) -> Stager:
+        """How this unit's worktables get loaded; engines with a parallel path override it for large units."""
+        return ArrowStager(batch, whole=0 < batch.changes <= self.driver_rows or batch.changes == 0)
+
+    def check_types(self, session: Session, schemas: Iterable[TableSchema]) -> None:
+        """Raise TargetError (table, column, type) for a column type the target cannot hold."""
+        for s in schemas:
+            for c in s.columns:
+                self.dialect.type_info(s.table, c)
+
+    def close(self) -> None:
+        """Release what the target keeps open between units."""
+        return None
+
+    # -- state -----------------------------------------------------------------------------------------------------
+    def _prepare(self, session: Session) -> None:
+        if self._ready:
+            return
+        session.begin()
+        session.execute(self.dialect.create_state())
+        session.execute(self.dialect.create_rejects())
+        session.commit()
+        self._ready = True
+
+    def applied_positions(self) -> AppliedState:
+        s = self.session()
+        try:
+            self._prepare(s)
+            unit_end, tables = ZERO, {}
+            for scope, lsn, seq, _end_lsn, _end_seq in s.query(self.dialect.read_state()):
+                if scope == GLOBAL_SCOPE:
+                    unit_end = Position(int(lsn), int(seq))
+                else:
+                    tables[scope] = Position(int(lsn), int(seq))
+            return AppliedState(unit_end, tables)
+        finally:
+            s.close()
+
+    def applied_position(self) -> Position:
+        return self.applied_positions().position
+
+    def _write_positions(self, s: Session, tables: Iterable[str], end: Position, unit: bool) -> None:
+        now = _now()
+        scopes = list(tables) + ([GLOBAL_SCOPE] if unit else [])
+        for scope in scopes:
+            s.execute(self.dialect.upsert_state(), (scope, end.lsn, end.seq, end.lsn, end.seq, str(end), now))
+
+    # -- schema ----------------------------------------------------------------------------------------------------
+    def ensure_schema(self, schemas: Iterable[TableSchema]) -> list[str]:
+        """Create missing tables and columns from the logged schemas; every type is checked before anything is
+        created. Returns what was done, one line each."""
+        schemas = list(schemas)
+        s = self.session()
+        done: list[str] = []
+        try:
+            self._prepare(s)
+            self.check_types(s, schemas)
+            s.begin()
+            for ts in schemas:
+                have = s.table_columns(ts.table)
+                if have is None:
+                    for stmt in self.dialect.create_table(ts):
+                        s.execute(stmt)
+                    done.append(f"created {ts.table}")
+                    continue
+                for c in ts.columns:
+                    if c.name not in have:
+                        s.execute(self.dialect.add_column(ts.table, c))
+                        done.append(f"added {ts.table}.{c.name}")
+            s.commit()
+        except BaseException:
+            with contextlib.suppress(Exception):
+                s.rollback()
+            raise
+        finally:
+            s.close()
+        return done
+
+    # -- apply -----------------------------------------------------------------------------------------------------
+    def apply(self, batch: NetBatch, schemas: Mapping[str, TableSchema], changes: ChangeSource = None) -> ApplyResult:
+        """Apply one unit exactly once. ``schemas``: each table's logged schema (the version in force at the unit's
+        end). ``changes``: the unit's changes in log order (after per-table actions), for the failure path."""
+        t0 = time.monotonic()
+        result = ApplyResult(self.name, batch.start, batch.end)
+        state = self.applied_positions()
+        tables = list(batch.tables) + [t for t in batch.truncated if t not in batch.tables]
+        if state.unit_end >= batch.end:
+            result.skipped = tables
+            return result
+        todo = [t for t in tables if state.table(t) < batch.end]
+        result.skipped = [t for t in tables if t not in todo]
+        missing = [t for t in todo if t not in schemas]
+        if missing:
+            raise TargetError(f"target {self.name}: no logged schema for {', '.join(missing)}",
+                              hint="the log must record a table's schema before its changes", target=self.name)
+        self.ensure_schema(schemas[t] for t in todo)
+        stager = self.stager(batch, schemas, todo)
+        try:
+            if self.threads == 1:
+                s = self.session()
+                try:
+                    self._apply_scope(s, stager, todo, batch, schemas, changes, state, result, unit=True)
+                finally:
+                    s.close()
+            else:
+                self._apply_lanes(stager, tables, todo, batch, schemas, changes, state, result)
+        finally:
+            stager.close()
+        result.seconds = time.monotonic() - t0
+        return result
+
+    def _apply_lanes(self, stager: Stager, tables: list[str], todo: list[str], batch: NetBatch,
+                     schemas: Mapping[str, TableSchema], changes: ChangeSource, state: AppliedState,
+                     result: ApplyResult) -> None:
+        s = self.session()
+        try:
+            s.begin()  # register every table of the unit first, so that the min over tables is a safe position
+            now = _now()
+            for t in todo:
+                p = state.unit_end
+                s.execute(self.dialect.insert_state_if_missing(), (t, p.lsn, p.seq, p.lsn, p.seq, str(p), now))
+            s.commit()
+            lanes = [[t for t in lane if t in todo] for lane in deal(tables, self.threads)]
+
+            def run_lane(lane: list[str]) -> None:
+                ls = self.session()
+                try:
+                    for t in lane:
+                        self._apply_scope(ls, stager, [t], batch, schemas, changes, state, result, unit=False)
+                finally:
+                    ls.close()
+
+            with ThreadPoolExecutor(self.threads, thread_name_prefix=f"apply-{self.name}") as ex:
+                futures = [ex.submit(run_lane, lane) for lane in lanes if lane]
+                errors = [e for e in (f.exception() for f in futures) if e is not None]
+            if errors:
+                raise errors[0]
+            s.begin()
+            self._write_positions(s, [], batch.end, unit=True)
+            s.commit()
+        finally:
+            s.close()
+
+    def _apply_scope(self, s: Session, stager: Stager, tables: list[str], batch: NetBatch,
+                     schemas: Mapping[str, TableSchema], changes: ChangeSource, state: AppliedState,
+                     result: ApplyResult, unit: bool) -> None:
+        """One transaction: the tables' bulk statements and positions; on a bulk failure, the failure path."""
+        counts: dict[str, dict[str, int]] = {}
+        try:
+            s.begin()
+            for t in tables:
+                counts[t] = self._bulk_table(s, stager, schemas[t], batch)
+            self._write_positions(s, tables, batch.end, unit)
+            s.commit()
+        except Exception as e:
+            with contextlib.suppress(Exception):
+                s.rollback()
+            if not (isinstance(e, _Mismatch) or s.is_data_error(e)):
+                if not isinstance(e, s.db_errors):
+                    raise
+                raise TransientTargetError(
+                    f"target {self.name}: applying {', '.join(tables)} for the unit up to {batch.end} failed: "
+                    f"{s.error_text(e)}", hint="nothing was applied; check the target and run again",
+                    target=self.name, position=str(batch.end)) from e
+            if changes is None:
+                raise ApplyError(
+                    f"target {self.name}: the bulk apply of {', '.join(tables)} failed: {s.error_text(e)}",
+                    hint="the unit's changes were not given, so the failing change could not be found",
+                    target=self.name, position=str(batch.end), db_message=s.error_text(e)) from e
+            rejects = self._serial(s, tables, schemas, changes, state, batch.end, unit)
+            result.rejects += rejects
+            result.serial.extend(tables)
+        for t in tables:
+            if t in counts:
+                result.rows[t] = counts[t]
+        result.applied.extend(tables)
+
+    def _bulk_table(self, s: Session, stager: Stager, ts: TableSchema, batch: NetBatch) -> dict[str, int]:
+        d = self.dialect
+        counts = {"D": 0, "U": 0, "I": 0}
+        if ts.table in batch.truncated:
+            s.execute(d.truncate(ts.table))
+        staged = stager.stage(s, ts, "D")
+        if staged:
+            name, n = staged
+            got = s.dml(d.join_delete(ts, name))
+            if got != n:
+                raise _Mismatch(ts.table, "D", n, got)
+            counts["D"] = n
+        staged = stager.stage(s, ts, "U")
+        if staged:
+            name, n = staged
+            self._bulk_updates(s, ts, name, n)
+            counts["U"] = n
+        staged = stager.stage(s, ts, "I")
+        if staged:
+            name, n = staged
+            got = s.dml(d.insert_select(ts, name, ts.column_names))
+            if got != n:
+                raise _Mismatch(ts.table, "I", n, got)
+            counts["I"] = n
+        stager.finish(s, ts.table)
+        return counts
+
+    def _bulk_updates(self, s: Session, ts: TableSchema, work: str, n: int) -> None:
+        d = self.dialect
+        groups: dict[frozenset[str], tuple[list[str], int]] = {}
+        for raw, cnt in s.query(d.mask_counts(work)):
+            kept = parse_mask(raw)
+            masks, total = groups.get(kept, ([], 0))
+            groups[kept] = ([*masks, raw], total + int(cnt))
+        value_cols = R.value_columns(ts)
+        key_src = {k: key_col(i) for i, k in enumerate(ts.key)}
+        touched = 0
+        for kept, (raw_masks, cnt) in groups.items():
+            flt = raw_masks if len(groups) > 1 else None
+            if self.mode == "update":
+                set_cols = [c for c in value_cols if c not in kept]
+                if set_cols:
+                    touched += s.dml(d.join_update(ts, work, set_cols, flt))
+                else:  # every column unchanged: nothing to write, but the rows must be there
+                    touched += int(s.query(d.count_matches(ts, work, flt))[0][0])
+            elif not kept:  # mirror: delete + insert of the full image (an update of a missing row inserts it)
+                s.dml(d.join_delete(ts, work, flt))
+                s.dml(d.insert_select(ts, work, ts.column_names, flt, src=key_src))
+                touched += cnt
+            else:  # mirror with unchanged columns: take them from the existing row before deleting it
+                image = f"{work}_m"
+                s.execute(d.mirror_image(ts, work, image, value_cols, kept, raw_masks))
+                found = int(s.query(d.count(image))[0][0])
+                if found != cnt:
+                    raise _Mismatch(ts.table, "U", cnt, found)
+                s.dml(d.join_delete(ts, work, raw_masks))
+                s.dml(d.insert_typed(ts, image, list(ts.key) + value_cols))
+                s.execute(d.drop_table(image))
+                touched += cnt
+        if touched != n:
+            raise _Mismatch(ts.table, "U", n, touched)
+
+    # -- failure path ----------------------------------------------------------------------------------------------
+    def _serial(self, s: Session, tables: list[str], schemas: Mapping[str, TableSchema], changes: ChangeSource,
+                state: AppliedState, end: Position, unit: bool) -> int:
+        """Re-apply the tables' changes one by one in log order. Stop: the first failing change is an ApplyError
+        (nothing applied). Reject: each failing change is set aside and the pass restarts without it; the passing
+        changes, the rejects and the position commit together. Returns the number of rejects."""
+        scope = set(tables)
+        src = changes() if callable(changes) else changes
+        todo = [c for c in (src or ()) if c.table in scope and state.table(c.table) < c.pos <= end]
+        rejected: dict[int, str] = {}
+        while True:
+            failed: tuple[int, Change, str] | None = None
+            s.begin()
+            try:
+                for i, c in enumerate(todo):
+                    if i in rejected:
+                        continue
+                    try:
+                        self._apply_change(s, schemas[c.table], c)
+                    except Exception as e:
+                        if not (isinstance(e, RowMissing) or s.is_data_error(e)):
+                            raise
+                        failed = (i, c, s.error_text(e))
+                        break
+                if failed is None:
+                    now = _now()
+                    for i, msg in sorted(rejected.items()):
+                        c = todo[i]
+                        s.execute(self.dialect.insert_reject(), (
+                            c.pos.lsn, c.pos.seq, str(c.pos), c.table, json.dumps(list(c.key)), c.op.value,
+                            json.dumps(dict(c.new)) if c.new is not None else None, msg, now))
+                    self._write_positions(s, tables, end, unit)
+                    s.commit()
+                    return len(rejected)
+            except Exception as e:
+                with contextlib.suppress(Exception):
+                    s.rollback()
+                if not isinstance(e, s.db_errors):
+                    raise
+                raise TransientTargetError(
+                    f"target {self.name}: re-applying the unit serially failed: {s.error_text(e)}",
+                    hint="nothing was applied; check the target and run again", target=self.name) from e
+            with contextlib.suppress(Exception):
+                s.rollback()
+            i, c, msg = failed
+            if self.on_error == "stop":
+                raise self._change_error(c, msg)
+            rejected[i] = msg
+
+    def _change_error(self, c: Change, msg: str) -> ApplyError:
+        what = {Op.INSERT: "insert", Op.UPDATE: "update", Op.DELETE: "delete", Op.TRUNCATE: "truncate"}[c.op]
+        return ApplyError(
+            f"target {self.name}: {what} on {c.table} key {list(c.key)} at {c.pos} failed: {msg}",
+            hint='fix the target (or the row) and run again; or set on_error = "reject" to set failing changes aside',
+            target=self.name, table=c.table, key=list(c.key), position=str(c.pos), op=c.op.value, db_message=msg)
+
+    def _apply_change(self, s: Session, ts: TableSchema, c: Change) -> None:
+        d = self.dialect
+        keys = [key_col(i) for i in range(len(ts.key))]
+        if c.op is Op.TRUNCATE:
+            s.execute(d.truncate(c.table))
+            return
+        if c.op is Op.DELETE:
+            if s.dml(d.join_delete(ts, d.one_row(keys)), list(c.key)) == 0:
+                raise RowMissing("D")
+            return
+        new = dict(c.new or {})
+        if c.op is Op.INSERT:
+            cols = list(ts.column_names)
+            if s.dml(d.insert_select(ts, d.one_row(cols), cols), [new.get(x) for x in cols]) != 1:
+                raise RowMissing("I")
+            return
+        # update: the old key finds the row; a key-changing update also writes the key columns
+        match_key = c.old_key if c.old_key is not None else c.key
+        set_cols = [x for x in ts.column_names if x in new and (x not in ts.key or c.old_key is not None)]
+        if not set_cols:
+            return
+        params: list[Any] = list(match_key) + [new[x] for x in set_cols]
+        got = s.dml(d.join_update(ts, d.one_row(keys + set_cols), set_cols, None), params)
+        if got == 0:
+            if self.mode == "mirror" and not c.unchanged and c.old_key is None:  # mirror: an update inserts
+                cols = list(ts.column_names)
+                s.dml(d.insert_select(ts, d.one_row(cols), cols), [new.get(x) for x in cols])
+                return
+            raise RowMissing("U")
+
+
+def check_unknown_types(dialect: Dialect, schemas: Iterable[TableSchema], known: Callable[[str], bool]) -> None:
+    """For a target that resolves type names itself (PostgreSQL): every column's type must exist there."""
+    for s in schemas:
+        for c in s.columns:
+            if dialect.type_info(s.table, c).conv == "cast" and not known(c.type_name):
+                raise cannot_hold(dialect.name, s.table, c.name, c.type_name)

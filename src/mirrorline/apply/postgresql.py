@@ -1,0 +1,220 @@
+"""PostgreSQL target. Worktables are loaded with COPY (CSV, written by pyarrow).
+
+Small units go through the driver: TEMP worktables, COPY from the driver's Arrow rows. Large units do not funnel
+through one Python process: the driver creates UNLOGGED worktables with unit-unique names and commits them, Spark
+tasks (``mapInArrow`` over the unit's net rows) each open a connection and COPY their rows in, then the driver's
+transaction runs the set-based statements and the position, and drops the worktables. The same job scales out on a
+cluster. Loaded row counts come back from the tasks and are checked against what the statements touch, so a task
+that ran twice cannot insert twice.
+"""
+
+from __future__ import annotations
+
+import io
+import uuid
+from collections.abc import Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import psycopg2
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.csv as pacsv
+
+from mirrorline.apply import rows as R
+from mirrorline.apply.engine import Target, check_unknown_types
+from mirrorline.apply.session import Session
+from mirrorline.apply.sql import POSTGRESQL
+from mirrorline.apply.stage import Stager
+from mirrorline.config import redact_dsn
+from mirrorline.errors import TargetError, TransientTargetError
+from mirrorline.model import TableSchema, quote_ident
+
+if TYPE_CHECKING:
+    from mirrorline.compile.batch import NetBatch
+
+_DATA_CLASSES = ("22", "23", "P0")  # data exception, integrity constraint, raised by a target trigger
+_CSV = pacsv.WriteOptions(include_header=False, quoting_style="all_valid")
+WORK_PREFIX = "mirrorline_w_"
+
+
+def to_csv(data: pa.Table) -> io.BytesIO:
+    """Arrow rows as CSV for ``COPY ... (FORMAT csv)``: NULL unquoted and empty, every value quoted."""
+    buf = io.BytesIO()
+    pacsv.write_csv(data, buf, _CSV)
+    buf.seek(0)
+    return buf
+
+
+def connect(dsn: str) -> Any:
+    try:
+        return psycopg2.connect(dsn)
+    except psycopg2.OperationalError as e:
+        raise TransientTargetError(f"cannot connect to PostgreSQL target {redact_dsn(dsn)}: "
+                                   f"{str(e).strip().splitlines()[0] if str(e).strip() else e}") from None
+
+
+def copy_in(cur: Any, name: str, columns: Sequence[str], data: pa.Table) -> None:
+    cols = ", ".join(quote_ident(c) for c in columns)
+    cur.copy_expert(f"COPY {name} ({cols}) FROM STDIN WITH (FORMAT csv)", to_csv(data))
+
+
+class PgSession(Session):
+    dialect = POSTGRESQL
+    db_errors = (psycopg2.Error,)
+
+    def __init__(self, dsn: str) -> None:
+        self.conn = connect(dsn)
+        self.cur = self.conn.cursor()
+
+    def begin(self) -> None:
+        if self.conn.status != psycopg2.extensions.STATUS_READY:
+            self.conn.rollback()
+
+    def commit(self) -> None:
+        self.conn.commit()
+
+    def rollback(self) -> None:
+        self.conn.rollback()
+
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> None:
+        self.cur.execute(sql, tuple(params) if params else None)
+
+    def dml(self, sql: str, params: Sequence[Any] = ()) -> int:
+        self.cur.execute(sql, tuple(params) if params else None)
+        return int(self.cur.rowcount)
+
+    def query(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        self.cur.execute(sql, tuple(params) if params else None)
+        return list(self.cur.fetchall())
+
+    def load(self, name: str, columns: Sequence[str], data: pa.Table) -> None:
+        self.execute(self.dialect.create_worktable(name, columns))
+        copy_in(self.cur, name, columns, data)
+
+    def table_columns(self, table: str) -> list[str] | None:
+        rows = self.query("SELECT attname FROM pg_attribute WHERE attrelid = to_regclass(%s) AND attnum > 0 "
+                          "AND NOT attisdropped ORDER BY attnum", (self.dialect.table(table),))
+        return [r[0] for r in rows] or None
+
+    def is_data_error(self, exc: BaseException) -> bool:
+        code = getattr(exc, "pgcode", None)
+        return isinstance(exc, psycopg2.Error) and bool(code) and str(code)[:2] in _DATA_CLASSES
+
+    def error_text(self, exc: BaseException) -> str:
+        diag = getattr(exc, "diag", None)
+        primary = getattr(diag, "message_primary", None) if diag else None
+        return str(primary) if primary else super().error_text(exc)
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+class PostgresTarget(Target):
+    kind = "postgresql"
+    dialect = POSTGRESQL
+
+    def __init__(self, *args: Any, parallel_rows: int = 100_000, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.parallel_rows = parallel_rows  # units with at least this many changes load worktables from Spark
+
+    def session(self) -> Session:
+        return PgSession(self.location)
+
+    def check_types(self, session: Session, schemas: Any) -> None:
+        schemas = list(schemas)
+        super().check_types(session, schemas)
+
+        def known(type_name: str) -> bool:
+            return session.query("SELECT to_regtype(%s) IS NOT NULL", (type_name,))[0][0] is True
+
+        check_unknown_types(self.dialect, schemas, known)
+
+    def stager(self, batch: NetBatch, schemas: Mapping[str, TableSchema], tables: list[str]) -> Stager:
+        if batch.changes >= self.parallel_rows > 0 or self.parallel_rows == 0:
+            return SparkCopyStager(self.location, batch, schemas, tables)
+        return super().stager(batch, schemas, tables)
+
+
+class SparkCopyStager(Stager):
+    """Worktables loaded by Spark tasks in parallel (see the module's docstring)."""
+
+    def __init__(self, dsn: str, batch: NetBatch, schemas: Mapping[str, TableSchema], tables: list[str]) -> None:
+        self.dsn = dsn
+        unit = uuid.uuid4().hex[:12]
+        self.plan: dict[tuple[str, str], str] = {}
+        for i, t in enumerate(tables):
+            for kind in R.KINDS:
+                self.plan[(t, kind)] = f'"public".{quote_ident(f"{WORK_PREFIX}{unit}_{i}_{kind.lower()}")}'
+        self.dropped: set[str] = set()
+        conn = connect(dsn)
+        try:
+            with conn.cursor() as cur:
+                for (t, kind), name in self.plan.items():
+                    cur.execute(POSTGRESQL.create_worktable(name, R.work_columns(schemas[t], kind), "unlogged"))
+            conn.commit()
+        finally:
+            conn.close()
+        self.counts: dict[tuple[str, str], int] = {}
+        try:
+            load = _task_loader(dsn, {k: (v, schemas[k[0]]) for k, v in self.plan.items()})
+            out = batch.net.mapInArrow(load, "table STRING, kind STRING, n BIGINT")
+            for row in out.groupBy("table", "kind").sum("n").collect():
+                self.counts[(row[0], row[1])] = int(row[2])
+        except Exception as e:
+            self.close()
+            raise TargetError(f"loading worktables from Spark tasks failed: {str(e).strip()[:500]}") from e
+
+    def stage(self, s: Session, ts: TableSchema, kind: str) -> tuple[str, int] | None:
+        n = self.counts.get((ts.table, kind), 0)
+        return (self.plan[(ts.table, kind)], n) if n else None
+
+    def finish(self, s: Session, table: str) -> None:
+        for kind in R.KINDS:
+            s.execute(POSTGRESQL.drop_table(self.plan[(table, kind)]))
+
+    def close(self) -> None:
+        conn = connect(self.dsn)
+        try:
+            conn.autocommit = True
+            with conn.cursor() as cur:
+                for name in self.plan.values():
+                    cur.execute(POSTGRESQL.drop_table(name))
+        finally:
+            conn.close()
+
+
+def _task_loader(dsn: str, plan: dict[tuple[str, str], tuple[str, TableSchema]]) -> Any:
+    """The function each Spark task runs over its net rows: COPY each (table, kind) group into its worktable, commit
+    at the end of the partition, report the row counts."""
+
+    def load(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        counts: dict[tuple[str, str], int] = {}
+        conn = None
+        try:
+            for b in batches:
+                if b.num_rows == 0:
+                    continue
+                if conn is None:
+                    conn = psycopg2.connect(dsn)
+                net = pa.Table.from_batches([b])
+                with conn.cursor() as cur:
+                    for t in pc.unique(net["table"]).to_pylist():
+                        rows = R.select(net, t)
+                        for kind in R.KINDS:
+                            if (t, kind) not in plan:
+                                continue
+                            name, ts = plan[(t, kind)]
+                            part = R.select(rows, t, kind)
+                            if part.num_rows:
+                                copy_in(cur, name, R.work_columns(ts, kind), R.flatten(part, ts, kind))
+                                counts[(t, kind)] = counts.get((t, kind), 0) + part.num_rows
+            if conn is not None:
+                conn.commit()
+        finally:
+            if conn is not None:
+                conn.close()
+        yield pa.RecordBatch.from_pylist(
+            [{"table": t, "kind": k, "n": n} for (t, k), n in counts.items()],
+            schema=pa.schema([("table", pa.string()), ("kind", pa.string()), ("n", pa.int64())]))
+
+    return load

@@ -1,0 +1,60 @@
+"""Net rows (the :mod:`mirrorline.compile.batch` layout, as Arrow) to worktable rows: flat text columns in the layout
+:mod:`mirrorline.apply.sql` describes. Vectorised with pyarrow compute; pure."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from mirrorline.apply.sql import MASK_COL, MASK_SEP, key_col
+from mirrorline.model import TableSchema
+
+KINDS = ("D", "U", "I")
+
+
+def work_columns(s: TableSchema, kind: str) -> list[str]:
+    keys = [key_col(i) for i in range(len(s.key))]
+    if kind == "D":
+        return keys
+    if kind == "U":
+        return keys + value_columns(s) + [MASK_COL]
+    if kind == "I":
+        return list(s.column_names)
+    raise ValueError(f"unknown net kind {kind!r}")
+
+
+def value_columns(s: TableSchema) -> list[str]:
+    """The non-key columns: what an update can write."""
+    return [c for c in s.column_names if c not in s.key]
+
+
+def select(net: pa.Table, table: str, kind: str | None = None) -> pa.Table:
+    """The net rows of one table (and kind)."""
+    cond = pc.equal(net["table"], table)
+    if kind is not None:
+        cond = pc.and_(cond, pc.equal(net["kind"], kind))
+    return net.filter(cond)
+
+
+def flatten(net: pa.Table, s: TableSchema, kind: str) -> pa.Table:
+    """Net rows of one table and kind -> the worktable's rows (all strings)."""
+    n = net.num_rows
+    out: dict[str, pa.ChunkedArray | pa.Array] = {}
+    if kind in ("D", "U"):
+        keys = net["key"]
+        for i in range(len(s.key)):
+            out[key_col(i)] = pc.list_element(keys, i) if n else pa.array([], pa.string())
+    if kind in ("U", "I"):
+        new = net["new"]
+        cols = value_columns(s) if kind == "U" else list(s.column_names)
+        for c in cols:
+            out[c] = pc.map_lookup(new, pa.scalar(c, pa.string()), "first") if n else pa.array([], pa.string())
+    if kind == "U":
+        out[MASK_COL] = (pc.fill_null(pc.binary_join(net["unchanged"], MASK_SEP), "") if n
+                         else pa.array([], pa.string()))
+    names = work_columns(s, kind)
+    return pa.table([_as_string(out[c]) for c in names], names=names)
+
+
+def _as_string(a: pa.ChunkedArray | pa.Array) -> pa.ChunkedArray | pa.Array:
+    return a if a.type == pa.string() else pc.cast(a, pa.string())

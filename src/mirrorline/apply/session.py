@@ -1,0 +1,62 @@
+"""One connection to a target, the same small surface for every engine: transactions, statements, bulk loading
+of a worktable from Arrow, catalog lookups. Each target module implements it."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from typing import Any
+
+import pyarrow as pa
+
+from mirrorline.apply.sql import Dialect
+
+
+class RowMissing(Exception):
+    """A single-row update or delete found no row with its key at the target."""
+
+    def __init__(self, op: str) -> None:
+        super().__init__(f"no row with this key at the target to {'update' if op == 'U' else 'delete'} "
+                         f"(it was removed there, or never copied)")
+
+
+class Session(ABC):
+    dialect: Dialect
+    db_errors: tuple[type[BaseException], ...] = ()  # what the engine's driver raises
+
+    @abstractmethod
+    def begin(self) -> None: ...
+
+    @abstractmethod
+    def commit(self) -> None: ...
+
+    @abstractmethod
+    def rollback(self) -> None: ...
+
+    @abstractmethod
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> None: ...
+
+    @abstractmethod
+    def dml(self, sql: str, params: Sequence[Any] = ()) -> int:
+        """Run an INSERT/UPDATE/DELETE; the number of rows it touched."""
+
+    @abstractmethod
+    def query(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]: ...
+
+    @abstractmethod
+    def load(self, name: str, columns: Sequence[str], data: pa.Table) -> None:
+        """Create the temp worktable ``name`` (text columns) and bulk-load ``data`` into it."""
+
+    @abstractmethod
+    def table_columns(self, table: str) -> list[str] | None:
+        """The columns of the target's table for the source table ``table``, or None when it does not exist."""
+
+    @abstractmethod
+    def is_data_error(self, exc: BaseException) -> bool:
+        """True when ``exc`` is about the data (a bad value, a constraint), not the connection or the server."""
+
+    def error_text(self, exc: BaseException) -> str:
+        return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+
+    @abstractmethod
+    def close(self) -> None: ...

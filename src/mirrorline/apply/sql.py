@@ -1,0 +1,285 @@
+"""SQL text for the apply stage, per dialect (PostgreSQL, SQLite, DuckDB). Pure functions over names and schemas;
+every identifier quoted.
+
+Worktables hold text exactly as PostgreSQL sent it; the set-based statements convert it to the target's types
+(:mod:`mirrorline.apply.types`). Their layout:
+
+- deletes ``D``: the key, as ``_ml_k0 .. _ml_kN`` (the table's key-column order);
+- updates ``U``: the key as above, then every non-key column by its own name, then ``_ml_unchanged``: the names of the
+  columns marked unchanged, joined by :data:`MASK_SEP` ('' when none);
+- inserts ``I``: every column by its own name.
+
+Rows with different unchanged sets are updated one statement per distinct set (in practice one or two sets per
+table), each statement writing only the columns that changed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from mirrorline.apply import types as T
+from mirrorline.model import Column, TableSchema, quote_ident, split_table_name
+
+MASK_SEP = "\x1f"
+MASK_COL = "_ml_unchanged"
+STATE_TABLE = "mirrorline_applied"
+REJECTS_TABLE = "mirrorline_rejects"
+GLOBAL_SCOPE = ""  # the state row holding the unit end every table has reached
+
+
+def key_col(i: int) -> str:
+    return f"_ml_k{i}"
+
+
+def lit(text: str) -> str:
+    """A SQL string literal (standard quoting, valid in all three dialects)."""
+    return "'" + text.replace("'", "''") + "'"
+
+
+def mask_of(columns: Iterable[str]) -> str:
+    return MASK_SEP.join(sorted(columns))
+
+
+def parse_mask(mask: str | None) -> frozenset[str]:
+    return frozenset(x for x in (mask or "").split(MASK_SEP) if x)
+
+
+@dataclass(frozen=True)
+class Dialect:
+    name: str  # "postgresql", "sqlite", "duckdb"
+
+    # -- names ------------------------------------------------------------------------------------------------------
+    def names(self, table: str) -> tuple[str | None, str]:
+        """The target's (schema, name) for a source table "schema.name": SQLite has no schemas ("public.orders" is
+        "orders", "sales.orders" is "sales.orders"); DuckDB's default schema is "main"."""
+        schema, name = split_table_name(table)
+        if self.name == "sqlite":
+            return None, (name if schema == "public" else f"{schema}.{name}")
+        if self.name == "duckdb" and schema == "public":
+            return "main", name
+        return schema, name
+
+    def table(self, table: str) -> str:
+        """The target's (quoted) name for a source table "schema.name"."""
+        schema, name = self.names(table)
+        return quote_ident(name) if schema is None else f"{quote_ident(schema)}.{quote_ident(name)}"
+
+    def schema(self, table: str) -> str | None:
+        """The schema to create for a table, if the dialect has schemas and it is not the default one."""
+        schema, _ = split_table_name(table)
+        if self.name == "sqlite" or schema == "public":
+            return None
+        return schema
+
+    def own(self, name: str) -> str:
+        """mirrorline's own tables (state, rejects) live in the default schema."""
+        return {"postgresql": f'"public".{quote_ident(name)}', "duckdb": f'"main".{quote_ident(name)}'}.get(
+            self.name, quote_ident(name)
+        )
+
+    @property
+    def text_type(self) -> str:
+        return "VARCHAR" if self.name == "duckdb" else "TEXT"
+
+    @property
+    def param(self) -> str:
+        return "%s" if self.name == "postgresql" else "?"
+
+    def text_param(self) -> str:
+        """A parameter typed as text (so NULL stays a text NULL)."""
+        return {"postgresql": "CAST(%s AS text)", "duckdb": "CAST(? AS VARCHAR)"}.get(self.name, "?")
+
+    # -- types ------------------------------------------------------------------------------------------------------
+    def type_info(self, table: str, col: Column) -> T.TypeInfo:
+        fn = {"postgresql": T.postgresql_type, "sqlite": T.sqlite_type, "duckdb": T.duckdb_type}[self.name]
+        return fn(table, col.name, col.type_name)
+
+    def conv(self, expr: str, info: T.TypeInfo, table: str = "", column: str = "") -> str:
+        """The SQL expression turning the text ``expr`` into the column's target value; a bad value is an error."""
+        if info.conv == "text":
+            return expr
+        if self.name == "postgresql":
+            return f"CAST({expr} AS {info.target_type})"
+        if self.name == "duckdb":
+            if info.conv == "bytea":
+                bad = f"error({lit(f'{table}.{column}: not a bytea value: ')} || {expr})"
+                return f"CASE WHEN starts_with({expr}, '\\x') THEN unhex(substr({expr}, 3)) ELSE {bad} END"
+            return f"CAST({expr} AS {info.target_type})"
+        bad = f"mirrorline_bad({expr}, {lit(info.pg_type)}, {lit(table)}, {lit(column)})"
+        # SQLite casts never fail (CAST('abc' AS INTEGER) is 0): check first, else call the error function
+        # (which returns NULL for a NULL value).
+        if info.conv == "int":
+            ok = f"CAST(CAST({expr} AS INTEGER) AS TEXT) = {expr}"
+            return f"CASE WHEN {ok} THEN CAST({expr} AS INTEGER) ELSE {bad} END"
+        if info.conv == "bool":
+            return f"CASE {expr} WHEN 't' THEN 1 WHEN 'f' THEN 0 ELSE {bad} END"
+        if info.conv == "real":
+            ok = f"{expr} GLOB '*[0-9]*' AND NOT {expr} GLOB '*[^0-9eE.+-]*'"
+            return (f"CASE WHEN {ok} THEN CAST({expr} AS REAL) WHEN {expr} = 'Infinity' THEN 9e999 "
+                    f"WHEN {expr} = '-Infinity' THEN -9e999 ELSE {bad} END")
+        if info.conv == "bytea":
+            return f"CASE WHEN substr({expr}, 1, 2) = '\\x' THEN mirrorline_unhex({expr}) ELSE {bad} END"
+        raise ValueError(f"unknown conversion {info.conv}")
+
+    def eq(self, a: str, b: str, nullable: bool) -> str:
+        if not nullable:
+            return f"{a} = {b}"
+        return f"{a} IS {b}" if self.name == "sqlite" else f"{a} IS NOT DISTINCT FROM {b}"
+
+    # -- DDL --------------------------------------------------------------------------------------------------------
+    def create_table(self, s: TableSchema) -> list[str]:
+        out = []
+        schema = self.schema(s.table)
+        if schema is not None:
+            out.append(f"CREATE SCHEMA IF NOT EXISTS {quote_ident(schema)}")
+        cols = [f"{quote_ident(c.name)} {self.type_info(s.table, c).target_type}"
+                + ("" if c.nullable else " NOT NULL") for c in s.columns]
+        key_nullable = any(s.column(k).nullable for k in s.key)
+        if s.key and not key_nullable:
+            cols.append("PRIMARY KEY (" + ", ".join(quote_ident(k) for k in s.key) + ")")
+        out.append(f"CREATE TABLE IF NOT EXISTS {self.table(s.table)} (" + ", ".join(cols) + ")")
+        if s.key and key_nullable:  # an all-columns key (no primary key at the source): an index for the joins
+            _, name = split_table_name(s.table)
+            idx = quote_ident(f"mirrorline_key_{name}"[:63])
+            out.append(f"CREATE INDEX IF NOT EXISTS {idx} ON {self.table(s.table)} ("
+                       + ", ".join(quote_ident(k) for k in s.key) + ")")
+        return out
+
+    def add_column(self, table: str, col: Column) -> str:
+        return (f"ALTER TABLE {self.table(table)} ADD COLUMN {quote_ident(col.name)} "
+                f"{self.type_info(table, col).target_type}")
+
+    def create_worktable(self, name: str, columns: Sequence[str], kind: str = "temp") -> str:
+        """``kind``: "temp" (dropped with the session) or "unlogged" (PostgreSQL, visible to other sessions)."""
+        cols = ", ".join(f"{quote_ident(c)} {self.text_type}" for c in columns)
+        prefix = {"temp": "CREATE TEMP TABLE", "unlogged": "CREATE UNLOGGED TABLE"}[kind]
+        return f"{prefix} {name} ({cols})"
+
+    def drop_table(self, name: str) -> str:
+        return f"DROP TABLE IF EXISTS {name}"
+
+    def truncate(self, table: str) -> str:
+        if self.name == "postgresql":
+            return f"TRUNCATE {self.table(table)}"
+        return f"DELETE FROM {self.table(table)}"
+
+    # -- set-based statements ---------------------------------------------------------------------------------------
+    def _key_match(self, s: TableSchema, t: str, w: str) -> str:
+        parts = []
+        for i, k in enumerate(s.key):
+            col = s.column(k)
+            info = self.type_info(s.table, col)
+            parts.append(self.eq(f"{t}.{quote_ident(k)}", self.conv(f"{w}.{key_col(i)}", info, s.table, k),
+                                 col.nullable))
+        return " AND ".join(parts)
+
+    def _mask_filter(self, w: str, masks: Sequence[str] | None) -> str:
+        if masks is None:
+            return ""
+        return f" AND COALESCE({w}.{MASK_COL}, '') IN (" + ", ".join(lit(m) for m in masks) + ")"
+
+    def join_delete(self, s: TableSchema, work: str, masks: Sequence[str] | None = None) -> str:
+        """Delete the target rows whose key is in the worktable (deletes, or updates in mirror mode)."""
+        tgt = self.table(s.table)
+        match = self._key_match(s, "t", "w") + self._mask_filter("w", masks)
+        if self.name == "sqlite":
+            return (f"DELETE FROM {tgt} WHERE rowid IN (SELECT t.rowid FROM {work} AS w "
+                    f"JOIN {tgt} AS t ON {match})")
+        return f"DELETE FROM {tgt} AS t USING {work} AS w WHERE {match}"
+
+    def join_update(self, s: TableSchema, work: str, set_cols: Sequence[str], masks: Sequence[str] | None,
+                    key_set: bool = False) -> str:
+        """Update the target rows whose key is in the worktable, writing only ``set_cols``. ``key_set``: the
+        worktable also carries new key values by column name (a key-changing update, serial path)."""
+        tgt = self.table(s.table)
+        sets = ", ".join(
+            f"{quote_ident(c)} = {self.conv(f'w.{quote_ident(c)}', self.type_info(s.table, s.column(c)), s.table, c)}"
+            for c in set_cols)
+        match = self._key_match(s, "t", "w") + self._mask_filter("w", masks)
+        return f"UPDATE {tgt} AS t SET {sets} FROM {work} AS w WHERE {match}"
+
+    def insert_select(self, s: TableSchema, work: str, cols: Sequence[str], masks: Sequence[str] | None = None,
+                      src: Mapping[str, str] | None = None) -> str:
+        """Insert the worktable's rows, converted; ``src`` maps a column to the worktable column holding it (the
+        key columns of an update worktable)."""
+        tgt = self.table(s.table)
+        src = src or {}
+        exprs = ", ".join(
+            self.conv(f"w.{quote_ident(src.get(c, c))}", self.type_info(s.table, s.column(c)), s.table, c)
+            for c in cols)
+        where = f" WHERE 1 = 1{self._mask_filter('w', masks)}" if masks is not None else ""
+        names = ", ".join(quote_ident(c) for c in cols)
+        return f"INSERT INTO {tgt} ({names}) SELECT {exprs} FROM {work} AS w{where}"
+
+    def mirror_image(self, s: TableSchema, work: str, into: str, value_cols: Sequence[str], kept: frozenset[str],
+                     masks: Sequence[str]) -> str:
+        """Mirror mode, updates with unchanged columns: the full new images into a typed temp table ``into``, the
+        unchanged columns taken from the target's existing row (read before it is deleted)."""
+        exprs = [f"{self.conv(f'w.{key_col(i)}', self.type_info(s.table, s.column(k)), s.table, k)} AS {quote_ident(k)}"
+                 for i, k in enumerate(s.key)]
+        for c in value_cols:
+            if c in kept:
+                exprs.append(f"t.{quote_ident(c)} AS {quote_ident(c)}")
+            else:
+                info = self.type_info(s.table, s.column(c))
+                exprs.append(f"{self.conv(f'w.{quote_ident(c)}', info, s.table, c)} AS {quote_ident(c)}")
+        match = self._key_match(s, "t", "w") + self._mask_filter("w", masks)
+        return (f"CREATE TEMP TABLE {into} AS SELECT {', '.join(exprs)} FROM {work} AS w "
+                f"JOIN {self.table(s.table)} AS t ON {match}")
+
+    def insert_typed(self, s: TableSchema, work: str, cols: Sequence[str]) -> str:
+        names = ", ".join(quote_ident(c) for c in cols)
+        return f"INSERT INTO {self.table(s.table)} ({names}) SELECT {names} FROM {work}"
+
+    def count_matches(self, s: TableSchema, work: str, masks: Sequence[str] | None) -> str:
+        match = self._key_match(s, "t", "w") + self._mask_filter("w", masks)
+        return f"SELECT count(*) FROM {work} AS w JOIN {self.table(s.table)} AS t ON {match}"
+
+    def mask_counts(self, work: str) -> str:
+        return f"SELECT COALESCE({MASK_COL}, ''), count(*) FROM {work} GROUP BY COALESCE({MASK_COL}, '')"
+
+    def count(self, work: str) -> str:
+        return f"SELECT count(*) FROM {work}"
+
+    def one_row(self, columns: Sequence[str]) -> str:
+        """A one-row 'worktable' of text parameters, for the serial path: ``(SELECT ? AS "a", ...)``."""
+        return "(SELECT " + ", ".join(f"{self.text_param()} AS {quote_ident(c)}" for c in columns) + ")"
+
+    # -- mirrorline's own tables ------------------------------------------------------------------------------------
+    def create_state(self) -> str:
+        t = self.text_type
+        return (f"CREATE TABLE IF NOT EXISTS {self.own(STATE_TABLE)} (scope {t} PRIMARY KEY, lsn BIGINT NOT NULL, "
+                f"seq BIGINT NOT NULL, end_lsn BIGINT NOT NULL, end_seq BIGINT NOT NULL, position {t}, "
+                f"updated_at {t})")
+
+    def read_state(self) -> str:
+        return f"SELECT scope, lsn, seq, end_lsn, end_seq FROM {self.own(STATE_TABLE)}"
+
+    def upsert_state(self) -> str:
+        p = self.param
+        return (f"INSERT INTO {self.own(STATE_TABLE)} (scope, lsn, seq, end_lsn, end_seq, position, updated_at) "
+                f"VALUES ({p}, {p}, {p}, {p}, {p}, {p}, {p}) ON CONFLICT (scope) DO UPDATE SET lsn = excluded.lsn, "
+                f"seq = excluded.seq, end_lsn = excluded.end_lsn, end_seq = excluded.end_seq, "
+                f"position = excluded.position, updated_at = excluded.updated_at")
+
+    def insert_state_if_missing(self) -> str:
+        p = self.param
+        return (f"INSERT INTO {self.own(STATE_TABLE)} (scope, lsn, seq, end_lsn, end_seq, position, updated_at) "
+                f"VALUES ({p}, {p}, {p}, {p}, {p}, {p}, {p}) ON CONFLICT (scope) DO NOTHING")
+
+    def create_rejects(self) -> str:
+        t = self.text_type
+        return (f"CREATE TABLE IF NOT EXISTS {self.own(REJECTS_TABLE)} (lsn BIGINT NOT NULL, seq BIGINT NOT NULL, "
+                f"position {t} NOT NULL, {quote_ident('table')} {t} NOT NULL, {quote_ident('key')} {t} NOT NULL, "
+                f"op {t} NOT NULL, image {t}, error {t} NOT NULL, rejected_at {t} NOT NULL)")
+
+    def insert_reject(self) -> str:
+        p = self.param
+        return (f"INSERT INTO {self.own(REJECTS_TABLE)} (lsn, seq, position, {quote_ident('table')}, "
+                f"{quote_ident('key')}, op, image, error, rejected_at) VALUES ({', '.join([p] * 9)})")
+
+
+POSTGRESQL = Dialect("postgresql")
+SQLITE = Dialect("sqlite")
+DUCKDB = Dialect("duckdb")

@@ -1,0 +1,151 @@
+"""Type mapping: PostgreSQL column types (as ``format_type()`` prints them) to each target's types, and how a value
+that arrives as PostgreSQL text is turned into the target's value. Pure code.
+
+Values travel as PostgreSQL's text output: booleans ``t``/``f``, ``bytea`` as ``\\x`` + hex, timestamps as ISO text,
+numerics as exact decimal text, arrays / json / ranges as their text forms.
+
+============================  =====================  ==========================  ===================================
+PostgreSQL type               PostgreSQL target      SQLite target               DuckDB target
+============================  =====================  ==========================  ===================================
+smallint, integer, bigint     same                   INTEGER (checked)           SMALLINT, INTEGER, BIGINT
+oid                           same                   INTEGER (checked)           UBIGINT
+boolean                       same                   INTEGER 1/0                 BOOLEAN
+real, double precision        same                   REAL (checked; NaN refused) REAL, DOUBLE
+numeric(p,s)                  same                   TEXT (exact decimal)        DECIMAL(p,s) if p <= 38, else VARCHAR
+numeric (no precision)        same                   TEXT (exact decimal)        VARCHAR (exact decimal text)
+money                         same                   TEXT                        VARCHAR
+text, varchar(n), char(n),    same                   TEXT                        VARCHAR
+name, citext
+bytea                         same                   BLOB                        BLOB
+date                          same                   TEXT (ISO)                  DATE
+time [without time zone]      same                   TEXT (ISO)                  TIME
+timestamp [without t. z.]     same                   TEXT (ISO)                  TIMESTAMP
+timestamp with time zone      same                   TEXT (ISO, with offset)     TIMESTAMPTZ
+uuid                          same                   TEXT                        UUID
+json, jsonb                   same                   TEXT                        JSON
+interval, time with time      same                   TEXT                        VARCHAR
+zone, xml, inet, cidr,
+macaddr, macaddr8, bit(n),
+bit varying(n), any array
+anything else (enums,         the target must have   error                       error
+geometric, ranges,            the type (checked)
+tsvector, domains ...)
+============================  =====================  ==========================  ===================================
+
+A value that does not convert is an error of the database (PostgreSQL, DuckDB) or of mirrorline's checking functions
+(SQLite), never a silent zero or null.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from mirrorline.errors import TargetError
+
+_INT_TYPES = {"smallint": "SMALLINT", "integer": "INTEGER", "bigint": "BIGINT", "oid": "UBIGINT"}
+_FLOAT_TYPES = {"real": "REAL", "double precision": "DOUBLE"}
+_TEXT_TYPES = {"text", "character varying", "varchar", "character", "char", "bpchar", "name", "citext", '"char"'}
+_AS_TEXT_TYPES = {
+    "interval", "time with time zone", "xml", "inet", "cidr", "macaddr", "macaddr8", "bit", "bit varying", "money",
+}
+_DIRECT = {
+    "date": "DATE",
+    "time without time zone": "TIME",
+    "time": "TIME",
+    "timestamp without time zone": "TIMESTAMP",
+    "timestamp": "TIMESTAMP",
+    "timestamp with time zone": "TIMESTAMPTZ",
+    "timestamptz": "TIMESTAMPTZ",
+    "uuid": "UUID",
+    "json": "JSON",
+    "jsonb": "JSON",
+}
+_TYPMOD_RE = re.compile(r"\(([^)]*)\)")
+
+
+@dataclass(frozen=True, slots=True)
+class TypeInfo:
+    """How one PostgreSQL column type lives in a target."""
+
+    pg_type: str  # as given: "numeric(10,2)"
+    target_type: str  # the column type to create in the target
+    conv: str  # how text becomes a value: "text" (as is), "cast", "int", "real", "bool", "bytea"
+
+
+def base_type(type_name: str) -> str:
+    """``"character varying(20)"`` -> ``"character varying"``; ``"timestamp(3) with time zone"`` -> ``"timestamp with
+    time zone"``; arrays keep their ``[]``."""
+    t = type_name.strip().lower()
+    t = _TYPMOD_RE.sub("", t)
+    return re.sub(r"\s+", " ", t).strip()
+
+
+def _typmod(type_name: str) -> list[int]:
+    m = _TYPMOD_RE.search(type_name)
+    if not m:
+        return []
+    try:
+        return [int(x) for x in m.group(1).split(",")]
+    except ValueError:
+        return []
+
+
+def cannot_hold(dialect: str, table: str, column: str, type_name: str) -> TargetError:
+    return TargetError(
+        f"the {dialect} target cannot hold column {column} of {table}: type {type_name}",
+        hint="exclude the table, change the column's type at the source, or use a PostgreSQL target",
+        table=table,
+        column=column,
+        type=type_name,
+    )
+
+
+def sqlite_type(table: str, column: str, type_name: str) -> TypeInfo:
+    b = base_type(type_name)
+    if b.endswith("[]"):
+        return TypeInfo(type_name, "TEXT", "text")
+    if b in _INT_TYPES:
+        return TypeInfo(type_name, "INTEGER", "int")
+    if b in _FLOAT_TYPES:
+        return TypeInfo(type_name, "REAL", "real")
+    if b == "boolean":
+        return TypeInfo(type_name, "INTEGER", "bool")
+    if b == "bytea":
+        return TypeInfo(type_name, "BLOB", "bytea")
+    if b == "numeric" or b in _TEXT_TYPES or b in _AS_TEXT_TYPES or b in _DIRECT:
+        return TypeInfo(type_name, "TEXT", "text")
+    raise cannot_hold("SQLite", table, column, type_name)
+
+
+def duckdb_type(table: str, column: str, type_name: str) -> TypeInfo:
+    b = base_type(type_name)
+    if b.endswith("[]") or b in _TEXT_TYPES or b in _AS_TEXT_TYPES:
+        return TypeInfo(type_name, "VARCHAR", "text")
+    if b in _INT_TYPES:
+        return TypeInfo(type_name, _INT_TYPES[b], "cast")
+    if b in _FLOAT_TYPES:
+        return TypeInfo(type_name, _FLOAT_TYPES[b], "cast")
+    if b == "boolean":
+        return TypeInfo(type_name, "BOOLEAN", "cast")
+    if b == "bytea":
+        return TypeInfo(type_name, "BLOB", "bytea")
+    if b == "numeric":
+        mod = _typmod(type_name)
+        if mod and 1 <= mod[0] <= 38:
+            scale = mod[1] if len(mod) > 1 else 0
+            if 0 <= scale <= mod[0]:
+                return TypeInfo(type_name, f"DECIMAL({mod[0]},{scale})", "cast")
+        return TypeInfo(type_name, "VARCHAR", "text")
+    if b in _DIRECT:
+        return TypeInfo(type_name, _DIRECT[b], "cast")
+    raise cannot_hold("DuckDB", table, column, type_name)
+
+
+def postgresql_type(table: str, column: str, type_name: str) -> TypeInfo:
+    """PostgreSQL holds its own types; whether the target database has a user-defined type is checked against it.
+    Text types are assigned without an explicit cast so that a too-long value is an error, not a truncation."""
+    b = base_type(type_name)
+    if b in _TEXT_TYPES:
+        return TypeInfo(type_name, type_name, "text")
+    return TypeInfo(type_name, type_name, "cast")

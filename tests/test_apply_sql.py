@@ -1,0 +1,152 @@
+"""SQL text of the apply stage, per dialect, without servers; the type mapping; round-robin dealing; worktable rows."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pytest
+
+from mirrorline.apply import deal
+from mirrorline.apply import rows as R
+from mirrorline.apply.engine import AppliedState
+from mirrorline.apply.sql import DUCKDB, MASK_SEP, POSTGRESQL, SQLITE, mask_of, parse_mask
+from mirrorline.apply.types import base_type, duckdb_type, sqlite_type
+from mirrorline.errors import TargetError
+from mirrorline.model import Column, TableSchema
+from mirrorline.position import Position
+
+T = TableSchema("public.T", (Column("k", "integer", nullable=False), Column("c", "integer")), key=("k",))
+ODD = TableSchema('sales.we"ird', (Column('i"d', "bigint", nullable=False), Column("v", "bytea")), key=('i"d',))
+
+
+def test_seed000_join_update_is_the_worktable_update() -> None:
+    # 000 example 2: update T set T.c=#rs_uT.c from T,#rs_uT where T.k=#rs_uT.k
+    assert POSTGRESQL.join_update(T, "w_u", ["c"], None) == (
+        'UPDATE "public"."T" AS t SET "c" = CAST(w."c" AS integer) FROM w_u AS w '
+        'WHERE t."k" = CAST(w._ml_k0 AS integer)')
+    assert DUCKDB.join_update(T, "w_u", ["c"], None) == (
+        'UPDATE "main"."T" AS t SET "c" = CAST(w."c" AS INTEGER) FROM w_u AS w '
+        'WHERE t."k" = CAST(w._ml_k0 AS INTEGER)')
+
+
+def test_join_delete_per_dialect() -> None:
+    assert POSTGRESQL.join_delete(T, "w_d") == (
+        'DELETE FROM "public"."T" AS t USING w_d AS w WHERE t."k" = CAST(w._ml_k0 AS integer)')
+    assert DUCKDB.join_delete(T, "w_d").startswith('DELETE FROM "main"."T" AS t USING w_d AS w WHERE')
+    sqlite = SQLITE.join_delete(T, "w_d")
+    assert sqlite.startswith('DELETE FROM "T" WHERE rowid IN (SELECT t.rowid FROM w_d AS w JOIN "T" AS t ON t."k" = ')
+    assert "mirrorline_bad(w._ml_k0, 'integer', 'public.T', 'k')" in sqlite
+
+
+def test_every_identifier_is_quoted() -> None:
+    stmt = POSTGRESQL.insert_select(ODD, "w_i", ODD.column_names)
+    assert stmt.startswith('INSERT INTO "sales"."we""ird" ("i""d", "v") SELECT CAST(w."i""d" AS bigint)')
+    assert SQLITE.table(ODD.table) == '"sales.we""ird"'
+    assert SQLITE.table("public.orders") == '"orders"'
+    assert DUCKDB.table("public.orders") == '"main"."orders"'
+    ddl = DUCKDB.create_table(ODD)
+    assert ddl[0] == 'CREATE SCHEMA IF NOT EXISTS "sales"'
+    assert ddl[1] == ('CREATE TABLE IF NOT EXISTS "sales"."we""ird" ("i""d" BIGINT NOT NULL, "v" BLOB, '
+                      'PRIMARY KEY ("i""d"))')
+
+
+def test_update_writes_only_the_given_columns_and_filters_masks() -> None:
+    s = TableSchema("public.t", (Column("id", "integer", nullable=False), Column("a", "text"), Column("b", "jsonb")),
+                    key=("id",))
+    stmt = POSTGRESQL.join_update(s, "w", ["a"], [mask_of(["b"])])
+    assert 'SET "a" = w."a" FROM' in stmt and '"b" =' not in stmt
+    assert stmt.endswith("AND COALESCE(w._ml_unchanged, '') IN ('b')")
+    assert parse_mask(mask_of(["b", "a"])) == {"a", "b"}
+    assert parse_mask("") == frozenset()
+
+
+def test_all_columns_key_matches_nulls() -> None:
+    s = TableSchema("public.t", (Column("a", "integer"), Column("b", "text")), key=("a", "b"))
+    assert "IS NOT DISTINCT FROM" in POSTGRESQL.join_delete(s, "w")
+    assert 't."b" IS w._ml_k1' in SQLITE.join_delete(s, "w")
+    ddl = POSTGRESQL.create_table(s)
+    assert "PRIMARY KEY" not in ddl[0] and ddl[1].startswith('CREATE INDEX IF NOT EXISTS "mirrorline_key_t"')
+
+
+def test_state_and_rejects_tables() -> None:
+    assert POSTGRESQL.create_state().startswith('CREATE TABLE IF NOT EXISTS "public"."mirrorline_applied" (scope TEXT')
+    assert "ON CONFLICT (scope) DO UPDATE" in SQLITE.upsert_state()
+    assert SQLITE.upsert_state().count("?") == 7
+    assert '"table"' in DUCKDB.create_rejects() and "VARCHAR" in DUCKDB.create_rejects()
+    assert POSTGRESQL.insert_reject().count("%s") == 9
+
+
+def test_serial_one_row_worktable() -> None:
+    assert POSTGRESQL.one_row(["_ml_k0", "c"]) == '(SELECT CAST(%s AS text) AS "_ml_k0", CAST(%s AS text) AS "c")'
+    assert DUCKDB.one_row(["c"]) == '(SELECT CAST(? AS VARCHAR) AS "c")'
+
+
+def test_mirror_image_keeps_unchanged_columns_from_the_target() -> None:
+    s = TableSchema("public.t", (Column("id", "integer", nullable=False), Column("a", "text"), Column("b", "text")),
+                    key=("id",))
+    stmt = POSTGRESQL.mirror_image(s, "w", "w_m", ["a", "b"], frozenset({"b"}), ["b"])
+    assert stmt.startswith('CREATE TEMP TABLE w_m AS SELECT CAST(w._ml_k0 AS integer) AS "id", w."a" AS "a", '
+                           't."b" AS "b" FROM w AS w JOIN "public"."t" AS t ON')
+
+
+@pytest.mark.parametrize(("pg", "sqlite", "duck"), [
+    ("integer", "INTEGER", "INTEGER"),
+    ("bigint", "INTEGER", "BIGINT"),
+    ("boolean", "INTEGER", "BOOLEAN"),
+    ("numeric(10,2)", "TEXT", "DECIMAL(10,2)"),
+    ("numeric", "TEXT", "VARCHAR"),
+    ("numeric(60,2)", "TEXT", "VARCHAR"),
+    ("character varying(20)", "TEXT", "VARCHAR"),
+    ("bytea", "BLOB", "BLOB"),
+    ("timestamp with time zone", "TEXT", "TIMESTAMPTZ"),
+    ("timestamp(3) without time zone", "TEXT", "TIMESTAMP"),
+    ("jsonb", "TEXT", "JSON"),
+    ("integer[]", "TEXT", "VARCHAR"),
+    ("uuid", "TEXT", "UUID"),
+    ("double precision", "REAL", "DOUBLE"),
+])
+def test_type_mapping(pg: str, sqlite: str, duck: str) -> None:
+    assert sqlite_type("public.t", "c", pg).target_type == sqlite
+    assert duckdb_type("public.t", "c", pg).target_type == duck
+
+
+@pytest.mark.parametrize("pg", ["tsvector", "point", "mood", "int4range"])
+def test_types_a_file_target_cannot_hold(pg: str) -> None:
+    for fn in (sqlite_type, duckdb_type):
+        with pytest.raises(TargetError) as e:
+            fn("public.t", "c", pg)
+        assert e.value.context == {"table": "public.t", "column": "c", "type": pg}
+        assert pg in str(e.value)
+
+
+def test_base_type() -> None:
+    assert base_type("timestamp(3) with time zone") == "timestamp with time zone"
+    assert base_type("character varying(20)[]") == "character varying[]"
+
+
+def test_seed003_round_robin_dealing() -> None:
+    # 003: "TABLE1 and TABLE3 would have been applied by thread 0, and TABLE2 would have been applied by thread 1"
+    assert deal(["TABLE1", "TABLE2", "TABLE3"], 2) == [["TABLE1", "TABLE3"], ["TABLE2"]]
+    assert deal(["a", "b"], 1) == [["a", "b"]]
+
+
+def test_applied_state_min_over_tables() -> None:
+    st = AppliedState(Position(10), {"a": Position(30), "b": Position(20)})
+    assert st.position == Position(20) and st.table("a") == Position(30) and st.table("c") == Position(10)
+    assert AppliedState(Position(40), {"a": Position(30)}).position == Position(40)
+
+
+def test_flatten_net_rows_to_worktable_rows() -> None:
+    s = TableSchema("public.t", (Column("id", "integer", nullable=False), Column("a", "text"), Column("b", "text")),
+                    key=("id",))
+    net = pa.table({
+        "table": ["public.t", "public.t"], "kind": ["U", "U"], "key": [["1"], ["2"]],
+        "new": pa.array([[("id", "1"), ("a", "x")], [("id", "2"), ("a", None), ("b", "y")]],
+                        pa.map_(pa.string(), pa.string())),
+        "unchanged": [["b"], []], "lsn": [1, 1], "seq": [0, 1],
+    })
+    w = R.flatten(net, s, "U")
+    assert w.column_names == ["_ml_k0", "a", "b", "_ml_unchanged"]
+    assert w.to_pylist() == [{"_ml_k0": "1", "a": "x", "b": None, "_ml_unchanged": "b"},
+                             {"_ml_k0": "2", "a": None, "b": "y", "_ml_unchanged": ""}]
+    assert R.flatten(net, s, "I").column_names == ["id", "a", "b"]
+    assert mask_of(["x", "y"]) == f"x{MASK_SEP}y"
