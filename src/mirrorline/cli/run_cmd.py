@@ -1,11 +1,11 @@
-"""Capture, compile and apply for every configured target, continuously. With --once, stop when every target has
+"""Capture, compile and apply for every configured target, continuously: capture streams the source into the change
+log while units of work are compiled on Spark and applied to each target. With --once, stop when every target has
 applied everything the source had committed when the command started."""
 
 from __future__ import annotations
 
 import argparse
 
-from mirrorline.cli._common import load_config, not_built
 from mirrorline.cli.main import add_config_argument
 
 
@@ -13,6 +13,24 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_config_argument(p)
     p.add_argument("--once", action="store_true", help="stop once every target has caught up with the source")
 
+
 def run(args: argparse.Namespace) -> int:
-    load_config(args)
-    raise not_built("run", "the apply issue (#4)")
+    import signal
+    import sys
+
+    from mirrorline.cli._common import load_config, print_unit
+    from mirrorline.pipeline import Runner
+
+    config = load_config(args)
+    runner = Runner(config, once=args.once, on_unit=print_unit,
+                    on_message=lambda m: print(m, file=sys.stderr))
+    signal.signal(signal.SIGTERM, lambda *_: runner.stop())
+    try:
+        result = runner.run()
+    except KeyboardInterrupt:
+        runner.stop()
+        result = runner.result
+    where = ", ".join(f"{n} at {p}" for n, p in result.positions.items())
+    print(f"captured {result.captured} changes; applied {result.units} units ({result.applied} changes); {where}",
+          file=sys.stderr)
+    return 0

@@ -1,0 +1,342 @@
+"""The running pipeline (DESIGN §1): units of work read from the change log, compiled once into net row changes,
+applied to every target; and ``run``, which captures at the same time.
+
+A unit of work is the log between a target's applied position and a later position, closed by the latency threshold
+or the size limit, whichever comes first (DESIGN §5). Targets at the same position share one compiled unit; a unit
+is cut short at the next target's position so that a target behind catches up to the others and shares with them
+from then on. With several targets configured, compiled units are also kept in the log (compile/store.py) so that
+separate ``apply --target`` processes reuse them rather than compile again.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from mirrorline.config import Config
+from mirrorline.errors import ConfigError, MirrorlineError
+from mirrorline.model import Change, Op, TableSchema
+from mirrorline.position import ZERO, Position
+
+if TYPE_CHECKING:
+    from mirrorline.apply import ApplyResult, Target
+    from mirrorline.compile.batch import NetBatch
+    from mirrorline.log.reader import ChangeLog
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class UnitReport:
+    """What one step did: a unit applied to one or more targets."""
+
+    start: Position
+    end: Position
+    changes: int
+    targets: list[str]
+    compiled: bool  # False when a stored unit was reused
+    compile_seconds: float
+    apply_seconds: dict[str, float]
+    results: dict[str, ApplyResult] = field(default_factory=dict)
+
+
+def _kept(change: Change, actions: Mapping[str, frozenset[str]]) -> bool:
+    kinds = actions.get(change.table)
+    if kinds is None or change.op is Op.TRUNCATE:
+        return True
+    if change.op is Op.UPDATE and change.old_key is not None and change.old_key != change.key:
+        return "D" in kinds or "I" in kinds
+    return change.op.value in kinds
+
+
+class Applier:
+    """Applies the change log to the configured targets (all, or the ones named)."""
+
+    def __init__(self, config: Config, target_names: list[str] | None = None, *, spark: Any = None,
+                 open_targets: bool = True) -> None:
+        from mirrorline.log.reader import ChangeLog
+
+        if not config.targets:
+            raise ConfigError(str(config.file), "targets", "no target is configured",
+                              hint='add one, e.g. [targets.cache] url = "sqlite:///cache.db"')
+        names = target_names or list(config.targets)
+        for n in names:
+            if n not in config.targets:
+                raise ConfigError(str(config.file), f"targets.{n}", "no such target",
+                                  hint=f"configured targets: {', '.join(config.targets)}")
+        self.config = config
+        self.names = names
+        self.log: ChangeLog = ChangeLog(config.log.path)
+        self._spark = spark
+        self.actions: dict[str, frozenset[str]] = {t.name: t.actions for t in config.tables.values()
+                                                   if t.actions != frozenset("IDU")}
+        self.targets: dict[str, Target] = {}
+        if open_targets:
+            from mirrorline.apply import open_target
+
+            for n in names:
+                self.targets[n] = open_target(config.targets[n], threads=config.apply.threads)
+        self._pending_since: dict[Position, float] = {}
+        from mirrorline.compile.store import UnitStore
+
+        self._store = UnitStore(config.log.path)  # stored units are always reused ...
+        self._save_units = len(config.targets) > 1  # ... and saved when another target may need them
+
+    @property
+    def spark(self) -> Any:
+        if self._spark is None:
+            from mirrorline.sparkenv import get_spark
+
+            self._spark = get_spark()
+        return self._spark
+
+    def close(self) -> None:
+        for t in self.targets.values():
+            t.close()
+
+    # -- positions ---------------------------------------------------------------------------------------------
+
+    def positions(self) -> dict[str, Position]:
+        """Each target's applied position (every change up to it is applied)."""
+        return {n: t.applied_positions().position for n, t in self.targets.items()}
+
+    def _unit_end_hint(self, name: str) -> Position | None:
+        """A unit interrupted under threads > 1 left some tables at its end: re-form exactly that unit."""
+        state = self.targets[name].applied_positions()
+        ahead = [p for p in state.tables.values() if p > state.position]
+        return max(ahead) if ahead else None
+
+    # -- one unit ----------------------------------------------------------------------------------------------
+
+    def step(self, *, upto: Position | None = None, wait_latency: bool = False) -> UnitReport | None:
+        """Apply one unit to the targets furthest behind. ``upto``: never past this position (default: the log's
+        end). ``wait_latency``: leave a unit open until it is full or its first change waited ``latency``."""
+        durable = self.log.durable()
+        if durable is None:
+            return None
+        limit = min(durable, upto) if upto is not None else durable
+        positions = self.positions()
+        behind = {n: p for n, p in positions.items() if p < limit}
+        if not behind:
+            self._pending_since.clear()
+            return None
+        start = min(behind.values())
+        group = sorted(n for n, p in behind.items() if p == start)
+        # cut at the next target's position so the one behind joins it
+        later = [p for p in positions.values() if start < p < limit]
+        end_cap = min([limit, *later])
+        hints = [h for h in (self._unit_end_hint(n) for n in group) if h is not None]
+        stored = self._store.starting_at(start)
+        if hints:
+            end, n_changes = min(hints), self.log.count(start, min(hints))
+        elif stored is not None and stored[1] <= end_cap:
+            end, n_changes = stored[1], -1
+        else:
+            adv, n_changes = self.log.advance(start, self.config.apply.max_changes, end_cap)
+            if adv is None or adv <= start:
+                return None
+            end = adv
+            if wait_latency and n_changes < self.config.apply.max_changes:
+                first_seen = self._pending_since.setdefault(start, time.monotonic())
+                if time.monotonic() - first_seen < self.config.apply.latency:
+                    return None
+        self._pending_since.pop(start, None)
+        batch, compiled, compile_seconds = self._compile(start, end, stored is not None and stored[1] == end)
+        report = UnitReport(start, end, batch.changes if n_changes < 0 else n_changes, group, compiled,
+                            compile_seconds, {})
+        schemas = self._schemas(batch.tables + [t for t in batch.truncated if t not in batch.tables])
+        try:
+            for n in group:
+                t0 = time.monotonic()
+                report.results[n] = self.targets[n].apply(batch, schemas, functools.partial(self._changes, start, end))
+                report.apply_seconds[n] = time.monotonic() - t0
+                self._registered(n)
+        finally:
+            batch.release()
+        log.info("unit %s..%s (%d changes) applied to %s", start, end, report.changes, ", ".join(group))
+        return report
+
+    def _compile(self, start: Position, end: Position, stored: bool) -> tuple[NetBatch, bool, float]:
+        from mirrorline.compile.spark import compile_changes
+        from mirrorline.log.spark import read_spark
+
+        t0 = time.monotonic()
+        if stored:
+            return self._store.load(self.spark, start, end), False, time.monotonic() - t0
+        frame = read_spark(self.log, start, end, spark=self.spark)
+        if self.config.tables:
+            from pyspark.sql import functions as F
+
+            frame = frame.where(F.col("table").isin(list(self.config.tables)))
+        batch = compile_changes(frame, actions=self.actions or None, start=start, end=end)
+        if self._save_units:
+            batch = self._store.save(self.spark, batch)
+        return batch, True, time.monotonic() - t0
+
+    def compile_ahead(self, on_unit: Callable[[NetBatch], None] | None = None) -> int:
+        """The compile stage alone: compile and store the units that the targets will apply next, up to the log's
+        end, without applying them. Returns how many units were compiled."""
+        durable = self.log.durable()
+        if durable is None:
+            return 0
+        done = 0
+        for start in sorted(set(self.positions().values())):
+            while start < durable:
+                stored = self._store.starting_at(start)
+                if stored is not None:
+                    start = stored[1]
+                    continue
+                end, _ = self.log.advance(start, self.config.apply.max_changes, durable)
+                if end is None or end <= start:
+                    break
+                from mirrorline.compile.spark import compile_changes
+                from mirrorline.log.spark import read_spark
+
+                batch = compile_changes(read_spark(self.log, start, end, spark=self.spark),
+                                        actions=self.actions or None, start=start, end=end)
+                batch = self._store.save(self.spark, batch)
+                if on_unit:
+                    on_unit(batch)
+                batch.release()
+                done += 1
+                start = end
+        return done
+
+    def _changes(self, start: Position, end: Position) -> Iterator[Change]:
+        configured = self.config.tables
+        for c in self.log.read(start, end):
+            if configured and c.table not in configured:
+                continue
+            if _kept(c, self.actions):
+                yield c
+
+    def _schemas(self, tables: list[str]) -> dict[str, TableSchema]:
+        self.log.schemas.refresh()
+        out: dict[str, TableSchema] = {}
+        for t in tables:
+            s = self.log.schemas.latest(t)
+            if s is None:
+                raise MirrorlineError(f"the change log has no schema for {t}",
+                                      hint="the log is damaged or was imported without [tables] columns", table=t)
+            out[t] = s
+        return out
+
+    def _registered(self, name: str) -> None:
+        from mirrorline.log.retention import set_applied
+
+        set_applied(self.log, name, self.targets[name].applied_positions().position)
+
+    def prune(self) -> None:
+        """Drop compiled units and log segments every registered target has passed."""
+        from mirrorline.log.retention import retain
+
+        positions = self.positions()
+        if positions:
+            self._store.prune(min(positions.values()))
+        retain(self.log)
+
+    # -- loops -------------------------------------------------------------------------------------------------
+
+    def catch_up(self, upto: Position | None = None,
+                 on_unit: Callable[[UnitReport], None] | None = None) -> list[UnitReport]:
+        """Apply until every target has reached ``upto`` (default: the log's end now)."""
+        target = upto if upto is not None else (self.log.durable() or ZERO)
+        reports = []
+        while True:
+            r = self.step(upto=target)
+            if r is None:
+                break
+            reports.append(r)
+            if on_unit:
+                on_unit(r)
+        self.prune()
+        return reports
+
+    def follow(self, stop: threading.Event, on_unit: Callable[[UnitReport], None] | None = None,
+               poll: float = 0.05, until: Callable[[], bool] | None = None) -> None:
+        """Apply continuously until ``stop`` is set (or ``until()`` holds), closing units by latency or size."""
+        last_prune = time.monotonic()
+        while not stop.is_set():
+            r = self.step(wait_latency=True)
+            if r is not None:
+                if on_unit:
+                    on_unit(r)
+                continue
+            if until is not None and until():
+                return
+            if time.monotonic() - last_prune > 30:
+                self.prune()
+                last_prune = time.monotonic()
+            stop.wait(poll)
+
+
+@dataclass
+class RunResult:
+    captured: int = 0
+    units: int = 0
+    applied: int = 0
+    positions: dict[str, Position] = field(default_factory=dict)
+
+
+class Runner:
+    """``mirrorline run``: capture in a thread of its own, apply in this one. Either failing stops both; the error
+    of the one that failed is raised. Positions stay consistent whatever the stop: the log only holds committed
+    transactions, and each target's position is committed with its data."""
+
+    def __init__(self, config: Config, *, once: bool = False, on_unit: Callable[[UnitReport], None] | None = None,
+                 on_message: Callable[[str], None] | None = None) -> None:
+        from mirrorline.capture.session import Capture
+
+        self.config = config
+        self.once = once
+        self.on_unit = on_unit
+        self.on_message = on_message or (lambda m: log.info("%s", m))
+        self.capture = Capture(config, once=once)
+        self.result = RunResult()
+        self._stop = threading.Event()
+        self._capture_error: BaseException | None = None
+        self._capture_done = threading.Event()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self.capture.stop()
+
+    def _capture_main(self) -> None:
+        try:
+            stats = self.capture.run()
+            self.result.captured = stats.changes
+        except BaseException as e:  # handed to the main thread
+            self._capture_error = e
+            self._stop.set()
+        finally:
+            self._capture_done.set()
+
+    def _unit(self, r: UnitReport) -> None:
+        self.result.units += 1
+        self.result.applied += r.changes
+        if self.on_unit:
+            self.on_unit(r)
+
+    def run(self) -> RunResult:
+        applier = Applier(self.config)
+        thread = threading.Thread(target=self._capture_main, name="mirrorline-capture", daemon=True)
+        try:
+            thread.start()
+            applier.follow(self._stop, on_unit=self._unit,
+                           until=self._capture_done.is_set if self.once else None)
+            if self.once and self._capture_error is None and not self._stop.is_set():
+                for r in applier.catch_up():
+                    self._unit(r)
+            self.result.positions = applier.positions()
+        finally:
+            self.capture.stop()
+            thread.join(timeout=30)
+            applier.close()
+        if self._capture_error is not None:
+            raise self._capture_error
+        return self.result
