@@ -16,6 +16,7 @@ the existing row), inserts (insert-select), each from a bulk-loaded worktable.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import time
 from abc import ABC, abstractmethod
@@ -37,6 +38,7 @@ from mirrorline.position import ZERO, Position
 if TYPE_CHECKING:
     from mirrorline.compile.batch import NetBatch
 
+_images = itertools.count(1)
 ChangeSource = Callable[[], Iterable[Change]] | Sequence[Change] | None
 
 
@@ -345,7 +347,7 @@ class Target(ABC):
                 s.dml(d.insert_select(ts, work, ts.column_names, flt, src=key_src))
                 touched += cnt
             else:  # mirror with unchanged columns: take them from the existing row before deleting it
-                image = f"{work}_m"
+                image = f"mirrorline_image_{next(_images)}"
                 s.execute(d.mirror_image(ts, work, image, value_cols, kept, raw_masks))
                 found = int(s.query(d.count(image))[0][0])
                 if found != cnt:

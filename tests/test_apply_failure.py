@@ -1,0 +1,145 @@
+"""The failure path on every target: a bulk apply that fails is rolled back and re-applied serially in log order;
+on_error = "stop" names the first failing change, "reject" records it in mirrorline_rejects and applies the rest.
+Also: values that do not convert, rows missing at the target, and the types each target holds."""
+
+from __future__ import annotations
+
+import base64
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mirrorline.errors import ApplyError
+from mirrorline.model import Column, TableSchema
+from test_apply_support import ITEMS, KINDS, MODES, P, batch, change, fetch, net, open_target, sql
+
+pytestmark = pytest.mark.spark
+
+SCHEMAS = {ITEMS.table: ITEMS}
+COLS = ["id", "name", "qty", "note"]
+
+
+def items_with_check(t: Any) -> None:
+    """The target's own table, with a constraint the source does not have."""
+    text = t.dialect.text_type
+    sql(t, f"CREATE TABLE {t.dialect.table('public.items')} (id INTEGER PRIMARY KEY, name {text}, "
+           f"qty BIGINT CHECK (qty >= 0), note {text})")
+
+
+def unit(spark: Any) -> tuple[Any, list[Any]]:
+    """Seeded rows 10 and 11; the unit: I 1, U 10 (qty -1: breaks the target's check), I 2, D 11."""
+    changes = [
+        change("public.items", "I", [1], {"id": 1, "name": "a", "qty": 1, "note": None}, pos=P(0x200, 0)),
+        change("public.items", "U", [10], {"id": 10, "name": "ten", "qty": -1, "note": None}, pos=P(0x200, 1)),
+        change("public.items", "I", [2], {"id": 2, "name": "b", "qty": 2, "note": None}, pos=P(0x300, 0)),
+        change("public.items", "D", [11], pos=P(0x300, 1)),
+    ]
+    rows = [net(c.table, c.op.value, c.key, dict(c.new) if c.new else None, pos=c.pos) for c in changes]
+    return batch(spark, rows, P(0x100), P(0x300, 1), changes=len(changes)), changes
+
+
+def seed(spark: Any, t: Any) -> None:
+    rows = [net("public.items", "I", [i], {"id": i, "name": f"n{i}", "qty": 1, "note": None}) for i in (10, 11)]
+    t.apply(batch(spark, rows, P(0), P(0x100)), SCHEMAS)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("kind", KINDS)
+def test_stop_names_the_first_failing_change(kind: str, mode: str, spark: Any, request: Any,
+                                            tmp_path: Path) -> None:
+    t = open_target(kind, request, tmp_path, mode)
+    items_with_check(t)
+    seed(spark, t)
+    b, changes = unit(spark)
+    with pytest.raises(ApplyError) as e:
+        t.apply(b, SCHEMAS, lambda: iter(changes))
+    ctx = e.value.context
+    assert (ctx["target"], ctx["table"], ctx["key"], ctx["position"], ctx["op"]) == (
+        "t1", "public.items", ["10"], str(P(0x200, 1)), "U")
+    assert ctx["db_message"] and "check" in ctx["db_message"].lower()
+    assert "public.items" in str(e.value) and "0/200:1" in str(e.value)
+    assert fetch(t, "public.items", COLS) == [(10, "n10", 1, None), (11, "n11", 1, None)]
+    assert t.applied_position() == P(0x100)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("kind", KINDS)
+def test_reject_records_the_change_and_the_rest_lands(kind: str, mode: str, spark: Any, request: Any,
+                                                     tmp_path: Path) -> None:
+    t = open_target(kind, request, tmp_path, mode, on_error="reject")
+    items_with_check(t)
+    seed(spark, t)
+    b, changes = unit(spark)
+    res = t.apply(b, SCHEMAS, changes)
+    assert res.rejects == 1 and res.serial == ["public.items"]
+    assert fetch(t, "public.items", COLS) == [(1, "a", 1, None), (10, "n10", 1, None), (2, "b", 2, None)]
+    rejects = sql(t, 'SELECT lsn, seq, position, "table", "key", op, image, error FROM mirrorline_rejects')
+    assert len(rejects) == 1
+    lsn, seq, position, table, key, op, image, error = rejects[0]
+    assert (lsn, seq, position, table, json.loads(key), op) == (0x200, 1, "0/200:1", "public.items", ["10"], "U")
+    assert json.loads(image)["qty"] == "-1" and error
+    assert t.applied_position() == P(0x300, 1)
+    assert t.apply(b, SCHEMAS, changes).noop
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_value_that_does_not_convert_is_a_clear_error(kind: str, spark: Any, request: Any, tmp_path: Path) -> None:
+    t = open_target(kind, request, tmp_path)
+    c = change("public.items", "I", [5], {"id": 5, "name": "x", "qty": "lots", "note": None}, pos=P(0x10, 2))
+    b = batch(spark, [net("public.items", "I", [5], dict(c.new or {}), pos=c.pos)], P(0), P(0x10, 2))
+    with pytest.raises(ApplyError) as e:
+        t.apply(b, SCHEMAS, [c])
+    assert e.value.context["key"] == ["5"] and e.value.context["position"] == "0/10:2"
+    assert "lots" in e.value.context["db_message"]
+    assert fetch(t, "public.items", COLS) == []
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_an_update_of_a_row_missing_at_the_target_is_not_skipped(kind: str, spark: Any, request: Any,
+                                                                 tmp_path: Path) -> None:
+    t = open_target(kind, request, tmp_path)
+    c = change("public.items", "U", [7], {"id": 7, "name": "x", "qty": 1, "note": None}, pos=P(0x10))
+    b = batch(spark, [net("public.items", "U", [7], dict(c.new or {}), pos=c.pos)], P(0), P(0x10))
+    with pytest.raises(ApplyError, match="no row with this key"):
+        t.apply(b, SCHEMAS, [c])
+    # without the changes, the bulk failure is still reported, never dropped
+    with pytest.raises(ApplyError, match="changes were not given"):
+        t.apply(b, SCHEMAS)
+    # mirror mode applies an update as delete + insert: the row lands
+    (tmp_path / "m").mkdir()
+    m = open_target(kind, request, tmp_path / "m", "mirror")  # PostgreSQL: the same (still empty) database
+    m.apply(b, SCHEMAS, [c])
+    assert fetch(m, "public.items", COLS) == [(7, "x", 1, None)]
+
+
+TYPED = TableSchema("public.typed", (
+    Column("id", "integer", nullable=False), Column("flag", "boolean"), Column("blob", "bytea"),
+    Column("amount", "numeric(10,2)"), Column("at", "timestamp with time zone"), Column("day", "date"),
+    Column("ratio", "double precision"), Column("doc", "jsonb"), Column("tags", "integer[]"), Column("uid", "uuid"),
+), key=("id",))
+VALUES = {"id": "1", "flag": "t", "blob": "\\x00ff41", "amount": "12.50", "at": "2024-01-02 03:04:05.5+00",
+          "day": "2024-02-29", "ratio": "0.25", "doc": '{"a": 1}', "tags": "{1,2}",
+          "uid": "a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11"}
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_values_arrive_as_postgresql_text_and_land_typed(kind: str, spark: Any, request: Any, tmp_path: Path) -> None:
+    t = open_target(kind, request, tmp_path)
+    nulls = dict.fromkeys(VALUES, None) | {"id": "2"}
+    rows = [net("public.typed", "I", ["1"], VALUES), net("public.typed", "I", ["2"], nulls)]
+    t.apply(batch(spark, rows, P(0), P(1)), {"public.typed": TYPED})
+    got = fetch(t, "public.typed", list(VALUES))
+    assert got[1] == (2, *([None] * (len(VALUES) - 1)))
+    _, flag, blob, amount, at, day, ratio, doc, tags, uid = got[0]
+    assert bytes(blob) == b"\x00\xffA" and ratio == 0.25
+    assert str(amount) == "12.50"
+    assert str(day) == "2024-02-29" and str(uid) == VALUES["uid"]
+    assert (doc if isinstance(doc, dict) else json.loads(doc)) == {"a": 1}
+    if kind == "sqlite":
+        assert (flag, at, tags) == (1, "2024-01-02 03:04:05.5+00", "{1,2}")
+    else:
+        assert flag is True and at.isoformat().startswith("2024-01-02T03:04:05.5")
+        assert tags in ([1, 2], "{1,2}")
+    assert base64.b16encode(bytes(blob)) == b"00FF41"

@@ -1,0 +1,56 @@
+"""PostgreSQL's parallel path: worktables loaded by Spark tasks (UNLOGGED, unit-unique names), then the driver's
+set-based statements and position; the worktables are gone afterwards, whatever happened."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mirrorline.errors import ApplyError
+from test_apply_support import ITEMS, ORDERS, P, batch, change, fetch, net, open_target, sql
+
+pytestmark = [pytest.mark.pg, pytest.mark.spark]
+
+SCHEMAS = {ITEMS.table: ITEMS, ORDERS.table: ORDERS}
+
+
+def leftover_worktables(t: Any) -> list[Any]:
+    return sql(t, "SELECT relname FROM pg_class WHERE relname LIKE 'mirrorline_w%'")
+
+
+@pytest.mark.parametrize(("mode", "threads"), [("update", 1), ("mirror", 2)])
+def test_worktables_loaded_from_spark_tasks(mode: str, threads: int, spark: Any, request: Any,
+                                            tmp_path: Path) -> None:
+    t = open_target("postgresql", request, tmp_path, mode, threads=threads, parallel_rows=0)
+    seed = [net("public.items", "I", [i], {"id": i, "name": f"n{i}", "qty": i, "note": "x"}) for i in range(200)]
+    seed += [net("public.orders", "I", [i], {"id": i, "item": i, "status": "new"}) for i in range(50)]
+    b = batch(spark, seed, P(0), P(0x100))
+    b.net = b.net.repartition(4)  # several tasks, each loading its share of both tables
+    t.apply(b, SCHEMAS)
+    assert len(fetch(t, "public.items", ["id"])) == 200 and leftover_worktables(t) == []
+    unit = [net("public.items", "D", [i]) for i in range(0, 50)]
+    unit += [net("public.items", "U", [i], {"id": i, "qty": -i}, unchanged=["name", "note"]) for i in range(50, 100)]
+    unit += [net("public.items", "I", [i], {"id": i, "name": "new", "qty": 0, "note": None}) for i in range(300, 320)]
+    unit += [net("public.orders", "U", [i], {"id": i, "item": i, "status": "paid"}) for i in range(10)]
+    t.apply(batch(spark, unit, P(0x100), P(0x200)), SCHEMAS)
+    items = fetch(t, "public.items", ["id", "name", "qty", "note"])
+    assert len(items) == 170
+    assert (60, "n60", -60, "x") in items and (310, "new", 0, None) in items and (150, "n150", 150, "x") in items
+    assert sorted(fetch(t, "public.orders", ["id", "status"]))[:11] == [(i, "paid") for i in range(10)] + [(10, "new")]
+    assert t.applied_position() == P(0x200)
+    assert leftover_worktables(t) == []
+
+
+def test_parallel_path_failure_goes_serial_and_cleans_up(spark: Any, request: Any, tmp_path: Path) -> None:
+    t = open_target("postgresql", request, tmp_path, parallel_rows=0)
+    t.ensure_schema([ITEMS])
+    sql(t, 'ALTER TABLE "public"."items" ADD CONSTRAINT named CHECK (name IS NOT NULL)')
+    changes = [change("public.items", "I", [i], {"id": i, "name": None if i == 3 else "ok", "qty": 1, "note": None},
+                      pos=P(0x10, i)) for i in range(5)]
+    rows = [net(c.table, "I", c.key, dict(c.new or {}), pos=c.pos) for c in changes]
+    with pytest.raises(ApplyError) as e:
+        t.apply(batch(spark, rows, P(0), P(0x10, 4)), {ITEMS.table: ITEMS}, changes)
+    assert e.value.context["key"] == ["3"] and e.value.context["position"] == "0/10:3"
+    assert fetch(t, "public.items", ["id"]) == [] and leftover_worktables(t) == []
