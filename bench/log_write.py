@@ -1,0 +1,116 @@
+"""Change-log write and read throughput. Prints ONE JSON line.
+
+- write_changes_per_s: 1,000,000 generated changes (transactions of --txn changes) through LogWriter.add_transaction
+  from Change objects (built before timing), segments of 100,000 changes, everything durable at the end.
+- write_arrow_per_s: the same through add_transaction with Arrow tables in the log layout (capture's fast path).
+- anchor_parquet_per_s: the anchor: pyarrow writing the same rows as one Parquet file, no log logic.
+- spark_read_per_s: read_spark over the whole log, aggregating every row (count, sum of map sizes, max lsn);
+  anchor_spark_per_s: Spark reading one plain Parquet file of the same rows the same way.
+Medians of --repeat runs; ratios against the anchors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from mirrorline.log import ChangeLog, LogWriter, read_spark
+from mirrorline.log.columns import changes_to_arrow
+from mirrorline.model import Change, Op
+from mirrorline.position import ZERO
+
+
+def generate(n: int, txn: int) -> list[list[Change]]:
+    ops = (Op.INSERT, Op.UPDATE, Op.UPDATE, Op.DELETE)
+    txns: list[list[Change]] = []
+    for t in range(0, n, txn):
+        batch = []
+        for i in range(t, min(t + txn, n)):
+            op = ops[i % 4]
+            new = None if op is Op.DELETE else {"id": str(i), "note": f"note {i}", "amount": "12.50", "qty": str(i % 7)}
+            batch.append(Change(ZERO, 0, 1000 + t, "public.orders", op, (str(i),), new))
+        txns.append(batch)
+    return txns
+
+
+def write_log(root: Path, txns: list, base_lsn: int = 1 << 32) -> float:
+    t0 = time.perf_counter()
+    with LogWriter(root, segment_changes=100_000) as w:
+        for i, changes in enumerate(txns):
+            w.add_transaction(base_lsn + i * 100, 1_700_000_000_000_000 + i, changes)
+        w.flush()
+    return time.perf_counter() - t0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--changes", type=int, default=1_000_000)
+    ap.add_argument("--txn", type=int, default=10, help="changes per transaction")
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--no-spark", action="store_true")
+    args = ap.parse_args()
+    n = args.changes
+    txns = generate(n, args.txn)
+    arrow_txns = [changes_to_arrow(c, 0, 0) for c in txns]
+    whole = pa.concat_tables(arrow_txns).combine_chunks()
+    tmp = Path(tempfile.mkdtemp(prefix="mirrorline-bench-"))
+    results: dict[str, list[float]] = {"changes": [], "arrow": [], "anchor": [], "spark": [], "anchor_spark": []}
+    try:
+        for r in range(args.repeat):
+            for kind, data in (("changes", txns), ("arrow", arrow_txns)):
+                root = tmp / f"{kind}{r}"
+                results[kind].append(n / write_log(root, data))
+            t0 = time.perf_counter()
+            pq.write_table(whole, str(tmp / f"anchor{r}.parquet"), compression="snappy")
+            results["anchor"].append(n / (time.perf_counter() - t0))
+        if not args.no_spark:
+            from pyspark.sql import functions as F
+
+            from mirrorline.sparkenv import get_spark
+
+            spark = get_spark()
+            log = ChangeLog(tmp / "changes0")
+
+            def agg(df):  # type: ignore[no-untyped-def]
+                return df.agg(F.count("*"), F.sum(F.size("new")), F.max("lsn")).collect()
+
+            agg(read_spark(log, spark=spark))  # warm-up
+            for _ in range(args.repeat):
+                t0 = time.perf_counter()
+                agg(read_spark(log, ZERO, None, spark=spark))
+                results["spark"].append(n / (time.perf_counter() - t0))
+                t0 = time.perf_counter()
+                agg(spark.read.parquet(str(tmp / "anchor0.parquet")))
+                results["anchor_spark"].append(n / (time.perf_counter() - t0))
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    med = {k: statistics.median(v) for k, v in results.items() if v}
+    out = {
+        "bench": "log_write",
+        "changes": n,
+        "txn_changes": args.txn,
+        "write_changes_per_s": round(med["changes"]),
+        "write_arrow_per_s": round(med["arrow"]),
+        "anchor_parquet_per_s": round(med["anchor"]),
+        "write_vs_anchor": round(med["changes"] / med["anchor"], 3),
+        "write_arrow_vs_anchor": round(med["arrow"] / med["anchor"], 3),
+    }
+    if "spark" in med:
+        out.update({
+            "spark_read_per_s": round(med["spark"]),
+            "anchor_spark_per_s": round(med["anchor_spark"]),
+            "spark_vs_anchor": round(med["spark"] / med["anchor_spark"], 3),
+        })
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,153 @@
+"""Changes -> Arrow columns in the log layout, column-wise (the writer's hot path), and checks of Arrow input.
+
+Per change only C-level loops run (``zip``, ``map``, ``itertools.chain``); no per-row dicts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from itertools import chain
+from operator import attrgetter, methodcaller
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from mirrorline.errors import LogError
+from mirrorline.log.rows import ARROW_SCHEMA
+from mirrorline.model import Change
+
+_FIELDS = attrgetter("xid", "table", "op", "key", "new", "unchanged", "old_key", "schema_version")
+_VALUES = methodcaller("values")
+_OP_VALUE = attrgetter("_value_")  # Op is a str Enum: its plain str value (pyarrow converts Enum members slowly)
+_EMPTY: Mapping[str, str | None] = {}
+_LIST_T = ARROW_SCHEMA.field("key").type
+_MAP_T = ARROW_SCHEMA.field("new").type
+NAMES = ARROW_SCHEMA.names
+
+
+def _offsets(lengths: Iterable[int], n: int) -> pa.Array:
+    out = np.zeros(n + 1, dtype=np.int32)
+    np.cumsum(np.fromiter(lengths, dtype=np.int32, count=n), out=out[1:])
+    return pa.array(out)
+
+
+def _mask(valid: list[bool]) -> pa.Array | None:
+    if all(valid):
+        return None
+    return pa.array(np.logical_not(np.array(valid, dtype=bool)))
+
+
+def _lists(items: Sequence[Sequence[str | None] | None], valid: list[bool] | None = None) -> pa.Array:
+    """A list<string> array from sequences (``None`` entries allowed only where ``valid`` says so)."""
+    n = len(items)
+    if valid is not None:
+        items = [x if x is not None else () for x in items]
+    offsets = _offsets(map(len, items), n)  # type: ignore[arg-type]
+    values = pa.array(list(chain.from_iterable(items)), pa.string())  # type: ignore[arg-type]
+    return pa.ListArray.from_arrays(offsets, values, type=_LIST_T, mask=_mask(valid) if valid is not None else None)
+
+
+def _constant(value: int, n: int) -> pa.Array:
+    return pa.array(np.full(n, value, dtype=np.int64))
+
+
+def changes_to_arrow(changes: Sequence[Change], lsn: int, ts: int, seq_start: int = 0, xid: int | None = None
+                     ) -> pa.Table:
+    """A transaction's changes -> a table in the log layout with lsn/ts set, seq = ``seq_start`` + index, and xid
+    from each change (or ``xid`` when given). ``Change.pos`` and ``Change.commit_ts`` are not used."""
+    n = len(changes)
+    if n == 0:
+        return ARROW_SCHEMA.empty_table()
+    meta = [_constant(lsn, n), pa.array(np.arange(seq_start, seq_start + n, dtype=np.int64)), _constant(ts, n)]
+    return _build(changes, meta, xid)
+
+
+def transactions_to_arrow(txns: Sequence[tuple[int, int, Sequence[Change]]]) -> pa.Table:
+    """Many transactions ``(commit_lsn, commit_ts, changes)`` -> one table (seq = index inside each), in one pass."""
+    counts = np.fromiter((len(c) for _, _, c in txns), dtype=np.int64, count=len(txns))
+    n = int(counts.sum())
+    if n == 0:
+        return ARROW_SCHEMA.empty_table()
+    lsns = np.fromiter((t[0] for t in txns), dtype=np.int64, count=len(txns))
+    tss = np.fromiter((t[1] for t in txns), dtype=np.int64, count=len(txns))
+    starts = np.cumsum(counts) - counts
+    seq = np.arange(n, dtype=np.int64) - np.repeat(starts, counts)
+    meta = [pa.array(np.repeat(lsns, counts)), pa.array(seq), pa.array(np.repeat(tss, counts))]
+    return _build(list(chain.from_iterable(c for _, _, c in txns)), meta, None)
+
+
+def _build(changes: Sequence[Change], meta: list[pa.Array], xid: int | None) -> pa.Table:
+    n = len(changes)
+    xids, tables, ops, keys, news, unchanged, old_keys, versions = zip(*map(_FIELDS, changes), strict=True)
+    new_valid = [x is not None for x in news]
+    news_nn = [x if x is not None else _EMPTY for x in news]
+    new_arr = pa.MapArray.from_arrays(
+        _offsets(map(len, news_nn), n),
+        pa.array(list(chain.from_iterable(news_nn)), pa.string()),
+        pa.array(list(chain.from_iterable(map(_VALUES, news_nn))), pa.string()),
+        type=_MAP_T,
+        mask=_mask(new_valid),
+    )
+    unchanged_lists = [sorted(u) if u else () for u in unchanged]
+    arrays = [
+        *meta,
+        _constant(xid, n) if xid is not None else pa.array(xids, pa.int64()),
+        pa.array(tables, pa.string()),
+        pa.array(list(map(_OP_VALUE, ops)), pa.string()),
+        _lists(keys),
+        _lists(old_keys, [k is not None for k in old_keys]),
+        new_arr,
+        _lists(unchanged_lists),
+        pa.array(versions, pa.int32()),
+    ]
+    return pa.Table.from_arrays(arrays, schema=ARROW_SCHEMA)
+
+
+def conform(data: pa.Table | pa.RecordBatch) -> pa.Table:
+    """Arrow input from a caller -> a table with exactly ARROW_SCHEMA (nullability differences tolerated)."""
+    table = pa.Table.from_batches([data]) if isinstance(data, pa.RecordBatch) else data
+    if table.schema.equals(ARROW_SCHEMA):
+        return table
+    if table.schema.names != NAMES:
+        raise LogError(f"Arrow input has columns {table.schema.names}, expected the log layout {NAMES}",
+                       hint="build it with mirrorline.log.rows.ARROW_SCHEMA")
+    try:
+        return table.cast(ARROW_SCHEMA)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, ValueError) as e:
+        raise LogError(f"Arrow input does not fit the log layout: {e}",
+                       hint="build it with mirrorline.log.rows.ARROW_SCHEMA") from None
+
+
+def with_constants(table: pa.Table, **columns: int) -> pa.Table:
+    """Set integer columns (lsn, ts, xid...) to one value for every row."""
+    n = table.num_rows
+    for name, value in columns.items():
+        i = table.schema.get_field_index(name)
+        table = table.set_column(i, ARROW_SCHEMA.field(name), _constant(value, n))
+    return table
+
+
+def with_seq(table: pa.Table, start: int) -> pa.Table:
+    i = table.schema.get_field_index("seq")
+    arr = pa.array(np.arange(start, start + table.num_rows, dtype=np.int64))
+    return table.set_column(i, ARROW_SCHEMA.field("seq"), arr)
+
+
+def txn_bounds(table: pa.Table) -> list[tuple[int, int, int]]:
+    """``(commit_lsn, first_row, row_count)`` of each transaction in a table of whole transactions (rows in commit
+    order). Raises LogError when commit LSNs go backwards."""
+    lsn = table.column("lsn").to_numpy()
+    if len(lsn) == 0:
+        return []
+    if len(lsn) > 1 and bool(np.any(lsn[1:] < lsn[:-1])):
+        raise LogError("Arrow input rows are not in commit order (lsn goes backwards)",
+                       hint="hand in whole transactions, rows in commit order")
+    starts = np.flatnonzero(np.concatenate(([True], lsn[1:] != lsn[:-1])))
+    ends = np.append(starts[1:], len(lsn))
+    return [(int(lsn[s]), int(s), int(e - s)) for s, e in zip(starts, ends, strict=True)]
+
+
+def ts_range(table: pa.Table) -> tuple[int, int]:
+    mm = pc.min_max(table.column("ts"))
+    return int(mm["min"].as_py()), int(mm["max"].as_py())

@@ -1,0 +1,203 @@
+"""Reading the change log: any number of readers, each from its own position (exclusive) up to a position
+(inclusive), or from a timestamp (the first change whose commit ts >= T: the daystream idea).
+
+Segment metadata is cheap (names plus footers or commit records, cached: segments are immutable). The chain of
+segments is checked: each segment records the last position of the one before it, so a missing segment is a
+LogError, never a silent gap.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from mirrorline.errors import LogError
+from mirrorline.log.layout import Layout, SegmentInfo, parse_segment_name, read_json
+from mirrorline.log.rows import table_to_changes
+from mirrorline.log.schemas import SchemaStore
+from mirrorline.log.segments import iter_batches, read_info, read_table
+from mirrorline.model import Change, TableSchema
+from mirrorline.position import Position
+
+
+@dataclass(frozen=True)
+class Retained:
+    """What retention removed: everything up to ``after`` (whose latest commit ts was ``max_ts``)."""
+
+    after: Position
+    max_ts: int
+
+
+def read_retained(layout: Layout) -> Retained | None:
+    if not layout.retained.exists():
+        return None
+    d = read_json(layout.retained)
+    return Retained(Position(int(d["lsn"]), int(d["seq"])), int(d.get("max_ts", 0)))
+
+
+def range_mask(t: pa.Table, after: Position | None, upto: Position | None) -> pa.Array | None:
+    """Rows with ``after < (lsn, seq) <= upto``; None when every row qualifies."""
+    lsn, seq = t.column("lsn"), t.column("seq")
+    mask = None
+    if after is not None:
+        mask = pc.or_(pc.greater(lsn, after.lsn), pc.and_(pc.equal(lsn, after.lsn), pc.greater(seq, after.seq)))
+    if upto is not None:
+        m2 = pc.or_(pc.less(lsn, upto.lsn), pc.and_(pc.equal(lsn, upto.lsn), pc.less_equal(seq, upto.seq)))
+        mask = m2 if mask is None else pc.and_(mask, m2)
+    return mask
+
+
+class ChangeLog:
+    """The read side of the log at ``root`` (any number at once, alongside the one writer)."""
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self.layout = Layout(root)
+        self._infos: dict[str, SegmentInfo] = {}
+        self.schemas = SchemaStore(self.layout.schemas)
+
+    # -- metadata ----------------------------------------------------------------------------------------------
+
+    def retained(self) -> Retained | None:
+        return read_retained(self.layout)
+
+    def segments(self) -> list[SegmentInfo]:
+        """Every retained segment in log order, their chain checked."""
+        self.layout.require()
+        names = sorted(n for n in os.listdir(self.layout.segments) if parse_segment_name(n))
+        infos = []
+        for n in names:
+            info = self._infos.get(n)
+            if info is None:
+                info = self._infos[n] = read_info(self.layout.segments / n)
+            infos.append(info)
+        for gone in set(self._infos) - set(names):
+            del self._infos[gone]
+        retained = self.retained()
+        if retained is not None:
+            infos = [i for i in infos if i.last > retained.after]
+        prev = retained.after if retained is not None else None
+        for info in infos:
+            if info.prev != prev:
+                raise LogError(
+                    f"the change log is missing a segment before {info.name} (it follows {info.prev}, the log "
+                    f"has {prev if prev is not None else 'nothing'} before it)",
+                    hint="restore the missing segment from a backup, or rebuild the log", segment=info.name)
+            prev = info.last
+        return infos
+
+    def start(self) -> Position | None:
+        """Readers can start after this position or anything later (None: the log never lost anything)."""
+        r = self.retained()
+        return r.after if r is not None else None
+
+    def durable(self) -> Position | None:
+        """The position of the log's last change (None: empty log)."""
+        segs = self.segments()
+        if segs:
+            return segs[-1].last
+        return self.start()
+
+    def schema(self, table: str, version: int) -> TableSchema:
+        return self.schemas.get(table, version)
+
+    def select(self, after: Position | None = None, upto: Position | None = None) -> list[SegmentInfo]:
+        """The segments holding changes in ``(after, upto]``; LogError if ``after`` is no longer retained."""
+        segs = self.segments()
+        start = self.start()
+        if start is not None and after is not None and after < start:
+            raise LogError(f"position {after} is no longer retained (the log now starts after {start})",
+                           hint="this reader fell behind retention; reload its target (snapshot) and go on",
+                           position=str(after), start=str(start))
+        return [s for s in segs if (after is None or s.last > after) and (upto is None or s.first <= upto)]
+
+    def count(self, after: Position | None = None, upto: Position | None = None) -> int:
+        """How many changes are in ``(after, upto]`` (reads only lsn/seq of the boundary segments)."""
+        total = 0
+        for s in self.select(after, upto):
+            if (after is None or s.first > after) and (upto is None or s.last <= upto):
+                total += s.count
+            else:
+                t = read_table(s, ["lsn", "seq"])
+                m = range_mask(t, after, upto)
+                total += t.num_rows if m is None else int(pc.sum(m).as_py() or 0)
+        return total
+
+    def advance(self, after: Position | None, max_changes: int, upto: Position | None = None
+                ) -> tuple[Position | None, int]:
+        """The furthest position ``p <= upto`` (default: durable) such that ``(after, p]`` holds at most
+        ``max_changes`` changes, ending at a transaction's end where the log allows (a single transaction larger
+        than ``max_changes`` is taken whole). Returns ``(p, changes)``; p is ``after`` when nothing is there."""
+        total = 0
+        end = after
+        for s in self.select(after, upto):
+            whole = (after is None or s.first > after) and (upto is None or s.last <= upto)
+            if whole and total + s.count <= max_changes:
+                total += s.count
+                end = s.last
+                continue
+            t = read_table(s, ["lsn", "seq"])
+            m = range_mask(t, after, upto)
+            if m is not None:
+                t = t.filter(m)
+            lsns = t.column("lsn").to_numpy()
+            if len(lsns) == 0:
+                continue
+            room = max_changes - total
+            # transaction ends inside this segment: last row of each lsn run
+            ends = np.flatnonzero(np.append(lsns[1:] != lsns[:-1], True))
+            fitting = ends[ends < room]
+            cut = int(fitting[-1]) if len(fitting) else (int(ends[0]) if total == 0 else -1)
+            if cut >= 0:
+                total += cut + 1
+                end = Position(int(lsns[cut]), int(t.column("seq")[cut].as_py()))
+            break
+        return end, total
+
+    # -- rows --------------------------------------------------------------------------------------------------
+
+    def read_arrow(self, after: Position | None = None, upto: Position | None = None,
+                   batch_rows: int = 8192) -> Iterator[pa.Table]:
+        """The rows of ``(after, upto]`` in log order, in bounded batches, log layout."""
+        for s in self.select(after, upto):
+            inner = (after is None or s.first > after) and (upto is None or s.last <= upto)
+            for b in iter_batches(s, batch_rows):
+                if not inner:
+                    m = range_mask(b, after, upto)
+                    if m is not None:
+                        b = b.filter(m)
+                if b.num_rows:
+                    yield b
+
+    def read(self, after: Position | None = None, upto: Position | None = None) -> Iterator[Change]:
+        """The changes of ``(after, upto]`` in log order."""
+        for b in self.read_arrow(after, upto):
+            yield from table_to_changes(b)
+
+    def after_time(self, ts: int) -> Position | None:
+        """The position to read after to start at the first change whose commit ts >= ``ts`` (microseconds)."""
+        retained = self.retained()
+        if retained is not None and ts <= retained.max_ts:
+            raise LogError(f"changes at {ts} (microseconds since the epoch) are no longer retained",
+                           hint="start at a later time, or reload the target", ts=ts)
+        prev = retained.after if retained is not None else None
+        for s in self.segments():
+            if s.max_ts >= ts:
+                for b in iter_batches(s):
+                    tss = b.column("ts").to_numpy()
+                    hit = np.flatnonzero(tss >= ts)
+                    if len(hit):
+                        i = int(hit[0])
+                        if i == 0:
+                            return prev
+                        return Position(int(b.column("lsn")[i - 1].as_py()), int(b.column("seq")[i - 1].as_py()))
+                    prev = Position(int(b.column("lsn")[-1].as_py()), int(b.column("seq")[-1].as_py()))
+            prev = s.last
+        return prev
+
+    def read_from_time(self, ts: int, upto: Position | None = None) -> Iterator[Change]:
+        return self.read(self.after_time(ts), upto)

@@ -1,0 +1,94 @@
+"""Registered readers (targets) and retention: the log removes only what every registered reader has applied.
+
+``<root>/readers/<name>.json`` holds a reader's applied position (atomic write). Retention deletes whole segments
+whose last position is at or below the minimum applied position over all registered readers, after recording in
+``retained.json`` where the log now starts. With no reader registered nothing is deleted, unless told to keep nothing.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass
+
+from mirrorline.errors import LogError
+from mirrorline.log.layout import read_json, write_json_atomic
+from mirrorline.log.reader import ChangeLog, read_retained
+from mirrorline.log.segments import remove_segment
+from mirrorline.position import Position
+
+_NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,80}$")
+
+
+@dataclass(frozen=True)
+class ReaderState:
+    name: str
+    applied: Position | None  # None: registered, nothing applied yet (keeps the whole log)
+    updated: float  # seconds since the epoch
+
+
+def _file(name: str) -> str:
+    if not _NAME_RE.match(name):
+        raise LogError(f"invalid reader name {name!r}", hint="use letters, digits, _ and -", reader=name)
+    return f"{name}.json"
+
+
+def set_applied(log: ChangeLog, name: str, applied: Position | None) -> None:
+    """Register reader ``name`` (or update it) with the position it has applied."""
+    layout = log.layout
+    layout.readers.mkdir(parents=True, exist_ok=True)
+    rec = {"name": name, "updated": time.time(), "applied": str(applied) if applied is not None else None,
+           "lsn": applied.lsn if applied is not None else None, "seq": applied.seq if applied is not None else None}
+    write_json_atomic(layout.readers / _file(name), rec)
+
+
+def unregister(log: ChangeLog, name: str) -> None:
+    (log.layout.readers / _file(name)).unlink(missing_ok=True)
+
+
+def readers(log: ChangeLog) -> dict[str, ReaderState]:
+    out: dict[str, ReaderState] = {}
+    folder = log.layout.readers
+    if not folder.is_dir():
+        return out
+    for p in sorted(folder.glob("*.json")):
+        if p.name.startswith("."):
+            continue
+        d = read_json(p)
+        lsn, seq = d.get("lsn"), d.get("seq")
+        applied = Position(int(lsn), int(seq or 0)) if lsn is not None else None
+        out[d.get("name", p.stem)] = ReaderState(d.get("name", p.stem), applied, float(d.get("updated", 0)))
+    return out
+
+
+def retain(log: ChangeLog, keep_nothing: bool = False) -> list[str]:
+    """Delete whole segments every registered reader has applied; returns their names (oldest first)."""
+    states = readers(log)
+    if not states and not keep_nothing:
+        return []
+    applied = [s.applied for s in states.values()]
+    if any(a is None for a in applied):
+        return []
+    segs = log.segments()
+    bound = min(a for a in applied if a is not None) if applied else None
+    doomed = [s for s in segs if bound is None or s.last <= bound]
+    if not doomed:
+        return []
+    old = read_retained(log.layout)
+    max_ts = max([s.max_ts for s in doomed] + ([old.max_ts] if old else []))
+    last = doomed[-1].last
+    # record where the log now starts before anything goes, so a crash mid-way leaves a consistent log
+    write_json_atomic(log.layout.retained, {"lsn": last.lsn, "seq": last.seq, "position": str(last), "max_ts": max_ts})
+    for s in doomed:
+        remove_segment(s.path)
+    return [s.name for s in doomed]
+
+
+def check_reader(log: ChangeLog, name: str) -> Position | None:
+    """A registered reader's applied position, checked to be still retained (LogError otherwise)."""
+    state = readers(log).get(name)
+    if state is None:
+        raise LogError(f"no reader named {name!r} is registered with the log", reader=name)
+    log.select(state.applied)
+    return state.applied
+

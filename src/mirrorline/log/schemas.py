@@ -1,0 +1,123 @@
+"""Every version of every table's schema, kept durably under ``<root>/schemas/`` so any later reader can decode a
+change by ``(table, schema_version)``.
+
+One immutable JSON file per version (``<table>@<version>.json``, the table name percent-encoded), written atomically.
+The same columns and key as an existing version reuse that version.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote, unquote
+
+from mirrorline.errors import LogError
+from mirrorline.log.layout import read_json, write_json_atomic
+from mirrorline.model import Column, TableSchema
+from mirrorline.position import Position
+
+
+def schema_to_json(s: TableSchema) -> dict[str, Any]:
+    return {
+        "table": s.table,
+        "version": s.version,
+        "since": [s.since.lsn, s.since.seq],
+        "key": list(s.key),
+        "columns": [
+            {"name": c.name, "type": c.type_name, "oid": c.type_oid, "typmod": c.typmod, "nullable": c.nullable}
+            for c in s.columns
+        ],
+    }
+
+
+def schema_from_json(d: dict[str, Any]) -> TableSchema:
+    """Tolerates keys older versions did not write."""
+    since = d.get("since") or [0, 0]
+    return TableSchema(
+        table=d["table"],
+        columns=tuple(
+            Column(name=c["name"], type_name=c.get("type", "text"), type_oid=int(c.get("oid", 0)),
+                   typmod=int(c.get("typmod", -1)), nullable=bool(c.get("nullable", True)))
+            for c in d["columns"]
+        ),
+        key=tuple(d.get("key") or ()),
+        version=int(d["version"]),
+        since=Position(int(since[0]), int(since[1])),
+    )
+
+
+def _file_name(table: str, version: int) -> str:
+    return f"{quote(table, safe='')}@{version}.json"
+
+
+class SchemaStore:
+    """The schemas of one log. Reads are cached; only the writer (under its lock) records new versions."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self._by_table: dict[str, dict[int, TableSchema]] = {}
+        self._loaded: set[str] = set()
+
+    def refresh(self) -> None:
+        if not self.folder.is_dir():
+            return
+        for p in self.folder.iterdir():
+            if p.name.startswith(".") or p.suffix != ".json" or p.name in self._loaded:
+                continue
+            try:
+                s = schema_from_json(read_json(p))
+            except (KeyError, TypeError, ValueError) as e:
+                raise LogError(f"schema file {p} is damaged: {e}", hint="restore the log's schemas folder",
+                               path=str(p)) from None
+            self._by_table.setdefault(s.table, {})[s.version] = s
+            self._loaded.add(p.name)
+
+    def versions(self, table: str) -> dict[int, TableSchema]:
+        return dict(self._by_table.get(table, {}))
+
+    def tables(self) -> list[str]:
+        return sorted(self._by_table)
+
+    def get(self, table: str, version: int) -> TableSchema:
+        s = self._by_table.get(table, {}).get(version)
+        if s is None:
+            self.refresh()
+            s = self._by_table.get(table, {}).get(version)
+        if s is None:
+            raise LogError(f"the log has no schema version {version} of {table}",
+                           hint="the log's schemas folder is incomplete", table=table, version=version)
+        return s
+
+    def latest(self, table: str) -> TableSchema | None:
+        versions = self._by_table.get(table)
+        return versions[max(versions)] if versions else None
+
+    def plan(self, schema: TableSchema) -> TableSchema:
+        """The version ``schema`` gets: an existing one with the same columns and key, else the next number."""
+        versions = self._by_table.get(schema.table, {})
+        for v in sorted(versions):
+            s = versions[v]
+            if s.columns == schema.columns and s.key == schema.key:
+                return s
+        return replace(schema, version=max(versions, default=0) + 1)
+
+    def record(self, schema: TableSchema) -> TableSchema:
+        """Assign (or reuse) a version and make it durable before returning it."""
+        s = self.plan(schema)
+        if s.version not in self._by_table.get(s.table, {}):
+            name = _file_name(s.table, s.version)
+            write_json_atomic(self.folder / name, schema_to_json(s))
+            self._by_table.setdefault(s.table, {})[s.version] = s
+            self._loaded.add(name)
+        return s
+
+
+def table_of_file(name: str) -> str:
+    """The table a schema file is about (for tools listing the folder)."""
+    return unquote(name.rsplit("@", 1)[0])
+
+
+def dumps(schema: TableSchema) -> str:
+    return json.dumps(schema_to_json(schema), sort_keys=True)

@@ -1,0 +1,241 @@
+"""Reading and writing single segments: Parquet files (ordinary) and folders of parts (committed streams).
+
+A segment's metadata (first/last position, count, timestamps, the previous segment's last position) travels with it:
+in the Parquet footer of an ordinary segment, in ``commit.json`` of a stream folder. Both become visible with the
+segment's atomic rename, so a reader never sees one without the other.
+"""
+
+from __future__ import annotations
+
+import heapq
+import json
+import os
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from mirrorline.errors import LogError
+from mirrorline.log.columns import ts_range, with_constants
+from mirrorline.log.layout import (
+    COMMIT_RECORD,
+    META_KEY,
+    SegmentInfo,
+    fsync_path,
+    publish,
+    read_json,
+    segment_name,
+    temp_path,
+)
+from mirrorline.log.rows import ARROW_SCHEMA
+from mirrorline.position import Position
+
+ROW_GROUP_ROWS = 65_536
+WRITE_OPTIONS: dict[str, object] = {
+    "compression": "snappy",
+    "use_dictionary": ["table", "op", "new.key_value.key", "unchanged.list.element"],
+    "write_statistics": ["lsn", "seq", "ts"],
+}
+
+
+def open_parquet(path: Path) -> pq.ParquetWriter:
+    return pq.ParquetWriter(str(path), ARROW_SCHEMA, **WRITE_OPTIONS)
+
+
+def damaged(path: Path, reason: object) -> LogError:
+    return LogError(f"change log segment {path} is damaged: {reason}",
+                    hint="restore it from a backup, or rebuild the log from the source; the log is not usable past it",
+                    path=str(path))
+
+
+def write_segment(folder: Path, name: str, tables: Iterable[pa.Table], info: SegmentInfo) -> None:
+    """Write an ordinary segment atomically: temp file, fsync, rename, fsync of the folder."""
+    tmp = temp_path(folder, ".parquet")
+    try:
+        writer = open_parquet(tmp)
+        try:
+            for t in tables:
+                writer.write_table(t, row_group_size=ROW_GROUP_ROWS)
+            writer.add_key_value_metadata({META_KEY: json.dumps(info.meta()).encode()})
+        finally:
+            writer.close()
+        fsync_path(tmp)
+        publish(tmp, folder / name)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def write_segment_stream(folder: Path, batches: Iterable[pa.Table], prev: Position | None, min_lsn: int,
+                         before_publish: Callable[[], None] | None = None) -> SegmentInfo | None:
+    """Stream whole transactions (final lsn/seq/ts, commit order, every lsn > ``min_lsn``) into one new segment.
+    It becomes visible only when ``batches`` is exhausted without error (after ``before_publish``); None if empty."""
+    tmp = temp_path(folder, ".parquet")
+    writer = open_parquet(tmp)
+    first = last = None
+    count, min_ts, max_ts = 0, None, None
+    try:
+        try:
+            for t in batches:
+                if not t.num_rows:
+                    continue
+                lsn, seq = t.column("lsn"), t.column("seq")
+                head = Position(lsn[0].as_py(), seq[0].as_py())
+                if head.lsn <= (last.lsn if last is not None else min_lsn):
+                    raise LogError(f"rows at {head} are not after the log's end", hint="a bug: please report it")
+                first = first or head
+                last = Position(lsn[-1].as_py(), seq[-1].as_py())
+                lo, hi = ts_range(t)
+                min_ts = lo if min_ts is None else min(min_ts, lo)
+                max_ts = hi if max_ts is None else max(max_ts, hi)
+                count += t.num_rows
+                writer.write_table(t.cast(ARROW_SCHEMA), row_group_size=ROW_GROUP_ROWS)
+            if first is None or last is None or min_ts is None or max_ts is None:
+                writer.close()
+                tmp.unlink(missing_ok=True)
+                return None
+            name = segment_name(first.lsn, last.lsn)
+            info = SegmentInfo(name=name, path=folder / name, stream=False, first=first, last=last, count=count,
+                               min_ts=min_ts, max_ts=max_ts, prev=prev)
+            writer.add_key_value_metadata({META_KEY: json.dumps(info.meta()).encode()})
+        finally:
+            writer.close()
+        fsync_path(tmp)
+        if before_publish is not None:
+            before_publish()
+        publish(tmp, info.path)
+        return info
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def read_info(path: Path) -> SegmentInfo:
+    """A segment's metadata, from its footer or commit record. A damaged segment is a LogError."""
+    name = path.name
+    if name.endswith(".stream"):
+        meta = read_json(path / COMMIT_RECORD)
+        try:
+            return SegmentInfo.from_meta(name, path, True, meta)
+        except (KeyError, TypeError, ValueError) as e:
+            raise damaged(path, f"bad commit record ({e})") from None
+    try:
+        md = pq.read_metadata(str(path))
+        raw = (md.metadata or {}).get(META_KEY)
+        if raw is None:
+            raise damaged(path, "no mirrorline metadata in its footer")
+        info = SegmentInfo.from_meta(name, path, False, json.loads(raw))
+    except (OSError, pa.ArrowException, KeyError, TypeError, ValueError) as e:
+        raise damaged(path, e) from None
+    if md.num_rows != info.count:
+        raise damaged(path, f"{md.num_rows} rows but its metadata says {info.count}")
+    return info
+
+
+def read_table(info: SegmentInfo, columns: list[str] | None = None) -> pa.Table:
+    """All rows of a segment, in log order, with stream rows given the commit's lsn and ts."""
+    try:
+        if not info.stream:
+            t = pq.read_table(str(info.path), schema=ARROW_SCHEMA)
+        else:
+            parts = [pq.read_table(str(info.path / p), schema=ARROW_SCHEMA) for p in info.parts]
+            t = pa.concat_tables(parts) if parts else ARROW_SCHEMA.empty_table()
+            t = with_constants(t, lsn=info.first.lsn, ts=info.min_ts).sort_by("seq")
+    except (OSError, pa.ArrowException) as e:
+        raise damaged(info.path, e) from None
+    if t.num_rows != info.count:
+        raise damaged(info.path, f"{t.num_rows} rows but its metadata says {info.count}")
+    return t.select(columns) if columns else t
+
+
+def iter_batches(info: SegmentInfo, batch_rows: int = 8192) -> Iterator[pa.Table]:
+    """A segment's rows in log order, a bounded batch at a time (stream parts merged by seq)."""
+    if not info.stream:
+        try:
+            f = pq.ParquetFile(str(info.path))
+            for b in f.iter_batches(batch_size=batch_rows):
+                yield pa.Table.from_batches([b]).cast(ARROW_SCHEMA)
+        except (OSError, pa.ArrowException) as e:
+            raise damaged(info.path, e) from None
+        return
+    # A stream's parts each hold increasing seq; merging them by seq keeps memory to one batch per part.
+    yield from _merge_parts(info, batch_rows)
+
+
+def _part_batches(info: SegmentInfo, part: str, batch_rows: int) -> Iterator[pa.Table]:
+    """A part's rows a row group at a time, the file open only while a row group is read (a stream may have many
+    parts: the merge must not hold a file handle per part)."""
+    path = info.path / part
+    group = 0
+    while True:
+        try:
+            with pq.ParquetFile(str(path)) as f:
+                if group >= f.num_row_groups:
+                    return
+                t = f.read_row_group(group)
+        except (OSError, pa.ArrowException) as e:
+            raise damaged(path, e) from None
+        group += 1
+        t = with_constants(t.cast(ARROW_SCHEMA), lsn=info.first.lsn, ts=info.min_ts)
+        for off in range(0, t.num_rows, batch_rows):
+            yield t.slice(off, batch_rows)
+
+
+def _merge_parts(info: SegmentInfo, batch_rows: int) -> Iterator[pa.Table]:
+    """Merge the parts by seq: each part's seqs increase, so a heap of the parts' current heads gives log order."""
+    iters = [_part_batches(info, p, batch_rows) for p in info.parts]
+    heads: list[tuple[int, int, pa.Table, int]] = []  # (seq of the head row, part index, batch, head row)
+    for i, it in enumerate(iters):
+        b = next(it, None)
+        if b is not None and b.num_rows:
+            heads.append((b.column("seq")[0].as_py(), i, b, 0))
+    heapq.heapify(heads)
+    out: list[pa.Table] = []
+    size = 0
+    while heads:
+        _, i, b, r = heapq.heappop(heads)
+        seqs = b.column("seq").to_numpy()
+        # the run of this part's rows that come before every other part's head
+        end = len(seqs) if not heads else r + int(np.searchsorted(seqs[r:], heads[0][0]))
+        end = max(end, r + 1)
+        out.append(b.slice(r, end - r))
+        size += end - r
+        if end < b.num_rows:
+            heapq.heappush(heads, (int(seqs[end]), i, b, end))
+        else:
+            nb = next(iters[i], None)
+            if nb is not None and nb.num_rows:
+                heapq.heappush(heads, (nb.column("seq")[0].as_py(), i, nb, 0))
+        if size >= batch_rows:
+            yield pa.concat_tables(out)
+            out, size = [], 0
+    if out:
+        yield pa.concat_tables(out)
+
+
+def fsync_tree(folder: Path) -> None:
+    for p in folder.iterdir():
+        fsync_path(p)
+    fsync_path(folder)
+
+
+def remove_segment(path: Path) -> None:
+    if path.is_dir():
+        for p in path.iterdir():
+            p.unlink(missing_ok=True)
+        path.rmdir()
+    else:
+        path.unlink(missing_ok=True)
+
+
+def remove_tree(path: Path) -> None:
+    if not path.exists():
+        return
+    for p in path.iterdir():
+        if p.is_dir():
+            remove_tree(p)
+        else:
+            p.unlink(missing_ok=True)
+    os.rmdir(path)

@@ -1,0 +1,156 @@
+"""Streamed large transactions: spill as blocks arrive, commit by renaming (no copy), abort of the whole transaction
+or of one subtransaction, leftovers of a crash discarded, order with buffered transactions kept."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from mirrorline.errors import LogError
+from mirrorline.log import ChangeLog, LogWriter, stream
+from mirrorline.log.columns import changes_to_arrow
+from mirrorline.model import Change, Op
+from mirrorline.position import ZERO, Position
+
+
+def ch(i: int) -> Change:
+    return Change(ZERO, 0, 0, "public.t", Op.INSERT, (str(i),), {"id": str(i)})
+
+
+def keys(log: ChangeLog, after=None, upto=None) -> list[int]:
+    return [int(c.key[0]) for c in log.read(after, upto)]
+
+
+def test_commit_makes_the_spill_log_content_at_its_position(tmp_path):
+    with LogWriter(tmp_path) as w:
+        w.add_transaction(10, 1_000, [ch(1)])
+        s = w.open_stream(500)
+        s.add(500, [ch(2), ch(3)])
+        s.end_block()
+        w.add_transaction(20, 2_000, [ch(4)])  # commits while the stream is open: before it in the log
+        assert w.open_stream(500) is s  # the next block continues the same spill
+        s.add(501, [ch(5)])
+        s.add(500, changes_to_arrow([ch(6)], 0, 0))
+        s.end_block()
+        assert list(ChangeLog(tmp_path).read()) == []  # nothing visible yet: not even the buffered transactions
+        pos = s.commit(30, 3_000)
+        assert pos == Position(30, 3) == w.durable
+        assert (tmp_path / "spill" / "500").exists() is False
+    log = ChangeLog(tmp_path)
+    got = list(log.read())
+    assert [int(c.key[0]) for c in got] == [1, 4, 2, 3, 5, 6]
+    assert [c.pos for c in got[2:]] == [Position(30, i) for i in range(4)]
+    assert {c.commit_ts for c in got[2:]} == {3_000} and {c.xid for c in got[2:]} == {500}
+    seg = log.segments()[-1]
+    assert seg.stream and seg.name.endswith(".stream") and seg.count == 4 and seg.prev == Position(20, 0)
+    assert keys(log, Position(30, 1), Position(30, 2)) == [5]
+
+
+def test_commit_does_not_copy_rows(tmp_path):
+    with LogWriter(tmp_path) as w:
+        s = w.open_stream(7)
+        s.add(7, [ch(i) for i in range(10)])
+        s.end_block()
+        s._close(s._open[7])
+        part = tmp_path / "spill" / "7" / s._parts[7][0].name
+        inode = os.stat(part).st_ino
+        s.commit(10, 1)
+    moved = tmp_path / "segments" / "000000000000000A-000000000000000A.stream" / part.name
+    assert os.stat(moved).st_ino == inode
+
+
+def test_abort_of_a_subtransaction_discards_exactly_its_changes(tmp_path):
+    with LogWriter(tmp_path) as w:
+        s = w.open_stream(100)
+        s.add(100, [ch(1)])
+        s.add(101, [ch(2)])
+        s.end_block()
+        s.add(102, [ch(3)])
+        s.add(101, [ch(4)])  # a later block of the same subtransaction
+        s.add(100, [ch(5)])
+        s.end_block()
+        s.abort_subxact(101)
+        s.add(100, [ch(6)])
+        s.commit(50, 1)
+    assert keys(ChangeLog(tmp_path)) == [1, 3, 5, 6]
+    assert [c.pos.seq for c in ChangeLog(tmp_path).read()] == [0, 2, 4, 5]  # arrival order, gaps where aborted
+
+
+def test_abort_of_the_whole_stream(tmp_path):
+    with LogWriter(tmp_path) as w:
+        s = w.open_stream(100)
+        s.add(100, [ch(1)])
+        s.end_block()
+        s.abort()
+        assert not (tmp_path / "spill" / "100").exists()
+        with pytest.raises(LogError, match="already committed or aborted"):
+            s.add(100, [ch(2)])
+        s2 = w.open_stream(101)
+        s2.add(101, [ch(3)])
+        s2.abort_subxact(101)  # the top xid: the whole transaction
+        w.add_transaction(10, 1, [ch(4)])
+    assert keys(ChangeLog(tmp_path)) == [4]
+    assert os.listdir(tmp_path / "spill") == []
+
+
+def test_empty_stream_commit_writes_nothing(tmp_path):
+    with LogWriter(tmp_path) as w:
+        w.add_transaction(10, 1, [ch(1)])
+        s = w.open_stream(5)
+        s.add(6, [ch(2)])
+        s.abort_subxact(6)
+        assert s.commit(20, 2) == Position(10, 0)
+        assert w.flushed_lsn == 20 and w.last_lsn == 20
+    assert [seg.name for seg in ChangeLog(tmp_path).segments()] == ["000000000000000A-000000000000000A.parquet"]
+
+
+def test_leftover_spill_of_a_crash_is_discarded_at_open(tmp_path):
+    w = LogWriter(tmp_path)
+    s = w.open_stream(9)
+    s.add(9, [ch(1)])
+    s.end_block()
+    w.close()  # like a crash: the stream never committed
+    assert (tmp_path / "spill" / "9").exists()
+    w = LogWriter(tmp_path)
+    assert os.listdir(tmp_path / "spill") == []
+    s = w.open_stream(9)  # PostgreSQL sends it again
+    s.add(9, [ch(1), ch(2)])
+    s.commit(10, 1)
+    w.close()
+    assert keys(ChangeLog(tmp_path)) == [1, 2]
+
+
+def test_stream_commit_lsn_must_follow_the_log(tmp_path):
+    with LogWriter(tmp_path) as w:
+        w.add_transaction(10, 1, [ch(1)])
+        s = w.open_stream(9)
+        s.add(9, [ch(2)])
+        with pytest.raises(LogError):
+            s.commit(10, 1)
+
+
+def test_memory_and_files_stay_bounded(tmp_path, monkeypatch):
+    monkeypatch.setattr(stream, "SPILL_ROWS", 10)
+    monkeypatch.setattr(stream, "MAX_BUFFERED_ROWS", 25)
+    monkeypatch.setattr(stream, "MAX_OPEN_PARTS", 3)
+    with LogWriter(tmp_path) as w:
+        s = w.open_stream(1)
+        n = 0
+        for _block in range(20):
+            for sub in (1, 2, 3, 4, 5):  # five subtransactions, at most three parts open
+                s.add(sub, [ch(n), ch(n + 1)])
+                n += 2
+                assert s._buffered_rows < 25 + 2
+                assert len(s._open) <= 3
+            s.end_block()
+        s.abort_subxact(3)
+        assert s.changes == n - 40
+        s.commit(10, 1)
+    log = ChangeLog(tmp_path)
+    seg = log.segments()[0]
+    assert len(seg.parts) > 5  # closed and reopened as new parts
+    expect = [i for i in range(n) if (i // 2) % 5 != 2]
+    assert keys(log) == expect
+    # a boundary inside the stream: positions are (commit lsn, arrival seq)
+    assert keys(log, Position(10, 10), Position(10, 17)) == [11, 12, 13, 16, 17]  # 14, 15: the aborted sub 3
