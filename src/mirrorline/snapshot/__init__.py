@@ -1,0 +1,51 @@
+"""Initial update (DESIGN §7): consistent snapshots over the wire or through files, target states, and the
+reconciliation of targets with the configuration at start.
+
+What other stages use::
+
+    from mirrorline.snapshot import snapshot_target, export_snapshot, load_snapshot, reconcile_targets, catch_up
+    snapshot_target(config, "cache")                  # a consistent initial load; applied position = its point
+    snapshot_target(config, "cache", tables=["public.new"])   # just these tables, into a live target
+    export_snapshot(config, "/media/dvd")             # -> SnapshotResult(folder=.../<timestamp>)
+    load_snapshot(config, "cache", folder)            # checks everything first, then loads in one transaction
+    reconcile_targets(config)                         # at start: new targets / added tables loaded; removed left
+    catch_up(config, "cache", upto=None)              # apply the log to one target (units cut at table positions)
+    target_states(config)                             # see mirrorline.status
+"""
+
+from mirrorline.snapshot.catchup import catch_up, unit_bounds
+from mirrorline.snapshot.folder import Manifest, check_folder
+from mirrorline.snapshot.plan import SEQ_MAX, consistent_position, point_of
+from mirrorline.snapshot.run import (
+    Options,
+    SnapshotResult,
+    TargetReconcile,
+    export_snapshot,
+    load_snapshot,
+    missing_tables,
+    reconcile_targets,
+    snapshot_target,
+)
+from mirrorline.snapshot.state import CATCHING_UP, LIVE, LOADING, NEW
+
+__all__ = [
+    "CATCHING_UP",
+    "LIVE",
+    "LOADING",
+    "NEW",
+    "SEQ_MAX",
+    "Manifest",
+    "Options",
+    "SnapshotResult",
+    "TargetReconcile",
+    "catch_up",
+    "check_folder",
+    "consistent_position",
+    "export_snapshot",
+    "load_snapshot",
+    "missing_tables",
+    "point_of",
+    "reconcile_targets",
+    "snapshot_target",
+    "unit_bounds",
+]

@@ -1,0 +1,483 @@
+"""The snapshot operations (DESIGN §7): over the wire into a target, export to a folder, load a folder, and the
+reconciliation of targets with the configuration at start.
+
+Over the wire: a consistent point (:mod:`mirrorline.snapshot.source`), the configured tables described under its
+snapshot, chunks read in parallel by Spark tasks each importing the snapshot. A PostgreSQL target gets each chunk
+COPYed straight into its table by the task (so the load scales out with the tasks); SQLite and DuckDB get chunk files
+staged by the tasks and bulk-loaded by the driver in one transaction as they arrive. Either way the target's applied
+position becomes the snapshot's consistent position and the target continues from the log there. The target is
+registered with the log as a reader at that position first, so retention keeps what it will need.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from mirrorline.apply import open_target
+from mirrorline.apply.engine import Target
+from mirrorline.config import Config, TargetConfig, redact_dsn
+from mirrorline.errors import ConfigError, LogError, SnapshotError
+from mirrorline.log.reader import ChangeLog
+from mirrorline.log.retention import readers, set_applied, unregister
+from mirrorline.model import TableSchema
+from mirrorline.position import Position, format_lsn
+from mirrorline.snapshot import state as S
+from mirrorline.snapshot.folder import ChunkEntry, Manifest, check_folder, make_folder, write_manifest
+from mirrorline.snapshot.load import BulkLoader, finish_loading, mark_loading
+from mirrorline.snapshot.plan import Chunk, TableStat, chunk_header, copy_in_sql, copy_out_sql, plan_chunks
+from mirrorline.snapshot.progress import Progress
+from mirrorline.snapshot.source import ConsistentPoint, consistent_point, current_wal_lsn, describe, snapshot_connection
+from mirrorline.snapshot.tasks import pipe_chunk, write_chunk
+
+log = logging.getLogger("mirrorline.snapshot")
+
+DEFAULT_CHUNK_MB = 128
+
+
+@dataclass
+class SnapshotResult:
+    target: str | None
+    consistent_lsn: int
+    position: Position
+    rows: dict[str, int] = field(default_factory=dict)
+    seconds: float = 0.0
+    slot: str = ""
+    created_slot: bool = False  # the main slot was created by this snapshot: the log starts at its point
+    folder: Path | None = None
+    export_id: str | None = None
+
+    def summary(self) -> str:
+        what = f"target {self.target}" if self.target else f"folder {self.folder}"
+        total = sum(self.rows.values())
+        return (f"snapshot into {what}: {len(self.rows)} table(s), {total:,} rows in {self.seconds:.1f} s at "
+                f"consistent point {format_lsn(self.consistent_lsn)} (applied position {self.position})")
+
+    def to_json(self) -> dict[str, Any]:
+        return {"target": self.target, "consistent_lsn": format_lsn(self.consistent_lsn),
+                "position": str(self.position), "rows": self.rows, "seconds": round(self.seconds, 3),
+                "slot": self.slot, "created_slot": self.created_slot,
+                "folder": str(self.folder) if self.folder else None, "export": self.export_id}
+
+
+@dataclass
+class Options:
+    chunk_mb: float = DEFAULT_CHUNK_MB  # size of a chunk (heap megabytes)
+    progress: bool = True
+    progress_every: float = 2.0
+    staging: Path | None = None  # where SQLite/DuckDB wire snapshots stage chunk files (default: under the log)
+
+
+def target_config(config: Config, name: str) -> TargetConfig:
+    t = config.targets.get(name)
+    if t is None:
+        known = ", ".join(sorted(config.targets)) or "none"
+        raise ConfigError(str(config.file), f"targets.{name}", f"no such target (configured: {known})")
+    return t
+
+
+def _stamp() -> str:
+    return time.strftime("%Y%m%dT%H%M%S", time.gmtime()) + f"{uuid.uuid4().hex[:6]}"
+
+
+# ------------------------------------------------------------------------------------------------------ Spark tasks
+
+
+def run_tasks(fn: Callable[[dict[str, Any]], dict[str, Any]], specs: Sequence[dict[str, Any]], group: str,
+              what: str) -> list[dict[str, Any]]:
+    """One Spark job: a task per spec (one partition each, in order)."""
+    if not specs:
+        return []
+    from mirrorline.sparkenv import get_spark
+
+    sc = get_spark().sparkContext
+    sc.setJobGroup(group, what, interruptOnCancel=True)
+    try:
+        return list(sc.parallelize(list(specs), len(specs)).map(fn).collect())
+    except Exception as e:
+        text = str(e).strip()
+        reason = next((ln for ln in text.splitlines() if "Error" in ln and ":" in ln), text[:300])
+        raise SnapshotError(f"{what} failed: {reason.strip()[:500]}",
+                            hint="nothing was marked loaded; fix the cause and run the snapshot again") from None
+
+
+def _spark_poll(group: str, total_rows: int, total_chunks: int) -> Callable[[Progress], None]:
+    def poll(p: Progress) -> None:
+        from mirrorline.sparkenv import get_spark
+
+        st = get_spark().sparkContext.statusTracker()
+        done = 0
+        for job in st.getJobIdsForGroup(group):
+            info = st.getJobInfo(job)
+            for sid in info.stageIds if info else ():
+                stage = st.getStageInfo(sid)
+                if stage:
+                    done += stage.numCompletedTasks
+        p.chunks = done
+        p.rows = total_rows * done // max(total_chunks, 1)  # an estimate until the tasks report
+
+    return poll
+
+
+# ------------------------------------------------------------------------------------------------------ over the wire
+
+
+def _register(log_root: Path, name: str, position: Position) -> None:
+    """Register ``name`` with the log at ``position`` unless it is registered already (then its own, earlier,
+    position keeps what it needs)."""
+    cl = ChangeLog(log_root)
+    if name not in readers(cl):
+        set_applied(cl, name, position)
+
+
+def _groups(chunks: Sequence[Chunk], stats: dict[str, TableStat]) -> list[list[Chunk]]:
+    """Chunks grouped by the tables' sequence: groups load one after the other, in order."""
+    out: dict[int, list[Chunk]] = {}
+    for c in chunks:
+        out.setdefault(max(stats[c.table].sequence, -1), []).append(c)
+    return [out[k] for k in sorted(out)]
+
+
+def snapshot_target(config: Config, name: str, *, tables: Iterable[str] | None = None,
+                    options: Options | None = None) -> SnapshotResult:
+    """``snapshot --target NAME``: load the configured tables (or just ``tables``, for a table added to the
+    configuration) into the target at a consistent point."""
+    opts = options or Options()
+    tcfg = target_config(config, name)
+    target = open_target(tcfg)
+    only = set(tables) if tables is not None else None
+    t0 = time.monotonic()
+    try:
+        with consistent_point(config) as cp:
+            stats = _describe(config, cp, only)
+            schemas = [s.schema for s in stats.values()]
+            target.ensure_schema(schemas)
+            _register(config.log.path, name, cp.position)
+            chunks = plan_chunks(stats.values(), _chunk_blocks(opts), _parallelism())
+            whole = only is None
+            if target.kind == "postgresql":
+                rows = _wire_postgres(config, target, cp, stats, chunks, whole, opts)
+            else:
+                rows = _wire_staged(config, target, cp, stats, chunks, whole, opts)
+    finally:
+        target.close()
+    if only is None:
+        set_applied(ChangeLog(config.log.path), name, cp.position)
+    res = SnapshotResult(name, cp.lsn, cp.position, rows, time.monotonic() - t0, cp.slot, not cp.temporary)
+    log.info("%s", res.summary())
+    return res
+
+
+def _chunk_blocks(opts: Options) -> int:
+    return max(int(opts.chunk_mb * (1 << 20) / 8192), 1)
+
+
+def _parallelism() -> int:
+    from mirrorline.sparkenv import get_spark
+
+    return max(int(get_spark().sparkContext.defaultParallelism), 1)
+
+
+def _describe(config: Config, cp: ConsistentPoint, only: set[str] | None) -> dict[str, TableStat]:
+    assert config.source is not None
+    conn = snapshot_connection(config.source.dsn, cp.snapshot)
+    try:
+        stats = describe(conn, config)
+    finally:
+        conn.close()
+    if only is not None:
+        unknown = only - set(stats)
+        if unknown:
+            raise ConfigError(str(config.file), "tables", f"not configured: {', '.join(sorted(unknown))}")
+        stats = {k: v for k, v in stats.items() if k in only}
+    return stats
+
+
+def _wire_postgres(config: Config, target: Target, cp: ConsistentPoint, stats: dict[str, TableStat],
+                   chunks: list[Chunk], whole: bool, opts: Options) -> dict[str, int]:
+    assert config.source is not None
+    schemas = [s.schema for s in stats.values()]
+    load_id = uuid.uuid4().hex
+    mark_loading(target, schemas, cp.position, "wire", truncate=True)
+    d = target.dialect
+    group = f"mirrorline-snapshot-{load_id}"
+    rows = {t: 0 for t in stats}
+    est = sum(s.rows for s in stats.values())
+    prog = Progress(f"snapshot {target.name}", len(chunks), est, every=opts.progress_every,
+                    poll=_spark_poll(group, est, len(chunks)))
+    with prog if opts.progress else _null():
+        for i, grp in enumerate(_groups(chunks, stats)):
+            specs = [{
+                "source_dsn": config.source.dsn, "snapshot": cp.snapshot, "table": c.table,
+                "copy_out": copy_out_sql(stats[c.table].schema, c, "text"), "target_dsn": target.location,
+                "copy_in": copy_in_sql(d.table(c.table), stats[c.table].schema.column_names, "text"),
+                "load_id": load_id, "chunk_id": chunks.index(c),
+            } for c in grp]
+            for r in run_tasks(pipe_chunk, specs, group, f"snapshot of {target.name} (group {i + 1})"):
+                rows[r["table"]] += int(r["rows"])
+        prog.rows = sum(rows.values())
+    end_lsn = current_wal_lsn(config.source.dsn)
+    finish_loading(target, rows, cp.position, end_lsn, "wire", whole, load_id)
+    return rows
+
+
+class _null:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+def _chunk_specs(config: Config, cp: ConsistentPoint, stats: dict[str, TableStat], chunks: list[Chunk],
+                 folder: Path, export_id: str) -> list[dict[str, Any]]:
+    assert config.source is not None
+    return [{
+        "source_dsn": config.source.dsn, "snapshot": cp.snapshot, "table": c.table, "chunk_id": c.number,
+        "copy_out": copy_out_sql(stats[c.table].schema, c, "csv"), "path": str(folder / c.file_name),
+        "header": chunk_header(export_id, c),
+    } for c in chunks]
+
+
+def _wire_staged(config: Config, target: Target, cp: ConsistentPoint, stats: dict[str, TableStat],
+                 chunks: list[Chunk], whole: bool, opts: Options) -> dict[str, int]:
+    """SQLite / DuckDB: Spark tasks stage chunk files; the driver loads them in order as they arrive, in one
+    transaction with the positions."""
+    assert config.source is not None
+    staging = (opts.staging or config.log.path / "snapshot-staging") / _stamp()
+    staging.mkdir(parents=True, exist_ok=True)
+    group = f"mirrorline-snapshot-{staging.name}"
+    specs = _chunk_specs(config, cp, stats, chunks, staging, staging.name)
+    done: list[dict[str, Any]] = []
+    failed: list[BaseException] = []
+
+    def job() -> None:
+        try:
+            done.extend(run_tasks(write_chunk, specs, group, f"snapshot of {target.name}"))
+        except BaseException as e:
+            failed.append(e)
+
+    runner = threading.Thread(target=job, name="snapshot-tasks", daemon=True)
+    runner.start()
+    loader = BulkLoader(target)
+    rows = {t: 0 for t in stats}
+    est = sum(s.rows for s in stats.values())
+    ok = False
+    try:
+        loader.begin([s.schema for s in stats.values()])
+        with Progress(f"snapshot {target.name}", len(chunks), est, every=opts.progress_every) if opts.progress \
+                else _null() as prog:
+            for c in chunks:
+                path = staging / c.file_name
+                while not path.exists():
+                    if failed:
+                        raise failed[0]
+                    if not runner.is_alive() and not path.exists():
+                        raise SnapshotError(f"snapshot of {target.name}: chunk {c.file_name} was not written")
+                    time.sleep(0.02)
+                n = loader.load(stats[c.table].schema, path)
+                path.unlink()
+                rows[c.table] += n
+                if prog is not None:
+                    prog.update(rows=n, chunks=1, table=c.table)
+        runner.join()
+        if failed:
+            raise failed[0]
+        end_lsn = current_wal_lsn(config.source.dsn)
+        loader.finish(rows, cp.position, end_lsn, "wire", whole)
+        ok = True
+    finally:
+        if not ok:
+            loader.abort()
+            from mirrorline.sparkenv import get_spark
+
+            get_spark().sparkContext.cancelJobGroup(group)
+            runner.join(timeout=60)
+        shutil.rmtree(staging, ignore_errors=True)
+    return rows
+
+
+# ------------------------------------------------------------------------------------------------------ files
+
+
+def export_snapshot(config: Config, directory: str | Path, *, options: Options | None = None) -> SnapshotResult:
+    """``snapshot export DIR``: a new uniquely named folder in DIR with the chunk files, the manifest and the end
+    marker. The export is registered with the log as a reader at its position (``export-<folder name>``), so the
+    log keeps what a target loaded from it will need; loading it releases that."""
+    opts = options or Options()
+    assert_source(config)
+    assert config.source is not None
+    folder = make_folder(directory)
+    export_id = uuid.uuid4().hex
+    t0 = time.monotonic()
+    try:
+        with consistent_point(config) as cp:
+            stats = _describe(config, cp, None)
+            _register(config.log.path, f"export-{folder.name}", cp.position)
+            chunks = plan_chunks(stats.values(), _chunk_blocks(opts), _parallelism())
+            specs = _chunk_specs(config, cp, stats, chunks, folder, export_id)
+            group = f"mirrorline-export-{export_id}"
+            est = sum(s.rows for s in stats.values())
+            prog = Progress(f"export {folder.name}", len(chunks), est, every=opts.progress_every,
+                            poll=_spark_poll(group, est, len(chunks)))
+            with prog if opts.progress else _null():
+                results = run_tasks(write_chunk, specs, group, f"export to {folder}")
+                prog.rows = sum(int(r["rows"]) for r in results)
+            end_lsn = current_wal_lsn(config.source.dsn)
+    except BaseException:
+        shutil.rmtree(folder, ignore_errors=True)
+        raise
+    entries = sorted((ChunkEntry(r["file"], r["table"], int(r["chunk"]), int(r["rows"]), int(r["bytes"]),
+                                 r["sha256"]) for r in results), key=lambda e: e.file)
+    manifest = Manifest(export_id, S.now(), {"dsn": redact_dsn(config.source.dsn), "slot": config.source.slot},
+                        cp.lsn, cp.position, end_lsn, [s.schema for s in stats.values()], entries)
+    write_manifest(folder, manifest)
+    res = SnapshotResult(None, cp.lsn, cp.position, manifest.rows(), time.monotonic() - t0, cp.slot,
+                         not cp.temporary, folder, export_id)
+    log.info("%s", res.summary())
+    return res
+
+
+def assert_source(config: Config) -> None:
+    from mirrorline.snapshot.source import require_source
+
+    require_source(config)
+
+
+def load_snapshot(config: Config, name: str, folder: str | Path, *, options: Options | None = None
+                  ) -> SnapshotResult:
+    """``snapshot load --target NAME DIR``: check the folder whole (and that the log still holds what follows it),
+    then load it into the target in one transaction; the target then continues from the log at its position."""
+    opts = options or Options()
+    tcfg = target_config(config, name)
+    f = Path(folder)
+    manifest = check_folder(f)
+    cl = ChangeLog(config.log.path)
+    if cl.layout.exists():
+        try:
+            cl.select(manifest.position)
+        except LogError as e:
+            raise SnapshotError(f"cannot load {f}: the change log no longer holds the changes after its position "
+                                f"{manifest.position} ({e.message})",
+                                hint="export a new snapshot and load that one", path=str(f)) from None
+    t0 = time.monotonic()
+    target = open_target(tcfg)
+    try:
+        target.ensure_schema(manifest.tables)
+        loader = BulkLoader(target)
+        schemas = {t.table: t for t in manifest.tables}
+        expected = manifest.rows()
+        rows = {t: 0 for t in schemas}
+        ok = False
+        try:
+            loader.begin(manifest.tables)
+            with Progress(f"load {f.name} into {name}", len(manifest.chunks), sum(expected.values()),
+                          every=opts.progress_every) if opts.progress else _null() as prog:
+                for c in manifest.chunks:
+                    n = loader.load(schemas[c.table], f / c.file)
+                    if n != c.rows:
+                        raise SnapshotError(f"snapshot folder {f}: chunk {c.file} holds {n} rows, the manifest says "
+                                            f"{c.rows}; nothing was loaded", path=str(f))
+                    rows[c.table] += n
+                    if prog is not None:
+                        prog.update(rows=n, chunks=1, table=c.table)
+            loader.finish(rows, manifest.position, manifest.end_lsn, manifest.export_id, whole=True)
+            ok = True
+        finally:
+            if not ok:
+                loader.abort()
+    finally:
+        target.close()
+    set_applied(cl, name, manifest.position)
+    unregister(cl, f"export-{f.name}")
+    res = SnapshotResult(name, manifest.consistent_lsn, manifest.position, rows, time.monotonic() - t0, "", False,
+                         f, manifest.export_id)
+    log.info("%s", res.summary())
+    return res
+
+
+# ------------------------------------------------------------------------------------------------------ reconcile
+
+
+@dataclass
+class TargetReconcile:
+    """What :func:`reconcile_targets` did for one target."""
+
+    target: str
+    loaded: list[str] = field(default_factory=list)  # tables snapshotted into it now
+    whole: bool = False  # the target was loaded entirely (it was new, or its load had been interrupted)
+    removed: list[str] = field(default_factory=list)  # tables no longer configured: left as they are
+    result: SnapshotResult | None = None
+
+    def summary(self) -> str:
+        parts = []
+        if self.loaded:
+            parts.append(("loaded (whole target) " if self.whole else "snapshotted ") + ", ".join(self.loaded))
+        if self.removed:
+            parts.append("no longer replicated (left as they are): " + ", ".join(self.removed))
+        return f"target {self.target}: " + ("; ".join(parts) if parts else "up to date")
+
+
+def missing_tables(config: Config, target: Target) -> tuple[list[str], list[str], bool]:
+    """(configured tables the target has not loaded, loaded tables no longer configured, target is new)."""
+    s = target.session()
+    try:
+        snaps = S.read(s)
+    finally:
+        s.close()
+    configured = [t.name for t in config.tables_in_load_order()]
+    loaded = {t for t, r in snaps.items() if r.state == "loaded"}
+    missing = [t for t in configured if t not in loaded]
+    removed = sorted(t for t, r in snaps.items() if t not in config.tables and r.state != "removed")
+    return missing, removed, not loaded
+
+
+def _mark_removed(target: Target, tables: Sequence[str]) -> None:
+    s = target.session()
+    try:
+        s.begin()
+        snaps = S.read(s)
+        S.write(s, [S.TableSnapshot(t, "removed", snaps[t].position, snaps[t].end_lsn, snaps[t].rows,
+                                    snaps[t].origin, S.now()) for t in tables if t in snaps])
+        s.commit()
+    finally:
+        s.close()
+
+
+def reconcile_targets(config: Config, targets: Iterable[str] | None = None, *,
+                      options: Options | None = None) -> list[TargetReconcile]:
+    """Called at every start: a new target (or one whose load was interrupted) is loaded whole; a table added to
+    the configuration is snapshotted into each target that lacks it, at a consistent point that becomes its
+    per-table applied position (its changes after that point then come from the log, the earlier ones are in the
+    snapshot); a table removed from the configuration is left in the target as it is, and marked so that adding
+    it again loads it again."""
+    out = []
+    for name in (list(targets) if targets is not None else sorted(config.targets)):
+        tcfg = target_config(config, name)
+        if tcfg.kind == "parquet":
+            continue
+        target = open_target(tcfg)
+        try:
+            missing, removed, new = missing_tables(config, target)
+            if removed:
+                _mark_removed(target, removed)
+        finally:
+            target.close()
+        rec = TargetReconcile(name, removed=removed)
+        if missing:
+            rec.whole = new
+            rec.result = snapshot_target(config, name, tables=None if new else missing, options=options)
+            rec.loaded = list(rec.result.rows)
+        out.append(rec)
+    return out
+
+
+def tables_of(schemas: Iterable[TableSchema]) -> list[str]:
+    return [s.table for s in schemas]

@@ -1,0 +1,356 @@
+"""``mirrorline verify``: each table's row count and order-independent checksum, source against target, at the same
+position.
+
+Which position, exactly: a temporary slot with an exported snapshot gives a consistent point ``P``; the source is
+read under that snapshot, i.e. exactly the changes at or before ``A = (P - 1, SEQ_MAX)``. Then the log is made to
+hold everything before ``P`` (the main slot's confirmed flush reaches ``P``: capture has made every transaction
+committed before ``P`` durable; when no capture runs, verify runs one to that point), and each target is brought to
+exactly ``A`` by applying the log up to ``A`` (the unit ends there). The target is then read in one transaction
+together with its applied position, which must be ``A``: source and target are compared at the same position, with
+no quiet period needed on the source. (If another process applies to the target meanwhile and takes it past ``A``,
+verify takes a new point and tries again.)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from mirrorline.apply import open_target
+from mirrorline.apply.engine import AppliedState, Target
+from mirrorline.apply.sql import GLOBAL_SCOPE
+from mirrorline.config import Config
+from mirrorline.errors import MirrorlineError
+from mirrorline.log.layout import Layout
+from mirrorline.model import TableSchema, quote_ident
+from mirrorline.position import ZERO, Position, format_lsn
+from mirrorline.snapshot import state as S
+from mirrorline.snapshot.plan import TableStat, plan_chunks, select_sql
+from mirrorline.snapshot.source import consistent_point, require_source, snapshot_connection
+from mirrorline.verify.canonical import MASK, Canon, checksum, combine, converter, select_text
+
+FETCH = 10_000
+
+
+class VerifyError(MirrorlineError):
+    """verify could not compare (not a difference: a difference is exit status 1 with the tables listed)."""
+
+
+@dataclass
+class TableCheck:
+    table: str
+    source_rows: int
+    source_sum: int
+    target_rows: int | None  # None: the target lacks the table
+    target_sum: int | None
+    note: str = ""
+
+    @property
+    def equal(self) -> bool:
+        return (self.source_rows, self.source_sum) == (self.target_rows, self.target_sum) and not self.note
+
+    def to_json(self) -> dict[str, Any]:
+        return {"table": self.table, "equal": self.equal, "source_rows": self.source_rows,
+                "source_checksum": f"{self.source_sum:016x}", "target_rows": self.target_rows,
+                "target_checksum": f"{self.target_sum:016x}" if self.target_sum is not None else None,
+                "note": self.note or None}
+
+
+@dataclass
+class TargetCheck:
+    target: str
+    position: Position
+    tables: list[TableCheck] = field(default_factory=list)
+    error: str = ""  # the target could not be compared (not loaded...)
+
+    @property
+    def differing(self) -> list[str]:
+        return [t.table for t in self.tables if not t.equal]
+
+    @property
+    def ok(self) -> bool:
+        return not self.error and not self.differing
+
+    def to_json(self) -> dict[str, Any]:
+        return {"target": self.target, "position": str(self.position), "equal": self.ok,
+                "differing": self.differing, "error": self.error or None,
+                "tables": [t.to_json() for t in self.tables]}
+
+
+@dataclass
+class VerifyReport:
+    consistent_lsn: int
+    position: Position
+    targets: list[TargetCheck]
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return all(t.ok for t in self.targets)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"equal": self.ok, "consistent_lsn": format_lsn(self.consistent_lsn), "position": str(self.position),
+                "seconds": round(self.seconds, 3), "targets": [t.to_json() for t in self.targets]}
+
+    def text(self) -> str:
+        lines = [f"verify at {self.position} (consistent point {format_lsn(self.consistent_lsn)}):"]
+        for t in self.targets:
+            if t.error:
+                lines.append(f"  {t.target}: NOT COMPARED: {t.error}")
+                continue
+            lines.append(f"  {t.target}: {'equal' if t.ok else 'DIFFERS: ' + ', '.join(t.differing)}")
+            for c in t.tables:
+                mark = "ok" if c.equal else "DIFFERS"
+                tgt = "missing" if c.target_rows is None else f"{c.target_rows:,} rows {c.target_sum or 0:016x}"
+                note = f" ({c.note})" if c.note else ""
+                lines.append(f"    {c.table}: {mark}: source {c.source_rows:,} rows {c.source_sum:016x}, "
+                             f"target {tgt}{note}")
+        return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------------------------------ source
+
+
+def checksum_chunk(spec: dict[str, Any]) -> dict[str, Any]:
+    """A Spark task: one chunk of one source table read under the exported snapshot, as canonical text."""
+    conn = snapshot_connection(spec["dsn"], spec["snapshot"], "mirrorline verify", utc=True)
+    try:
+        with conn.cursor(name="mirrorline_verify") as cur:
+            cur.itersize = FETCH
+            cur.execute(spec["sql"])
+            n, total = checksum(cur)
+    finally:
+        conn.close()
+    return {"table": spec["table"], "rows": n, "sum": total}
+
+
+def _text_select(schema: TableSchema, sql_from: str) -> str:
+    cols = ", ".join(select_text(quote_ident(c.name), c.type_name) for c in schema.columns)
+    return f"SELECT {cols} FROM {sql_from}"
+
+
+def source_checksums(config: Config, snapshot: str, stats: dict[str, TableStat], chunk_blocks: int = 16384
+                     ) -> dict[str, tuple[int, int]]:
+    from mirrorline.snapshot.run import run_tasks
+
+    src = require_source(config)
+    chunks = plan_chunks(stats.values(), chunk_blocks, 1)
+    specs = []
+    for c in chunks:
+        schema = stats[c.table].schema
+        base = select_sql(schema, c)
+        sql_from = base.split(" FROM ", 1)[1]
+        specs.append({"dsn": src.dsn, "snapshot": snapshot, "table": c.table, "sql": _text_select(schema, sql_from)})
+    out = {t: (0, 0) for t in stats}
+    for r in run_tasks(checksum_chunk, specs, f"mirrorline-verify-{os.getpid()}", "verify: reading the source"):
+        out[r["table"]] = combine(out[r["table"]], (int(r["rows"]), int(r["sum"])))
+    return out
+
+
+# ------------------------------------------------------------------------------------------------------ the log
+
+
+def _capture_running(config: Config) -> bool:
+    layout = Layout(config.log.path)
+    if not layout.lock.exists():
+        return False
+    fd = os.open(layout.lock, os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # closing the descriptor releases a lock we took
+    return False
+
+
+def _confirmed(config: Config) -> int:
+    from mirrorline.capture.source import connect
+    from mirrorline.position import parse_lsn
+
+    src = require_source(config)
+    conn = connect(src.dsn)
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = %s", (src.slot,))
+            row = cur.fetchone()
+            return parse_lsn(row[0]) if row and row[0] else 0
+    finally:
+        conn.close()
+
+
+def _nudge(config: Config) -> None:
+    """A transaction of our own after the point, so that capture confirms past it even on an idle source."""
+    from mirrorline.capture.source import connect
+
+    conn = connect(require_source(config).dsn)
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SELECT pg_logical_emit_message(true, 'mirrorline', 'verify')")
+    finally:
+        conn.close()
+
+
+def ensure_log(config: Config, point: int, wait_seconds: float = 120.0) -> None:
+    """Return once the log holds every change committed before ``point``."""
+    if _confirmed(config) >= point:
+        return
+    _nudge(config)
+    if not _capture_running(config):
+        from mirrorline.capture.session import Capture
+
+        Capture(config, once=True).run()
+    deadline = time.monotonic() + wait_seconds
+    while _confirmed(config) < point:
+        if time.monotonic() > deadline:
+            raise VerifyError(f"capture has not reached the verification point {format_lsn(point)} after "
+                              f"{wait_seconds:.0f} s", hint="is capture running and keeping up?")
+        time.sleep(0.2)
+
+
+# ------------------------------------------------------------------------------------------------------ targets
+
+
+def _state_position(rows: Iterable[Sequence[Any]]) -> Position:
+    unit_end, tables = ZERO, {}
+    for scope, lsn, seq, *_ in rows:
+        if scope == GLOBAL_SCOPE:
+            unit_end = Position(int(lsn), int(seq))
+        else:
+            tables[scope] = Position(int(lsn), int(seq))
+    return AppliedState(unit_end, tables).position
+
+
+def target_checksums(target: Target, schemas: Sequence[TableSchema]
+                     ) -> tuple[Position, dict[str, tuple[int, int] | None], dict[str, str]]:
+    """(applied position, per table (rows, sum) or None when missing, notes), read in one transaction."""
+    d = target.dialect
+    out: dict[str, tuple[int, int] | None] = {}
+    notes: dict[str, str] = {}
+    if target.kind == "postgresql":
+        conn = snapshot_connection(target.location, None, "mirrorline verify", utc=True)
+        try:
+            with conn.cursor() as cur:
+                cur.execute("SELECT to_regclass(%s) IS NOT NULL", (d.own("mirrorline_applied"),))
+                pos = ZERO
+                if cur.fetchone()[0]:
+                    cur.execute(d.read_state())
+                    pos = _state_position(cur.fetchall())
+            for ts in schemas:
+                with conn.cursor() as cur:
+                    cur.execute("SELECT attname FROM pg_attribute WHERE attrelid = to_regclass(%s) AND attnum > 0 "
+                                "AND NOT attisdropped", (d.table(ts.table),))
+                    have = {r[0] for r in cur.fetchall()}
+                if not have:
+                    out[ts.table] = None
+                    continue
+                lacking = [c for c in ts.column_names if c not in have]
+                if lacking:
+                    out[ts.table], notes[ts.table] = (0, 0), f"target lacks column(s) {', '.join(lacking)}"
+                    continue
+                with conn.cursor(name="mirrorline_verify_t") as cur:
+                    cur.itersize = FETCH
+                    cur.execute(_text_select(ts, d.table(ts.table)))
+                    out[ts.table] = checksum(cur)
+        finally:
+            conn.close()
+        return pos, out, notes
+    s = target.session()
+    try:
+        if target.kind == "sqlite":
+            s.conn.execute("BEGIN")  # type: ignore[attr-defined]
+            rd: Any = s.conn  # type: ignore[attr-defined]
+        else:
+            s.begin()
+            rd = s.cur  # type: ignore[attr-defined]
+        pos = ZERO
+        if s.table_columns("public.mirrorline_applied") is not None:
+            pos = _state_position(s.query(d.read_state()))
+        for ts in schemas:
+            found = s.table_columns(ts.table)
+            if found is None:
+                out[ts.table] = None
+                continue
+            lacking = [c for c in ts.column_names if c not in found]
+            if lacking:
+                out[ts.table], notes[ts.table] = (0, 0), f"target lacks column(s) {', '.join(lacking)}"
+                continue
+            convs: list[Canon] = [converter(target.kind, c.type_name) for c in ts.columns]
+            cols = ", ".join(quote_ident(c) for c in ts.column_names)
+            res = rd.execute(f"SELECT {cols} FROM {d.table(ts.table)}")
+            n, total = 0, 0
+            while True:
+                batch = res.fetchmany(FETCH)
+                if not batch:
+                    break
+                bn, bs = checksum([f(v) for f, v in zip(convs, row, strict=True)] for row in batch)
+                n, total = n + bn, (total + bs) & MASK
+            out[ts.table] = (n, total)
+        with contextlib.suppress(Exception):
+            s.rollback()
+    finally:
+        s.close()
+    return pos, out, notes
+
+
+def _snapshot_state(target: Target) -> dict[str, S.TableSnapshot]:
+    s = target.session()
+    try:
+        return S.read(s)
+    finally:
+        s.close()
+
+
+def verify(config: Config, targets: Iterable[str] | None = None, *, attempts: int = 3,
+           wait_seconds: float = 120.0) -> VerifyReport:
+    """Compare the configured tables of each target (or of ``targets``) with the source at one position."""
+    from mirrorline.snapshot.catchup import catch_up
+    from mirrorline.snapshot.run import _describe, target_config
+
+    names = list(targets) if targets is not None else sorted(n for n, t in config.targets.items()
+                                                             if t.kind != "parquet")
+    for n in names:
+        target_config(config, n)
+    t0 = time.monotonic()
+    last_moved = ""
+    for _ in range(max(attempts, 1)):
+        with consistent_point(config, reconcile=False, create_main=False) as cp:
+            stats = _describe(config, cp, None)
+            source = source_checksums(config, cp.snapshot, stats)
+        schemas = [s.schema for s in stats.values()]
+        ensure_log(config, cp.lsn, wait_seconds)
+        checks: list[TargetCheck] = []
+        moved = False
+        for name in names:
+            target = open_target(config.targets[name], threads=config.apply.threads)
+            try:
+                snaps = _snapshot_state(target)
+                loaded = {t for t, r in snaps.items() if r.state == "loaded"}
+                unloaded = [t for t in stats if t not in loaded]
+                if unloaded:
+                    checks.append(TargetCheck(name, ZERO, error=f"not loaded: {', '.join(unloaded)} (run mirrorline "
+                                                                f"snapshot --target {name})"))
+                    continue
+                if target.applied_positions().position < cp.position:
+                    catch_up(config, name, upto=cp.position, target=target)
+                pos, sums, notes = target_checksums(target, schemas)
+            finally:
+                target.close()
+            if pos != cp.position:
+                moved, last_moved = True, f"target {name} was at {pos}, not at {cp.position}"
+                break
+            tc = TargetCheck(name, pos)
+            for t, (rows, total) in source.items():
+                got = sums.get(t)
+                tc.tables.append(TableCheck(t, rows, total, got[0] if got else None, got[1] if got else None,
+                                            notes.get(t, "" if got is not None else "missing in the target")))
+            checks.append(tc)
+        if not moved:
+            return VerifyReport(cp.lsn, cp.position, checks, time.monotonic() - t0)
+    raise VerifyError(f"could not read the targets at the verification point: {last_moved}",
+                      hint="another process keeps applying to it; pause its apply while verifying")
