@@ -1,0 +1,292 @@
+"""``mirrorline status``: per target its state, applied position and lag (seconds and bytes); the log; the slot's
+retained WAL; warnings when one slow target makes the log or the slot grow. The same figures as Prometheus text
+exposition (:func:`render_prometheus`, :func:`write_prometheus`) for a running pipeline.
+
+Lag: in seconds, the age of the oldest change the log holds that the target has not applied (0 when it has applied
+everything); in bytes, how much WAL lies between the target's applied position and the source's current position
+(0 when it has applied everything the log holds).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from mirrorline.config import Config, redact_dsn
+from mirrorline.errors import MirrorlineError
+from mirrorline.position import Position, format_lsn, parse_lsn
+
+LAG_WARN_SECONDS = 300.0
+LAG_WARN_BYTES = 1 << 30
+SLOT_WARN_BYTES = 1 << 30
+
+
+@dataclass
+class TargetStatus:
+    name: str
+    kind: str
+    state: str
+    position: Position | None
+    lag_seconds: float | None = None
+    lag_bytes: int | None = None
+    tables: dict[str, str] = field(default_factory=dict)  # table -> its snapshot state
+    error: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "kind": self.kind, "state": self.state,
+                "position": str(self.position) if self.position is not None else None,
+                "lag_seconds": None if self.lag_seconds is None else round(self.lag_seconds, 3),
+                "lag_bytes": self.lag_bytes, "tables": self.tables, "error": self.error or None}
+
+
+@dataclass
+class Status:
+    source: str = ""
+    slot: str = ""
+    current_lsn: int | None = None
+    slot_restart_lsn: int | None = None
+    slot_confirmed_lsn: int | None = None
+    slot_retained_bytes: int | None = None
+    slot_active: bool | None = None
+    log_durable: Position | None = None
+    log_bytes: int = 0
+    log_segments: int = 0
+    targets: list[TargetStatus] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "source": {"dsn": self.source, "current_lsn": _lsn(self.current_lsn)},
+            "slot": {"name": self.slot, "active": self.slot_active, "restart_lsn": _lsn(self.slot_restart_lsn),
+                     "confirmed_flush_lsn": _lsn(self.slot_confirmed_lsn),
+                     "retained_wal_bytes": self.slot_retained_bytes},
+            "log": {"durable": str(self.log_durable) if self.log_durable else None, "bytes": self.log_bytes,
+                    "segments": self.log_segments},
+            "targets": [t.to_json() for t in self.targets],
+            "warnings": self.warnings,
+            "errors": self.errors,
+        }
+
+    def text(self) -> str:
+        lines = [f"source {self.source}: current WAL {_lsn(self.current_lsn) or '?'}"]
+        if self.slot_retained_bytes is not None:
+            lines.append(f"slot {self.slot}: {'active' if self.slot_active else 'inactive'}, confirmed "
+                         f"{_lsn(self.slot_confirmed_lsn)}, retains {_size(self.slot_retained_bytes)} of WAL")
+        else:
+            lines.append(f"slot {self.slot}: not created yet")
+        lines.append(f"log: {self.log_segments} segment(s), {_size(self.log_bytes)}, durable up to "
+                     f"{self.log_durable or 'nothing'}")
+        for t in self.targets:
+            lag = ""
+            if t.lag_seconds is not None or t.lag_bytes is not None:
+                lag = f", lag {t.lag_seconds or 0:.1f} s / {_size(t.lag_bytes or 0)}"
+            err = f" ({t.error})" if t.error else ""
+            lines.append(f"target {t.name} ({t.kind}): {t.state}, applied {t.position or '-'}{lag}{err}")
+        lines += [f"warning: {w}" for w in self.warnings]
+        lines += [f"error: {e}" for e in self.errors]
+        return "\n".join(lines)
+
+
+def _lsn(v: int | None) -> str | None:
+    return format_lsn(v) if v is not None else None
+
+
+def _size(n: int) -> str:
+    x = float(n)
+    for unit in ("B", "kB", "MB", "GB"):
+        if x < 1024 or unit == "GB":
+            return f"{x:.0f} {unit}" if unit == "B" else f"{x:.1f} {unit}"
+        x /= 1024
+    return f"{x:.1f} GB"
+
+
+def _source(config: Config, st: Status) -> None:
+    from mirrorline.capture.source import connect
+
+    src = config.source
+    if src is None:
+        return
+    st.source, st.slot = redact_dsn(src.dsn), src.slot
+    try:
+        conn = connect(src.dsn)
+    except MirrorlineError as e:
+        st.errors.append(f"source: {e}")
+        return
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SELECT pg_current_wal_lsn()::text")
+            st.current_lsn = parse_lsn(cur.fetchone()[0])
+            cur.execute("SELECT restart_lsn::text, confirmed_flush_lsn::text, active, "
+                        "pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)::bigint "
+                        "FROM pg_replication_slots WHERE slot_name = %s", (src.slot,))
+            row = cur.fetchone()
+            if row:
+                st.slot_restart_lsn = parse_lsn(row[0]) if row[0] else None
+                st.slot_confirmed_lsn = parse_lsn(row[1]) if row[1] else None
+                st.slot_active = bool(row[2])
+                st.slot_retained_bytes = int(row[3]) if row[3] is not None else None
+    finally:
+        conn.close()
+
+
+def _log(config: Config, st: Status) -> Any:
+    from mirrorline.log.reader import ChangeLog
+
+    cl = ChangeLog(config.log.path)
+    if not cl.layout.exists():
+        return None
+    try:
+        segs = cl.segments()
+        st.log_segments = len(segs)
+        st.log_durable = cl.durable()
+        st.log_bytes = sum(_tree_size(s.path) for s in segs)
+    except MirrorlineError as e:
+        st.errors.append(f"log: {e}")
+        return None
+    return cl
+
+
+def _tree_size(p: Path) -> int:
+    if p.is_file():
+        return p.stat().st_size
+    return sum(f.stat().st_size for f in p.rglob("*") if f.is_file())
+
+
+def _first_unapplied_ts(cl: Any, after: Position) -> int | None:
+    for b in cl.read_arrow(after, None, batch_rows=1):
+        return int(b.column("ts")[0].as_py())
+    return None
+
+
+def _target(config: Config, name: str, st: Status, cl: Any) -> TargetStatus:
+    from mirrorline.apply import open_target
+    from mirrorline.snapshot import state as S
+
+    tcfg = config.targets[name]
+    ts = TargetStatus(name, tcfg.kind, S.NEW, None)
+    if tcfg.kind == "parquet":
+        ts.error = "status of parquet targets is not built"
+        return ts
+    try:
+        target = open_target(tcfg)
+        try:
+            s = target.session()
+            try:
+                snaps = S.read(s)
+            finally:
+                s.close()
+            applied = target.applied_positions().position if snaps else None
+        finally:
+            target.close()
+    except MirrorlineError as e:
+        ts.error = str(e)
+        return ts
+    except Exception as e:
+        ts.error = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        return ts
+    ts.tables = {t: r.state for t, r in snaps.items()}
+    ts.position = applied
+    if applied is None:
+        return ts
+    log_has_all = cl is None or st.log_durable is None or applied >= st.log_durable
+    confirmed = st.slot_confirmed_lsn or 0
+    ends = [r.end_lsn for t, r in snaps.items() if t in config.tables and r.state == "loaded"]
+    caught_up = log_has_all and bool(ends) and confirmed >= max(ends)
+    ts.state = S.target_state(snaps, config.tables, applied, caught_up)
+    if cl is not None and not log_has_all:
+        first = _first_unapplied_ts(cl, applied)
+        ts.lag_seconds = max(0.0, time.time() - first / 1e6) if first is not None else 0.0
+    else:
+        ts.lag_seconds = 0.0
+    if log_has_all:
+        ts.lag_bytes = 0
+    elif st.current_lsn is not None:
+        ts.lag_bytes = max(0, st.current_lsn - applied.lsn)
+    return ts
+
+
+def status(config: Config) -> Status:
+    """Gather every figure; what cannot be reached is reported in ``errors``, never raised."""
+    st = Status()
+    _source(config, st)
+    cl = _log(config, st)
+    for name in sorted(config.targets):
+        st.targets.append(_target(config, name, st, cl))
+    _warn(config, st)
+    return st
+
+
+def _warn(config: Config, st: Status, lag_seconds: float = LAG_WARN_SECONDS, lag_bytes: int = LAG_WARN_BYTES,
+          slot_bytes: int = SLOT_WARN_BYTES) -> None:
+    loaded = [t for t in st.targets if t.position is not None]
+    if loaded:
+        slowest = min(loaded, key=lambda t: t.position or Position(0))
+        others = [t for t in loaded if t is not slowest]
+        slow = (slowest.lag_seconds or 0) > lag_seconds or (slowest.lag_bytes or 0) > lag_bytes
+        ahead = not others or all((t.lag_bytes or 0) < (slowest.lag_bytes or 0) for t in others)
+        if slow and ahead:
+            st.warnings.append(
+                f"target {slowest.name} is {slowest.lag_seconds or 0:.0f} s / {_size(slowest.lag_bytes or 0)} behind: "
+                f"the log keeps everything after its position {slowest.position} ({_size(st.log_bytes)} now); "
+                "speed it up, or remove it from the configuration")
+    if st.slot_retained_bytes is not None and st.slot_retained_bytes > slot_bytes:
+        st.warnings.append(f"slot {st.slot} retains {_size(st.slot_retained_bytes)} of WAL on the source: capture "
+                           f"is behind or stopped (confirmed {_lsn(st.slot_confirmed_lsn)})")
+
+
+# ------------------------------------------------------------------------------------------------------ Prometheus
+
+
+def _esc(v: str) -> str:
+    return v.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def render_prometheus(st: Status) -> str:
+    """The status as Prometheus text exposition format (version 0.0.4)."""
+    from mirrorline.snapshot.state import STATES
+
+    out: list[str] = []
+
+    def metric(name: str, kind: str, help_text: str, samples: list[tuple[dict[str, str], float | int | None]]
+               ) -> None:
+        rows = [(labels, v) for labels, v in samples if v is not None]
+        if not rows:
+            return
+        out.append(f"# HELP {name} {help_text}")
+        out.append(f"# TYPE {name} {kind}")
+        for labels, v in rows:
+            lab = ",".join(f'{k}="{_esc(x)}"' for k, x in labels.items())
+            out.append(f"{name}{{{lab}}} {v}" if lab else f"{name} {v}")
+
+    slot = {"slot": st.slot}
+    metric("mirrorline_source_wal_lsn", "gauge", "The source's current WAL position (bytes).",
+           [({}, st.current_lsn)])
+    metric("mirrorline_slot_retained_wal_bytes", "gauge", "WAL the replication slot keeps on the source.",
+           [(slot, st.slot_retained_bytes)])
+    metric("mirrorline_slot_confirmed_flush_lsn", "gauge", "What capture has confirmed as durable (bytes).",
+           [(slot, st.slot_confirmed_lsn)])
+    metric("mirrorline_log_bytes", "gauge", "Size of the change log's retained segments.", [({}, st.log_bytes)])
+    metric("mirrorline_log_segments", "gauge", "Retained segments in the change log.", [({}, st.log_segments)])
+    metric("mirrorline_log_durable_lsn", "gauge", "Commit LSN of the log's last durable change.",
+           [({}, st.log_durable.lsn if st.log_durable else None)])
+    metric("mirrorline_target_applied_lsn", "gauge", "Commit LSN of the target's applied position.",
+           [({"target": t.name}, t.position.lsn if t.position else None) for t in st.targets])
+    metric("mirrorline_target_lag_seconds", "gauge", "Age of the oldest change the target has not applied.",
+           [({"target": t.name}, t.lag_seconds) for t in st.targets])
+    metric("mirrorline_target_lag_bytes", "gauge", "WAL between the target's applied position and the source.",
+           [({"target": t.name}, t.lag_bytes) for t in st.targets])
+    metric("mirrorline_target_state", "gauge", "1 for the target's current state.",
+           [({"target": t.name, "state": s}, 1 if t.state == s else 0) for t in st.targets for s in STATES])
+    metric("mirrorline_warnings", "gauge", "Warnings status reports (slow target, growing slot).",
+           [({}, len(st.warnings))])
+    return "\n".join(out) + "\n"
+
+
+def write_prometheus(st: Status, path: str | Path) -> None:
+    """Rewrite ``path`` atomically (for node_exporter's textfile collector, or any scraper of files)."""
+    from mirrorline.log.layout import write_atomic
+
+    write_atomic(Path(path), render_prometheus(st).encode())
