@@ -1,0 +1,182 @@
+"""Import of daystream files into the log and export of the log as daystream lines: round trips, atomic import,
+positions after the log's end, errors naming file and line, and the `mirrorline log` commands."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import pytest
+
+from mirrorline.cli.main import main
+from mirrorline.config import TableConfig
+from mirrorline.errors import DecodeError, LogError
+from mirrorline.log import ChangeLog, LogWriter
+from mirrorline.log.interchange import export_daystream, import_daystream
+from mirrorline.model import Change, Column, Op, TableSchema
+from mirrorline.position import ZERO, Position
+from test_daystream import DAYSTREAM, DELTAFLOOD
+
+ZZZ = {"public.zzz": TableConfig("public.zzz", key=("a",), columns={"a": "text", "b": "text"})}
+
+
+def write(path: Path, lines: list[str]) -> Path:
+    path.write_text("".join(ln + "\n" for ln in lines))
+    return path
+
+
+def export(root: Path, **kw) -> list[str]:
+    out = io.StringIO()
+    export_daystream(ChangeLog(root), out, **kw)
+    return out.getvalue().splitlines()
+
+
+def test_seed_file_imports_and_exports_byte_for_byte(tmp_path):
+    seed = write(tmp_path / "seed.ds", DAYSTREAM)
+    r = import_daystream(tmp_path / "log", [seed], ZZZ)
+    assert (r.files, r.transactions, r.changes) == (1, 16, 18)
+    assert (r.first, r.last) == (Position(1, 0), Position(16, 0))
+    assert export(tmp_path / "log") == DAYSTREAM
+    assert (tmp_path / "log" / "segments").exists()
+    schema = ChangeLog(tmp_path / "log").schema("public.zzz", 1)
+    assert schema.key == ("a",) and schema.column_names == ("a", "b")
+
+
+def test_plain_deltaflood_lines_import_with_the_import_time(tmp_path):
+    r = import_daystream(tmp_path / "log", [write(tmp_path / "d.ds", DELTAFLOOD)], ZZZ)
+    assert r.changes == 10
+    changes = list(ChangeLog(tmp_path / "log").read())
+    assert len({c.commit_ts for c in changes}) == 1 and changes[0].commit_ts > 1_600_000_000_000_000
+
+
+def test_export_from_a_time_or_a_position(tmp_path):
+    import_daystream(tmp_path / "log", [write(tmp_path / "seed.ds", DAYSTREAM)], ZZZ)
+    assert export(tmp_path / "log", from_ts=1507507201_000000) == DAYSTREAM[18:]
+    assert export(tmp_path / "log", after=Position(14, 0)) == DAYSTREAM[18:]
+    assert export(tmp_path / "log", after=Position(1, 0), upto=Position(2, 0)) == [
+        DAYSTREAM[1].replace("_s\t1", "_s\t0")]  # _s numbers the lines of this export within each second
+
+
+def test_log_to_daystream_to_log_round_trip(tmp_path):
+    """Captured changes of every kind (with NULLs, unchanged TOAST, key changes, truncate, escapes, another
+    schema) survive export and import; commit times keep their whole seconds."""
+    schema = TableSchema("s.t", (Column("id", "bigint"), Column("v", "text"), Column("doc", "jsonb")), ("id",))
+    src = tmp_path / "src"
+    txns = [
+        [Change(ZERO, 0, 7, "s.t", Op.INSERT, ("1",), {"id": "1", "v": "a\tb\\c\nd", "doc": None}),
+         Change(ZERO, 0, 7, "s.t", Op.INSERT, ("2",), {"id": "2", "v": None, "doc": '{"k": "é"}'})],
+        [Change(ZERO, 0, 8, "s.t", Op.UPDATE, ("1",), {"id": "1", "v": "x"}, frozenset({"doc"}))],
+        [Change(ZERO, 0, 9, "s.t", Op.UPDATE, ("3",), {"id": "3", "v": "y", "doc": "[]"}, old_key=("2",)),
+         Change(ZERO, 0, 9, "s.t", Op.DELETE, ("1",))],
+        [Change(ZERO, 0, 10, "s.t", Op.TRUNCATE)],
+    ]
+    with LogWriter(src) as w:
+        assert w.record_schema(schema).version == 1
+        for i, t in enumerate(txns):
+            w.add_transaction(0x1000 + i, (1_600_000_000 + i // 2) * 1_000_000, t)
+    lines = export(src)
+    assert len(lines) == 7
+    dst = tmp_path / "dst"
+    r = import_daystream(dst, [write(tmp_path / "x.ds", lines)],
+                         {"s.t": TableConfig("s.t", key=("id",), columns={"id": "bigint", "v": "text",
+                                                                           "doc": "jsonb"})})
+    assert r.transactions == 4 and r.changes == 6
+
+    def strip(c: Change) -> tuple:
+        return (c.pos.seq, c.commit_ts, c.xid, c.table, c.op, c.key, c.new, c.unchanged, c.old_key)
+
+    assert [strip(c) for c in ChangeLog(dst).read()] == [strip(c) for c in ChangeLog(src).read()]
+    assert export(dst) == lines
+
+
+def test_import_goes_after_the_logs_end_and_keeps_increasing(tmp_path):
+    root = tmp_path / "log"
+    with LogWriter(root) as w:
+        w.add_transaction(0x500, 1, [Change(ZERO, 0, 1, "public.zzz", Op.DELETE, ("q",))])
+    a = import_daystream(root, [write(tmp_path / "a.ds", DAYSTREAM[:2])], ZZZ)
+    b = import_daystream(root, [write(tmp_path / "b.ds", DAYSTREAM[2:4])], ZZZ)
+    assert a.first == Position(0x501, 0) and a.last == Position(0x502, 0)
+    assert b.first == Position(0x503, 0) and b.last == Position(0x504, 0)
+    pos = [c.pos for c in ChangeLog(root).read()]
+    assert pos == sorted(pos) and len(pos) == 5
+
+
+def test_import_is_atomic_for_the_whole_batch(tmp_path):
+    root = tmp_path / "log"
+    good = write(tmp_path / "good.ds", DAYSTREAM)
+    bad = write(tmp_path / "bad.ds", [DAYSTREAM[0], DAYSTREAM[1], "_c\t1\t_s\t2\t_table\tzzz\t_action\tupsert"])
+    with pytest.raises(DecodeError) as e:
+        import_daystream(root, [good, bad], ZZZ)
+    assert str(e.value).startswith(f"{bad}:3: unknown _action 'upsert'")
+    assert e.value.context == {"file": str(bad), "line": 3}
+    assert ChangeLog(root).segments() == [] and list((root / "schemas").iterdir()) == []
+    assert [p.name for p in (root / "segments").iterdir()] == []  # no temp file left either
+    import_daystream(root, [good], ZZZ)  # the writer's lock was released
+    assert ChangeLog(root).count() == 18
+
+
+def test_unconfigured_table_is_an_error_naming_what_to_add(tmp_path):
+    with pytest.raises(DecodeError, match=r'add \[tables."public.zzz"\] with key'):
+        import_daystream(tmp_path / "log", [write(tmp_path / "a.ds", DAYSTREAM)], {})
+
+
+def test_a_table_already_in_the_log_needs_no_columns_in_the_config(tmp_path):
+    root = tmp_path / "log"
+    with LogWriter(root) as w:
+        w.record_schema(TableSchema("public.zzz", (Column("a", "text", 25), Column("b", "text", 25)), ("a",)))
+    r = import_daystream(root, [write(tmp_path / "a.ds", DAYSTREAM)], {})
+    assert r.changes == 18
+    assert {c.schema_version for c in ChangeLog(root).read()} == {1}
+
+
+def test_import_while_a_writer_runs_is_refused(tmp_path):
+    root = tmp_path / "log"
+    with LogWriter(root), pytest.raises(LogError, match="another writer"):
+        import_daystream(root, [write(tmp_path / "a.ds", DAYSTREAM)], ZZZ)
+
+
+def test_missing_file_is_an_error(tmp_path):
+    with pytest.raises(DecodeError, match="cannot read"):
+        import_daystream(tmp_path / "log", [tmp_path / "nope.ds"], ZZZ)
+
+
+# -- the command line ------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def config(tmp_path) -> Path:
+    p = tmp_path / "m.toml"
+    p.write_text('[log]\npath = "./log"\n[tables."public.zzz"]\nkey = ["a"]\ncolumns = { a = "text", b = "text" }\n')
+    return p
+
+
+def test_cli_import_then_export(tmp_path, config, capsys):
+    seed = write(tmp_path / "seed.ds", DAYSTREAM)
+    assert main(["log", "import", "-c", str(config), "--format", "daystream", str(seed)]) == 0
+    assert "imported 18 changes in 16 transactions from 1 file(s)" in capsys.readouterr().err
+    assert main(["log", "export", "-c", str(config), "--format", "daystream"]) == 0
+    assert capsys.readouterr().out.splitlines() == DAYSTREAM
+    for start in ("1507507201", "2017-10-09T00:00:01Z", "2017-10-09T00:00:01", "0/E:0"):
+        assert main(["log", "export", "-c", str(config), "--from", start]) == 0
+        assert capsys.readouterr().out.splitlines() == DAYSTREAM[18:], start
+
+
+@pytest.mark.parametrize("start", ["yesterday", "16/ZZ:1", "1/2/3"])
+def test_cli_bad_from_is_a_usage_error(config, capsys, start):
+    assert main(["log", "export", "-c", str(config), "--from", start]) == 2
+    err = capsys.readouterr().err
+    assert "--from" in err and len(err.strip().splitlines()) == 1
+
+
+def test_cli_bad_line_is_one_line_on_stderr_and_nothing_imported(tmp_path, config, capsys):
+    bad = write(tmp_path / "bad.ds", [DAYSTREAM[0], "_c\t1\t_table\tzzz"])
+    assert main(["log", "import", "-c", str(config), str(bad)]) == 3
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and f"{bad}:2:" in err
+    assert main(["log", "export", "-c", str(config)]) == 0
+    assert capsys.readouterr().out == ""
+
+
+def test_cli_export_of_no_log_is_a_clear_error(config, capsys):
+    assert main(["log", "export", "-c", str(config)]) == 3
+    assert "no change log" in capsys.readouterr().err

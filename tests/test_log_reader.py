@@ -1,0 +1,166 @@
+"""Readers: from a position (exclusive) up to a position (inclusive), from a timestamp, counts and unit ends, many
+readers at once, registered readers and retention."""
+
+from __future__ import annotations
+
+from itertools import pairwise
+
+import pytest
+
+from mirrorline.errors import LogError
+from mirrorline.log import ChangeLog, LogWriter, readers, retain, set_applied, unregister
+from mirrorline.log.retention import check_reader
+from mirrorline.model import Change, Op
+from mirrorline.position import ZERO, Position
+
+S = 1_000_000  # one second in microseconds
+
+
+def ch(i: int) -> Change:
+    return Change(ZERO, 0, 0, "public.t", Op.INSERT, (str(i),), {"id": str(i)})
+
+
+@pytest.fixture
+def log(tmp_path) -> ChangeLog:
+    """Transactions at LSN 100, 200, ... 1000, three changes each, commit ts = k seconds; one segment per two
+    transactions; transaction 500 is a streamed one."""
+    with LogWriter(tmp_path, segment_changes=6) as w:
+        for k in range(1, 11):
+            lsn = k * 100
+            rows = [ch(k * 10 + i) for i in range(3)]
+            if k == 5:
+                w.flush()
+                s = w.open_stream(k)
+                s.add(k, rows)
+                s.commit(lsn, k * S)
+            else:
+                w.add_transaction(lsn, k * S, rows)
+    return ChangeLog(tmp_path)
+
+
+def positions(changes) -> list[Position]:
+    return [c.pos for c in changes]
+
+
+def all_positions() -> list[Position]:
+    return [Position(k * 100, i) for k in range(1, 11) for i in range(3)]
+
+
+def test_whole_log_in_order(log):
+    assert positions(log.read()) == all_positions()
+    assert log.durable() == Position(1000, 2)
+    assert log.start() is None
+
+
+@pytest.mark.parametrize(
+    ("after", "upto"),
+    [
+        (None, None),
+        (Position(100, 2), Position(1000, 2)),
+        (Position(100, 1), Position(200, 0)),  # boundaries inside transactions and segments
+        (Position(400, 2), Position(600, 1)),  # across the stream segment
+        (Position(500, 0), Position(500, 1)),  # inside the stream
+        (Position(150, 0), Position(650, 9)),  # positions between transactions
+        (Position(1000, 2), None),  # nothing after the end
+        (ZERO, Position(100, 0)),
+    ],
+)
+def test_ranges_are_exclusive_inclusive(log, after, upto):
+    expect = [p for p in all_positions() if (after is None or p > after) and (upto is None or p <= upto)]
+    assert positions(log.read(after, upto)) == expect
+    assert log.count(after, upto) == len(expect)
+    assert sum(b.num_rows for b in log.read_arrow(after, upto, batch_rows=2)) == len(expect)
+
+
+def test_readers_each_at_their_own_position(log):
+    a = log.read(Position(200, 2))
+    b = ChangeLog(log.layout.root).read(Position(700, 0))
+    assert next(a).pos == Position(300, 0)
+    assert next(b).pos == Position(700, 1)
+    assert next(a).pos == Position(300, 1)
+
+
+@pytest.mark.parametrize(
+    ("ts", "first"),
+    [(0, Position(100, 0)), (1 * S, Position(100, 0)), (1 * S + 1, Position(200, 0)), (5 * S, Position(500, 0)),
+     (7 * S - 1, Position(700, 0)), (10 * S, Position(1000, 0)), (11 * S, None)],
+)
+def test_from_a_timestamp(log, ts, first):
+    got = list(log.read_from_time(ts))
+    assert (got[0].pos if got else None) == first
+    assert all(c.commit_ts >= ts for c in got)
+
+
+def test_advance_closes_units_at_transaction_ends(log):
+    assert log.advance(None, 7) == (Position(200, 2), 6)
+    assert log.advance(Position(200, 2), 4) == (Position(300, 2), 3)
+    assert log.advance(Position(100, 0), 5) == (Position(200, 2), 5)  # the rest of 100, then 200 whole: 2 + 3
+    assert log.advance(Position(100, 0), 4) == (Position(100, 2), 2)
+    assert log.advance(Position(100, 0), 1) == (Position(100, 2), 2)  # a transaction is never split
+    assert log.advance(Position(400, 2), 2) == (Position(500, 2), 3)  # the stream, whole
+    assert log.advance(None, 1000) == (Position(1000, 2), 30)
+    assert log.advance(None, 1000, upto=Position(600, 1)) == (Position(600, 1), 17)
+    assert log.advance(Position(1000, 2), 5) == (Position(1000, 2), 0)
+
+
+def test_segment_metadata_is_cheap_and_complete(log):
+    segs = log.segments()
+    assert sum(s.count for s in segs) == 30
+    assert [s.stream for s in segs].count(True) == 1
+    assert all(s.first <= s.last and s.min_ts <= s.max_ts for s in segs)
+    assert all(b.first > a.last and b.prev == a.last for a, b in pairwise(segs))
+
+
+def test_registered_readers(log):
+    assert readers(log) == {}
+    set_applied(log, "cache", None)
+    set_applied(log, "warehouse", Position(300, 2))
+    got = readers(log)
+    assert got["cache"].applied is None and got["warehouse"].applied == Position(300, 2)
+    set_applied(log, "cache", Position(700, 1))
+    assert readers(log)["cache"].applied == Position(700, 1)
+    unregister(log, "cache")
+    assert set(readers(log)) == {"warehouse"}
+    with pytest.raises(LogError, match="invalid reader name"):
+        set_applied(log, "../x", None)
+
+
+def test_retention_needs_a_registered_reader_unless_told_to_keep_nothing(log):
+    assert retain(log) == []
+    assert len(log.segments()) == 6
+    set_applied(log, "cache", None)  # registered, nothing applied: keeps everything
+    assert retain(log) == []
+
+
+def test_retention_removes_only_whole_segments_every_reader_applied(log):
+    set_applied(log, "a", Position(700, 1))
+    set_applied(log, "b", Position(400, 2))
+    gone = retain(log)
+    # segments end at 200:2, 400:2 (both <= 400:2); the one holding 600..700 stays although "a" is past part of it
+    assert len(gone) == 2
+    assert log.start() == Position(400, 2)
+    assert positions(log.read(Position(400, 2))) == all_positions()[12:]
+    assert positions(log.read()) == all_positions()[12:]
+    with pytest.raises(LogError, match="no longer retained") as e:
+        list(log.read(Position(300, 0)))
+    assert "reload" in (e.value.hint or "")
+    with pytest.raises(LogError, match="no longer retained"):
+        log.after_time(2 * S)
+    assert log.after_time(5 * S) == Position(400, 2)
+    assert check_reader(log, "b") == Position(400, 2)
+    set_applied(log, "b", Position(1000, 2))
+    retain(log)
+    assert log.segments()[0].first == Position(600, 0)  # the stream went; "a" (at 700:1) still needs 700:2
+    assert log.durable() == Position(1000, 2)
+
+
+def test_retention_of_everything_and_a_writer_going_on(log):
+    root = log.layout.root
+    assert len(retain(log, keep_nothing=True)) == 6
+    assert log.segments() == [] and log.durable() == Position(1000, 2)
+    with LogWriter(root) as w:
+        assert w.durable == Position(1000, 2) and w.last_lsn == 1000
+        with pytest.raises(LogError):
+            w.add_transaction(900, 1, [ch(1)])
+        w.add_transaction(1100, 11 * S, [ch(1)])
+    assert positions(ChangeLog(root).read(Position(1000, 2))) == [Position(1100, 0)]
