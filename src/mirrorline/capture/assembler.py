@@ -33,6 +33,7 @@ from mirrorline.capture.decoder import (
     UNCHANGED,
     Begin,
     Commit,
+    Decoder,
     Delete,
     Insert,
     LogicalMessage,
@@ -48,7 +49,8 @@ from mirrorline.capture.decoder import (
     Type,
     Update,
 )
-from mirrorline.capture.rowbuf import RowBuffer
+from mirrorline.capture.fastrows import Fallback, Segment, decode_rows
+from mirrorline.capture.rowbuf import RowBuffer, Rows
 from mirrorline.errors import DecodeError, SourceError
 from mirrorline.model import Column, Key, TableSchema, default_key
 from mirrorline.position import Position, format_lsn
@@ -149,6 +151,9 @@ class _Stream:
 
 
 _EMPTY: tuple[Event, ...] = ()
+_AFTER_RAW = frozenset({Relation, Insert, Update, Delete, Truncate, StreamCommit})  # wait for gathered rows
+RAW_ROWS = 8192  # row messages decoded column-wise together
+RAW_BYTES = 4 << 20  # ... or this many bytes of them
 
 
 class Assembler:
@@ -171,9 +176,17 @@ class Assembler:
         self.types: dict[int, str] = {}  # Type messages: oid -> "schema.name"
         self.relations: dict[int, RelInfo] = {}
         self.dropped = 0  # changes of tables that are not configured
-        self._buf = RowBuffer()  # committed transactions not taken yet, then the open transaction's rows
+        self.decoder = Decoder()
+        self._out = Rows()  # committed transactions not taken yet, then the open transaction's rows
+        # row messages not decoded yet (see feed_bytes): committed transactions' first, then the open one's
+        self._raw: list[bytes] = []
+        self._raw_bytes = 0
+        self._raw_segs: list[Segment] = []  # each transaction's run in _raw
+        self._raw_committed = 0  # how many of _raw belong to committed transactions
+        self._raw_open = False  # the last run belongs to the open transaction
+        self._replaying = False
         self._txn: Begin | None = None
-        self._txn_mark = (0, 0)  # where the open transaction's rows start in _buf
+        self._txn_mark = 0  # where the open transaction's rows start in _out
         self._txn_ts = 0
         self._seq = 0  # index of the next change in the open transaction
         self._spilled = False  # the open non-streamed transaction went (partly) to a spill
@@ -201,31 +214,35 @@ class Assembler:
 
     @property
     def buffered(self) -> int:
-        """Rows of committed transactions waiting for :meth:`take`."""
-        return self._txn_mark[0] if self._txn is not None else len(self._buf)
+        """Rows of committed transactions waiting for :meth:`take` (rows of tables not captured may be counted)."""
+        return (self._txn_mark if self._txn is not None else len(self._out)) + self._raw_committed
 
     def take(self) -> pa.Table | None:
         """The committed transactions' rows gathered since the last call (log layout, commit order), or None."""
-        if self._txn is not None:
-            if self._txn_mark[0] == 0:
-                return None
-            rest = self._buf.cut(self._txn_mark)
-            out, self._buf = self._buf, rest
-            self._txn_mark = (0, 0)
-        else:
-            if not len(self._buf):
-                return None
-            out, self._buf = self._buf, RowBuffer()
-        return out.to_arrow()
+        if self._raw_committed:
+            self._flush_raw(chunking=False)
+        if self._txn is None:
+            return self._out.take()
+        if self._txn_mark == 0:
+            return None
+        rest = self._out.split(self._txn_mark)
+        done = self._out.take()
+        if rest is not None:
+            self._out.append_table(rest)
+        self._txn_mark = 0
+        return done
 
     def reset(self) -> list[Event]:
         """A new replication connection: PostgreSQL sends Relation messages and in-progress transactions again.
         Drops the open transaction (committed rows stay for :meth:`take`); returns the aborts of every open spill."""
         events: list[Event] = [SpillAbort(xid, xid) for xid in self._streams]
+        if self._raw:
+            self._flush_raw(chunking=False)
         if self._txn is not None:
             if self._spilled:
                 events.append(SpillAbort(self._txn.xid, self._txn.xid))
-            self._buf.cut(self._txn_mark)
+            self._out.split(self._txn_mark)
+        self.decoder.reset()
         self.relations.clear()
         self._streams.clear()
         self._stream = None
@@ -235,8 +252,101 @@ class Assembler:
         return events
 
     def feed(self, msg: Message) -> Sequence[Event]:
-        """Take one message; return the events it completes (mostly none)."""
+        """Take one decoded message; return the events it completes (mostly none)."""
+        if self._raw and type(msg) in _AFTER_RAW:
+            events = self._flush_raw()
+            more = self._handlers[type(msg)](msg)
+            return [*events, *more] if events else more
         return self._handlers[type(msg)](msg)
+
+    def feed_bytes(self, data: bytes) -> Sequence[Event]:
+        """Take one message as sent (the payload of an XLogData): the same as ``feed(decoder.decode(data))``, but
+        row messages of ordinary transactions are gathered and decoded a batch at a time, column-wise."""
+        k = data[0] if data else 0
+        txn = self._txn
+        if (k == 73 or k == 85 or k == 68) and txn is not None and not self.decoder.in_stream:
+            if self._skipping:
+                return _EMPTY
+            raw = self._raw
+            if not self._raw_open:
+                self._raw_segs.append((len(raw), txn.final_lsn, self._txn_ts, txn.xid, self._seq))
+                self._raw_open = True
+            raw.append(data)
+            self._raw_bytes += len(data)
+            if len(raw) >= RAW_ROWS or self._raw_bytes >= RAW_BYTES:
+                events = self._flush_raw()
+                return [*events, *self._chunk()] if events else self._chunk()
+            return _EMPTY
+        return self.feed(self.decoder.decode(data))
+
+    def _flush_raw(self, chunking: bool = True) -> Sequence[Event]:
+        """Decode the gathered row messages into rows (column-wise; the reference path if need be). Events come only
+        from the reference path (a large transaction's chunk)."""
+        raw, segs, open_run = self._raw, self._raw_segs, self._raw_open
+        had_committed = len(segs) > 1 or not open_run
+        self._raw, self._raw_segs, self._raw_bytes, self._raw_committed, self._raw_open = [], [], 0, 0, False
+        if not raw:
+            return _EMPTY
+        try:
+            rows, kept = decode_rows(raw, self.relations, segs)
+        except Fallback:
+            return self._replay(raw, segs, open_run, chunking)
+        self.dropped += len(raw) - sum(kept)
+        if not open_run:
+            self._out.append_table(rows)
+            if self._txn is not None:
+                self._txn_mark = len(self._out)
+            return _EMPTY
+        mine = kept[-1]
+        self._out.append_table(rows.slice(0, rows.num_rows - mine))
+        if had_committed:
+            self._txn_mark = len(self._out)
+        self._out.append_table(rows.slice(rows.num_rows - mine))
+        self._seq = segs[-1][4] + mine
+        return _EMPTY
+
+    def _replay(self, raw: list[bytes], segs: list[Segment], open_run: bool, chunking: bool) -> Sequence[Event]:
+        """The reference path for a batch: each transaction's messages through the per-message handlers."""
+        saved = (self._txn, self._txn_ts, self._skipping)
+        seq = self._seq
+        events: list[Event] = []
+        bounds = [sg[0] for sg in segs] + [len(raw)]
+        try:
+            for i, (first, lsn, ts, xid, seq0) in enumerate(segs):
+                mine = open_run and i == len(segs) - 1
+                if mine:
+                    self._txn, self._txn_ts, self._skipping = saved
+                    if i:
+                        self._txn_mark = len(self._out)
+                    self._replaying = not chunking
+                else:
+                    self._txn, self._txn_ts, self._skipping = Begin(lsn, ts - PG_EPOCH_UNIX_US, xid), ts, False
+                    self._replaying = True
+                self._seq = seq0
+                for data in raw[first:bounds[i + 1]]:
+                    m = self.decoder.decode(data)
+                    events.extend(self._handlers[type(m)](m))
+                self._replaying = False
+                if mine:
+                    seq = self._seq
+        finally:
+            self._replaying = False
+            self._txn, self._txn_ts, self._skipping = saved
+            self._seq = seq
+        if not open_run and self._txn is not None:
+            self._txn_mark = len(self._out)
+        return events
+
+    def _chunk(self) -> Sequence[Event]:
+        """A non-streamed transaction too large to keep in memory goes to a spill, a chunk at a time."""
+        if not self._replaying and len(self._out) - self._txn_mark >= self.chunk_changes:
+            txn = self._txn
+            assert txn is not None
+            rows = self._out.split(self._txn_mark)
+            assert rows is not None
+            self._spilled = True
+            return (SpillChanges(txn.xid, txn.xid, rows),)
+        return _EMPTY
 
     # -------------------------------------------------------------------------------------------- transactions
 
@@ -252,7 +362,7 @@ class Assembler:
             raise DecodeError(f"Begin of xid {msg.xid} while xid {self._txn.xid} is still open",
                               hint="the replication stream is out of order")
         self._txn = msg
-        self._txn_mark = self._buf.mark()
+        self._txn_mark = len(self._out)
         self._txn_ts = msg.commit_ts + PG_EPOCH_UNIX_US
         self._seq = 0
         self._spilled = False
@@ -267,19 +377,28 @@ class Assembler:
         if msg.commit_lsn != txn.final_lsn:
             raise DecodeError(f"Commit LSN {format_lsn(msg.commit_lsn)} differs from the Begin's final LSN "
                               f"{format_lsn(txn.final_lsn)} (xid {txn.xid})", hint="the replication stream is damaged")
-        self._txn = None
         ts = msg.commit_ts + PG_EPOCH_UNIX_US
         if self._skipping:
+            self._txn = None
             self._skipping = False
             return (SkippedTxn(txn.xid, msg.commit_lsn, msg.end_lsn),)
+        events: list[Event] = []
+        if self._spilled and self._raw:
+            events.extend(self._flush_raw())
+        pending = len(self._raw) - self._raw_segs[-1][0] if self._raw_open else 0
+        rows = len(self._out) - self._txn_mark + pending
+        self._raw_open = False
+        self._raw_committed = len(self._raw)
+        self._txn = None
         if self._spilled:
             self._spilled = False
-            rest = self._buf.cut(self._txn_mark)
-            events: list[Event] = [SpillCommit(txn.xid, msg.commit_lsn, msg.end_lsn, ts)]
-            if len(rest):
-                events.insert(0, SpillChanges(txn.xid, txn.xid, rest.to_arrow()))
+            rest = self._out.split(self._txn_mark)
+            if rest is not None:
+                events.append(SpillChanges(txn.xid, txn.xid, rest))
+            events.append(SpillCommit(txn.xid, msg.commit_lsn, msg.end_lsn, ts))
             return events
-        return (Committed(txn.xid, msg.commit_lsn, msg.end_lsn, ts, len(self._buf) - self._txn_mark[0]),)
+        events.append(Committed(txn.xid, msg.commit_lsn, msg.end_lsn, ts, rows))
+        return events
 
     def _stream_start(self, msg: StreamStart) -> Sequence[Event]:
         events: Sequence[Event] = _EMPTY
@@ -384,20 +503,14 @@ class Assembler:
             raise DecodeError(f"{what} outside a transaction", hint="the replication stream is out of order")
         if self._skipping:
             return None
-        return self._buf, txn.final_lsn, self._seq, self._txn_ts, txn.xid
+        return self._out.buffer, txn.final_lsn, self._seq, self._txn_ts, txn.xid
 
     def _added(self, subxid: int | None) -> Sequence[Event]:
         """After one change was added: keep spills and chunks in step."""
         st = self._stream
         if st is None:
             self._seq += 1
-            if len(self._buf) - self._txn_mark[0] >= self.chunk_changes:
-                txn = self._txn
-                assert txn is not None
-                rows = self._buf.cut(self._txn_mark)
-                self._spilled = True
-                return (SpillChanges(txn.xid, txn.xid, rows.to_arrow()),)
-            return _EMPTY
+            return self._chunk()
         st.seq += 1
         sub = subxid if subxid is not None else st.xid
         if sub != st.subxid:

@@ -138,3 +138,46 @@ def _lists(items: list[tuple[Value, ...]] | list[tuple[str, ...]], valid: list[b
 def to_changes(table: pa.Table) -> Iterator[Change]:
     """An Arrow batch in the log layout -> Change objects (tests, tools)."""
     return table_to_changes(table)
+
+
+class Rows:
+    """Rows in log order: finished Arrow pieces, then a :class:`RowBuffer` tail that one-by-one additions go to.
+    Cutting and taking are zero-copy slices of the pieces."""
+
+    __slots__ = ("buffer", "piece_rows", "pieces")
+
+    def __init__(self) -> None:
+        self.pieces: list[pa.Table] = []
+        self.piece_rows = 0
+        self.buffer = RowBuffer()
+
+    def __len__(self) -> int:
+        return self.piece_rows + len(self.buffer)
+
+    def _seal(self) -> None:
+        if len(self.buffer):
+            t = self.buffer.to_arrow()
+            self.buffer = RowBuffer()
+            self.pieces.append(t)
+            self.piece_rows += t.num_rows
+
+    def append_table(self, table: pa.Table) -> None:
+        if table.num_rows:
+            self._seal()
+            self.pieces.append(table)
+            self.piece_rows += table.num_rows
+
+    def split(self, at: int) -> pa.Table | None:
+        """Remove and return the rows from index ``at`` on (None if there are none)."""
+        if at >= len(self):
+            return None
+        self._seal()
+        whole = pa.concat_tables(self.pieces)
+        tail = whole.slice(at)
+        self.pieces = [whole.slice(0, at)] if at else []
+        self.piece_rows = at
+        return tail
+
+    def take(self) -> pa.Table | None:
+        """Remove and return every row (None if there are none)."""
+        return self.split(0)

@@ -32,7 +32,6 @@ from mirrorline.capture.assembler import (
     SpillChanges,
     SpillCommit,
 )
-from mirrorline.capture.decoder import Decoder
 from mirrorline.capture.source import (
     PublicationReport,
     TypeNames,
@@ -214,13 +213,12 @@ class Capture:
             except psycopg2.Error as e:
                 raise source_error(e, dsn, f"cannot start replication from slot {self.source.slot}") from None
             asm.skip_through = writer.last_lsn
-            decoder = Decoder()
             self._streaming = True
             if not self._started:
                 self._started = True
                 if self.on_ready is not None:
                     self.on_ready(self.stats)
-            self._consume(cur, decoder, asm, writer)
+            self._consume(cur, asm, writer)
         except psycopg2.Error as e:
             if is_transient(e):
                 raise source_error(e, dsn, "replication connection failed") from None
@@ -231,10 +229,9 @@ class Capture:
             except Exception:  # the connection may be dead already
                 log.debug("closing the replication connection failed", exc_info=True)
 
-    def _consume(self, cur: Any, decoder: Decoder, asm: Assembler, writer: LogWriter) -> None:
+    def _consume(self, cur: Any, asm: Assembler, writer: LogWriter) -> None:
         stats = self.stats
-        decode = decoder.decode
-        feed = asm.feed
+        feed = asm.feed_bytes
         read = cur.read_message
         handle = self._handle
         once = self.once
@@ -246,7 +243,7 @@ class Capture:
             msg = read()
             if msg is not None:
                 n += 1
-                events = feed(decode(msg.payload))
+                events = feed(msg.payload)
                 if events:
                     handle(events, asm, writer, cur)
                 if n & 1023 == 0:

@@ -1,0 +1,153 @@
+"""Benchmark: capture throughput against a bare pgoutput receiver and pg_recvlogical (test_decoding), on the same WAL
+in the same run.
+
+Workload: 1,000,000 changes (200,000 inserts, then 800,000 updates over the same keys) in transactions of 1,000.
+Every slot is created before the workload, so each consumer decodes exactly the same WAL:
+
+- ``bare``: a psycopg2 pgoutput receiver (protocol 2, streaming on) that only counts messages;
+- ``recvlogical``: ``pg_recvlogical`` with ``test_decoding`` writing to /dev/null, up to the workload's end LSN;
+- ``capture``: mirrorline's capture (``Capture(once=True)``): decode, assemble, write the change log (Parquet).
+
+Each consumer runs ``--rounds`` times (one slot per round); the figures are medians. Prints one JSON line: changes/s
+of each and the ratios capture/bare and capture/recvlogical (time ratios: 1.0 = as fast, 1.25 = 25% slower).
+
+    .venv/bin/python bench/capture.py [--changes 1000000] [--rounds 3] [--profile]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import psycopg2
+import psycopg2.extras
+
+from mirrorline.capture.session import Capture
+from mirrorline.config import parse as parse_config
+from mirrorline.pgcluster import PgCluster
+from mirrorline.position import format_lsn
+
+TXN = 1000
+
+
+def workload(c: PgCluster, changes: int) -> int:
+    inserts = changes // 5
+    conn = psycopg2.connect(c.dsn())
+    conn.autocommit = False
+    with conn.cursor() as cur:
+        for lo in range(0, inserts, TXN):
+            cur.execute("INSERT INTO bench SELECT g, 0, md5(g::text), now() FROM generate_series(%s, %s) g",
+                        (lo + 1, lo + TXN))
+            conn.commit()
+        for i in range(0, changes - inserts, TXN):
+            lo = i % inserts
+            cur.execute("UPDATE bench SET qty = qty + 1, at = now() WHERE id BETWEEN %s AND %s", (lo + 1, lo + TXN))
+            conn.commit()
+        cur.execute("SELECT pg_current_wal_lsn()::text")
+        (end,) = cur.fetchone()  # type: ignore[misc]
+    conn.close()
+    return int(end.split("/")[0], 16) << 32 | int(end.split("/")[1], 16)
+
+
+def bare(c: PgCluster, slot: str, commits: int) -> tuple[float, int]:
+    conn = psycopg2.connect(c.dsn(), connection_factory=psycopg2.extras.LogicalReplicationConnection)
+    cur = conn.cursor()
+    count = {"msgs": 0, "commits": 0}
+
+    def consume(msg: psycopg2.extras.ReplicationMessage) -> None:
+        count["msgs"] += 1
+        if msg.payload[0] == 67:  # 'C'
+            count["commits"] += 1
+            if count["commits"] >= commits:
+                raise psycopg2.extras.StopReplication
+
+    t0 = time.perf_counter()
+    cur.start_replication(slot_name=slot, decode=False, options={
+        "proto_version": "2", "publication_names": "bench", "streaming": "on"})
+    with contextlib.suppress(psycopg2.extras.StopReplication):
+        cur.consume_stream(consume)
+    elapsed = time.perf_counter() - t0
+    conn.close()
+    return elapsed, count["msgs"]
+
+
+def recvlogical(c: PgCluster, slot: str, end: int) -> float:
+    t0 = time.perf_counter()
+    subprocess.run([c.bin("pg_recvlogical"), "-d", c.dsn(), "--slot", slot, "--start", "-E", format_lsn(end),
+                    "-f", "/dev/null", "--no-loop"], check=True)
+    return time.perf_counter() - t0
+
+
+def capture(c: PgCluster, slot: str, folder: Path, profile: bool) -> tuple[float, int]:
+    config = parse_config({
+        "source": {"dsn": c.dsn(), "slot": slot, "publication": "bench"},
+        "log": {"path": str(folder / slot)},
+        "tables": {"public.bench": {}},
+    }, folder / "bench.toml")
+    cap = Capture(config, once=True)
+    t0 = time.perf_counter()
+    if profile:
+        import cProfile
+        import pstats
+
+        prof = cProfile.Profile()
+        prof.enable()
+        stats = cap.run()
+        prof.disable()
+        pstats.Stats(prof, stream=sys.stderr).sort_stats("tottime").print_stats(25)
+    else:
+        stats = cap.run()
+    return time.perf_counter() - t0, stats.changes
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--changes", type=int, default=1_000_000)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--profile", action="store_true", help="cProfile the capture runs (stderr)")
+    args = ap.parse_args()
+    with PgCluster() as c, tempfile.TemporaryDirectory(prefix="mirrorline-bench-") as tmp:
+        c.execute("CREATE TABLE bench (id bigint PRIMARY KEY, qty int NOT NULL, note text, at timestamptz)")
+        c.execute("CREATE PUBLICATION bench FOR TABLE bench")
+        rounds = range(args.rounds)
+        for r in rounds:
+            c.execute(f"SELECT pg_create_logical_replication_slot('bare_{r}', 'pgoutput')")
+            c.execute(f"SELECT pg_create_logical_replication_slot('recv_{r}', 'test_decoding')")
+            c.execute(f"SELECT pg_create_logical_replication_slot('cap_{r}', 'pgoutput')")
+        t0 = time.perf_counter()
+        end = workload(c, args.changes)
+        load_s = time.perf_counter() - t0
+        commits = args.changes // TXN
+        times: dict[str, list[float]] = {"bare": [], "recvlogical": [], "capture": []}
+        for r in rounds:
+            t, msgs = bare(c, f"bare_{r}", commits)
+            times["bare"].append(t)
+            times["recvlogical"].append(recvlogical(c, f"recv_{r}", end))
+            t, captured = capture(c, f"cap_{r}", Path(tmp), args.profile)
+            if captured != args.changes:
+                raise SystemExit(f"capture got {captured} changes, expected {args.changes}")
+            times["capture"].append(t)
+        med = {k: statistics.median(v) for k, v in times.items()}
+        print(json.dumps({
+            "bench": "capture",
+            "changes": args.changes,
+            "rounds": args.rounds,
+            "workload_s": round(load_s, 2),
+            "bare_msgs": msgs,
+            "seconds": {k: round(v, 3) for k, v in med.items()},
+            "changes_per_s": {k: round(args.changes / v) for k, v in med.items()},
+            "capture_vs_bare": round(med["capture"] / med["bare"], 3),
+            "capture_vs_recvlogical": round(med["capture"] / med["recvlogical"], 3),
+            "all_seconds": {k: [round(x, 3) for x in v] for k, v in times.items()},
+        }))
+
+
+if __name__ == "__main__":
+    main()
