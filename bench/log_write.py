@@ -2,7 +2,9 @@
 
 - write_changes_per_s: 1,000,000 generated changes (transactions of --txn changes) through LogWriter.add_transaction
   from Change objects (built before timing), segments of 100,000 changes, everything durable at the end.
-- write_arrow_per_s: the same through add_transaction with Arrow tables in the log layout (capture's fast path).
+- write_arrow_per_s: the same through add_transaction with one Arrow table per transaction.
+- write_batch_per_s: the same through add_transactions with Arrow tables of --batch changes each holding many
+  whole transactions (capture's path).
 - anchor_parquet_per_s: the anchor: pyarrow writing the same rows as one Parquet file, no log logic.
 - spark_read_per_s: read_spark over the whole log, aggregating every row (count, sum of map sizes, max lsn);
   anchor_spark_per_s: Spark reading one plain Parquet file of the same rows the same way.
@@ -23,7 +25,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from mirrorline.log import ChangeLog, LogWriter, read_spark
-from mirrorline.log.columns import changes_to_arrow
+from mirrorline.log.columns import changes_to_arrow, transactions_to_arrow
 from mirrorline.model import Change, Op
 from mirrorline.position import ZERO
 
@@ -41,11 +43,24 @@ def generate(n: int, txn: int) -> list[list[Change]]:
     return txns
 
 
-def write_log(root: Path, txns: list, base_lsn: int = 1 << 32) -> float:
+BASE_LSN = 1 << 32
+BASE_TS = 1_700_000_000_000_000
+
+
+def write_log(root: Path, txns: list) -> float:
     t0 = time.perf_counter()
     with LogWriter(root, segment_changes=100_000) as w:
         for i, changes in enumerate(txns):
-            w.add_transaction(base_lsn + i * 100, 1_700_000_000_000_000 + i, changes)
+            w.add_transaction(BASE_LSN + i * 100, BASE_TS + i, changes)
+        w.flush()
+    return time.perf_counter() - t0
+
+
+def write_batches(root: Path, batches: list[pa.Table]) -> float:
+    t0 = time.perf_counter()
+    with LogWriter(root, segment_changes=100_000) as w:
+        for b in batches:
+            w.add_transactions(b)
         w.flush()
     return time.perf_counter() - t0
 
@@ -54,20 +69,26 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--changes", type=int, default=1_000_000)
     ap.add_argument("--txn", type=int, default=10, help="changes per transaction")
+    ap.add_argument("--batch", type=int, default=10_000, help="changes per add_transactions call")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--no-spark", action="store_true")
     args = ap.parse_args()
     n = args.changes
     txns = generate(n, args.txn)
     arrow_txns = [changes_to_arrow(c, 0, 0) for c in txns]
-    whole = pa.concat_tables(arrow_txns).combine_chunks()
+    whole = transactions_to_arrow([(BASE_LSN + i * 100, BASE_TS + i, c) for i, c in enumerate(txns)])
+    batches = []
+    for off in range(0, n, args.batch):  # cut at transaction ends
+        batches.append(whole.slice(off, args.batch).combine_chunks())
     tmp = Path(tempfile.mkdtemp(prefix="mirrorline-bench-"))
-    results: dict[str, list[float]] = {"changes": [], "arrow": [], "anchor": [], "spark": [], "anchor_spark": []}
+    results: dict[str, list[float]] = {"changes": [], "arrow": [], "batch": [], "anchor": [], "spark": [],
+                                       "anchor_spark": []}
     try:
         for r in range(args.repeat):
             for kind, data in (("changes", txns), ("arrow", arrow_txns)):
                 root = tmp / f"{kind}{r}"
                 results[kind].append(n / write_log(root, data))
+            results["batch"].append(n / write_batches(tmp / f"batch{r}", batches))
             t0 = time.perf_counter()
             pq.write_table(whole, str(tmp / f"anchor{r}.parquet"), compression="snappy")
             results["anchor"].append(n / (time.perf_counter() - t0))
@@ -99,9 +120,11 @@ def main() -> None:
         "txn_changes": args.txn,
         "write_changes_per_s": round(med["changes"]),
         "write_arrow_per_s": round(med["arrow"]),
+        "write_batch_per_s": round(med["batch"]),
         "anchor_parquet_per_s": round(med["anchor"]),
         "write_vs_anchor": round(med["changes"] / med["anchor"], 3),
         "write_arrow_vs_anchor": round(med["arrow"] / med["anchor"], 3),
+        "write_batch_vs_anchor": round(med["batch"] / med["anchor"], 3),
     }
     if "spark" in med:
         out.update({

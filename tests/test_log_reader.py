@@ -164,3 +164,25 @@ def test_retention_of_everything_and_a_writer_going_on(log):
             w.add_transaction(900, 1, [ch(1)])
         w.add_transaction(1100, 11 * S, [ch(1)])
     assert positions(ChangeLog(root).read(Position(1000, 2))) == [Position(1100, 0)]
+
+
+def test_retention_stopped_half_way_is_consistent_and_finished_later(log, monkeypatch):
+    from mirrorline.log import retention
+
+    set_applied(log, "a", Position(400, 2))
+    removed: list = []
+
+    def crash_after_one(path):
+        if removed:
+            raise KeyboardInterrupt("killed")
+        removed.append(path)
+        path.unlink()
+
+    monkeypatch.setattr(retention, "remove_segment", crash_after_one)
+    with pytest.raises(KeyboardInterrupt):
+        retain(log)
+    assert len(log.segment_files()) == 5  # one of the two doomed segments is still on disk ...
+    assert positions(log.read()) == all_positions()[12:]  # ... but readers already start after it
+    monkeypatch.undo()
+    assert retain(log) == []  # nothing new to remove, the leftover goes
+    assert len(log.segment_files()) == 4

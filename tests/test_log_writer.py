@@ -225,3 +225,50 @@ def test_schema_versions(tmp_path):
         log.schema("public.t", 3)
     with LogWriter(tmp_path) as w:  # a restarted writer continues the numbering
         assert w.record_schema(TableSchema("public.t", cols[:1], ("id",))).version == 3
+
+
+WRITER_LOOP = """
+import sys
+from mirrorline.log import LogWriter
+from mirrorline.model import Change, Op
+from mirrorline.position import ZERO
+w = LogWriter(sys.argv[1], segment_changes=50)
+lsn = w.last_lsn
+print("ready", flush=True)
+while True:
+    lsn += 10
+    w.add_transaction(lsn, lsn, [Change(ZERO, 0, lsn, "public.t", Op.INSERT, (str(i),), {"id": str(i)})
+                                 for i in range(5)])
+    if lsn % 70 == 0:
+        s = w.open_stream(lsn)
+        s.add(lsn, [Change(ZERO, 0, 0, "public.t", Op.INSERT, (str(i),), {"id": str(i)}) for i in range(5)])
+        s.end_block()
+        lsn += 10
+        s.commit(lsn, lsn)
+"""
+
+
+def test_writer_killed_at_any_instant_leaves_only_whole_transactions(tmp_path):
+    import signal
+    import time
+
+    for round_ in range(3):
+        p = subprocess.Popen([sys.executable, "-c", WRITER_LOOP, str(tmp_path)], stdout=subprocess.PIPE, text=True)
+        assert p.stdout is not None and p.stdout.readline().strip() == "ready"
+        deadline = time.monotonic() + 60
+        start = len(names(tmp_path))
+        while len(names(tmp_path)) < start + 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.05 * round_)
+        p.send_signal(signal.SIGKILL)
+        p.wait()
+        log = ChangeLog(tmp_path)
+        by_txn: dict[int, list[int]] = {}
+        for c in log.read():
+            by_txn.setdefault(c.pos.lsn, []).append(c.pos.seq)
+        assert by_txn and all(seqs == [0, 1, 2, 3, 4] for seqs in by_txn.values())
+        assert log.durable() == Position(max(by_txn), 4)
+        with LogWriter(tmp_path) as w:  # reopens: the lock died with the process, leftovers are cleared
+            assert w.durable == log.durable()
+            assert os.listdir(tmp_path / "spill") == []
+        assert not [n for n in names(tmp_path) if n.startswith(".")]

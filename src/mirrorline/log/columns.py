@@ -134,18 +134,19 @@ def with_seq(table: pa.Table, start: int) -> pa.Table:
     return table.set_column(i, ARROW_SCHEMA.field("seq"), arr)
 
 
-def txn_bounds(table: pa.Table) -> list[tuple[int, int, int]]:
-    """``(commit_lsn, first_row, row_count)`` of each transaction in a table of whole transactions (rows in commit
-    order). Raises LogError when commit LSNs go backwards."""
-    lsn = table.column("lsn").to_numpy()
-    if len(lsn) == 0:
-        return []
-    if len(lsn) > 1 and bool(np.any(lsn[1:] < lsn[:-1])):
-        raise LogError("Arrow input rows are not in commit order (lsn goes backwards)",
-                       hint="hand in whole transactions, rows in commit order")
-    starts = np.flatnonzero(np.concatenate(([True], lsn[1:] != lsn[:-1])))
-    ends = np.append(starts[1:], len(lsn))
-    return [(int(lsn[s]), int(s), int(e - s)) for s, e in zip(starts, ends, strict=True)]
+def lsn_span(table: pa.Table) -> tuple[int, int] | None:
+    """``(first, last)`` commit LSN of a table of whole transactions (rows in commit order); None when empty.
+    Raises LogError when commit LSNs go backwards."""
+    n = table.num_rows
+    if n == 0:
+        return None
+    lsn = table.column("lsn")
+    if n > 1:
+        arr = lsn.to_numpy()
+        if bool(np.any(arr[1:] < arr[:-1])):
+            raise LogError("Arrow input rows are not in commit order (lsn goes backwards)",
+                           hint="hand in whole transactions, rows in commit order")
+    return int(lsn[0].as_py()), int(lsn[-1].as_py())
 
 
 def ts_range(table: pa.Table) -> tuple[int, int]:

@@ -67,16 +67,7 @@ class ChangeLog:
 
     def segments(self) -> list[SegmentInfo]:
         """Every retained segment in log order, their chain checked."""
-        self.layout.require()
-        names = sorted(n for n in os.listdir(self.layout.segments) if parse_segment_name(n))
-        infos = []
-        for n in names:
-            info = self._infos.get(n)
-            if info is None:
-                info = self._infos[n] = read_info(self.layout.segments / n)
-            infos.append(info)
-        for gone in set(self._infos) - set(names):
-            del self._infos[gone]
+        infos = self.segment_files()
         retained = self.retained()
         if retained is not None:
             infos = [i for i in infos if i.last > retained.after]
@@ -88,6 +79,20 @@ class ChangeLog:
                     f"has {prev if prev is not None else 'nothing'} before it)",
                     hint="restore the missing segment from a backup, or rebuild the log", segment=info.name)
             prev = info.last
+        return infos
+
+    def segment_files(self) -> list[SegmentInfo]:
+        """Every segment on disk in log order, including any that retention was removing when it stopped."""
+        self.layout.require()
+        names = sorted(n for n in os.listdir(self.layout.segments) if parse_segment_name(n))
+        infos = []
+        for n in names:
+            info = self._infos.get(n)
+            if info is None:
+                info = self._infos[n] = read_info(self.layout.segments / n)
+            infos.append(info)
+        for gone in set(self._infos) - set(names):
+            del self._infos[gone]
         return infos
 
     def start(self) -> Position | None:

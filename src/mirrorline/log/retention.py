@@ -63,6 +63,11 @@ def readers(log: ChangeLog) -> dict[str, ReaderState]:
 
 def retain(log: ChangeLog, keep_nothing: bool = False) -> list[str]:
     """Delete whole segments every registered reader has applied; returns their names (oldest first)."""
+    old = read_retained(log.layout)
+    if old is not None:  # a retention run that stopped half-way: finish it
+        for s in log.segment_files():
+            if s.last <= old.after:
+                remove_segment(s.path)
     states = readers(log)
     if not states and not keep_nothing:
         return []
@@ -74,7 +79,6 @@ def retain(log: ChangeLog, keep_nothing: bool = False) -> list[str]:
     doomed = [s for s in segs if bound is None or s.last <= bound]
     if not doomed:
         return []
-    old = read_retained(log.layout)
     max_ts = max([s.max_ts for s in doomed] + ([old.max_ts] if old else []))
     last = doomed[-1].last
     # record where the log now starts before anything goes, so a crash mid-way leaves a consistent log

@@ -16,7 +16,7 @@ import numpy as np
 import pyarrow as pa
 
 from mirrorline.errors import LogError
-from mirrorline.log.columns import conform, transactions_to_arrow, ts_range, txn_bounds
+from mirrorline.log.columns import conform, lsn_span, transactions_to_arrow, ts_range
 from mirrorline.log.layout import Layout, SegmentInfo, parse_segment_name, read_json, segment_name
 from mirrorline.log.rows import ARROW_SCHEMA
 from mirrorline.log.schemas import SchemaStore
@@ -169,13 +169,13 @@ class LogWriter:
     def add_transactions(self, table: pa.Table | pa.RecordBatch) -> None:
         """Buffer many whole transactions at once: rows in commit order with their own lsn, seq, ts and xid."""
         t = conform(table)
-        bounds = txn_bounds(t)
-        if not bounds:
+        span = lsn_span(t)
+        if span is None:
             return
-        self._check_lsn(bounds[0][0])
+        self._check_lsn(span[0])
         self._materialize()
         self._pieces.append(t)
-        self._buffered(t.num_rows, bounds[-1][0])
+        self._buffered(t.num_rows, span[1])
 
     def _materialize(self) -> None:
         """Turn the buffered transactions not yet in Arrow form (or lacking lsn/ts) into one piece."""
@@ -219,7 +219,9 @@ class LogWriter:
         if not self._pending:
             return self._durable
         self._materialize()
-        table = pa.concat_tables(self._pieces).combine_chunks()
+        table = pa.concat_tables(self._pieces)
+        if len(self._pieces) > 16:
+            table = table.combine_chunks()  # many small pieces would make tiny Parquet pages
         lsn, seq = table.column("lsn"), table.column("seq")
         first = Position(lsn[0].as_py(), seq[0].as_py())
         last = Position(lsn[-1].as_py(), seq[-1].as_py())
