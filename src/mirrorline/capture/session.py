@@ -69,6 +69,8 @@ class CaptureStats:
     transactions: int = 0
     streamed: int = 0
     skipped: int = 0
+    aborted: int = 0  # streamed transactions aborted (whole)
+    aborted_subxacts: int = 0  # subtransactions of streamed transactions aborted
     changes: int = 0
     messages: int = 0
     reconnects: int = 0
@@ -301,7 +303,6 @@ class Capture:
             if cls is Committed:
                 assert isinstance(ev, Committed)
                 stats.transactions += 1
-                stats.changes += ev.rows
                 stats.received_lsn = ev.end_lsn
                 self._ends.append((ev.commit_lsn, ev.end_lsn, ev.rows))
                 if asm.buffered >= TAKE_ROWS:
@@ -335,11 +336,14 @@ class Capture:
             elif cls is SpillAbort:
                 assert isinstance(ev, SpillAbort)
                 spill = self._spills.get(ev.xid)
-                if spill is not None:
-                    if ev.subxid == ev.xid:
+                if ev.subxid == ev.xid:
+                    stats.aborted += cur is not None
+                    if spill is not None:
                         self._spills.pop(ev.xid)
                         spill.abort()
-                    else:
+                else:
+                    stats.aborted_subxacts += 1
+                    if spill is not None:
                         spill.abort_subxact(ev.subxid)
             elif cls is SkippedTxn:
                 assert isinstance(ev, SkippedTxn)
@@ -351,6 +355,7 @@ class Capture:
         rows = asm.take()
         if rows is not None:
             writer.add_transactions(rows)
+            self.stats.changes += rows.num_rows
 
     def _feedback(self, cur: Any, asm: Assembler, writer: LogWriter, force: bool = False) -> None:
         """Report as flushed the end of the last transaction that is durable (and everything before it is)."""
@@ -360,9 +365,10 @@ class Capture:
         durable_lsn = durable.lsn if durable is not None else 0
         ends = self._ends
         flushed = self.stats.durable_lsn
-        while ends and (ends[0][2] == 0 or ends[0][0] <= durable_lsn):
+        settled = not asm.buffered and not writer.pending  # every transaction received whole is in the log
+        while ends and (settled or ends[0][2] == 0 or ends[0][0] <= durable_lsn):
             flushed = max(flushed, ends.popleft()[1])
-        if not ends and not asm.in_transaction and not asm.buffered and not writer.pending:
+        if not ends and not asm.in_transaction and settled:
             # nothing received is waiting: the server's WAL end is a transaction boundary for us
             flushed = max(flushed, self._wal_end)
         if flushed > self.stats.durable_lsn or force:

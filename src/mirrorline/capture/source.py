@@ -8,6 +8,7 @@ error before anything streams. Errors never show a password (:func:`mirrorline.c
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,6 +24,10 @@ log = logging.getLogger(__name__)
 # SQLSTATEs after which trying again can help: connection failures, shutdowns, the slot still held by a walsender
 # that has not yet noticed its client died.
 _TRANSIENT_STATES = ("08", "57P01", "57P02", "57P03", "55006", "53300")
+# Connection failures carry no SQLSTATE in the driver: these texts mean the credentials were refused.
+_AUTH_RE = re.compile(r'password authentication failed|no password supplied|no pg_hba\.conf entry|'
+                      r'role ".*" does not exist|authentication failed|must be superuser or replication role|'
+                      r'permission denied to start WAL sender|is not permitted to log in')
 
 
 def is_transient(e: Exception) -> bool:
@@ -44,13 +49,14 @@ def source_error(e: Exception, dsn: str, doing: str) -> SourceError:
 
     text = str(e).strip()
     first = next((ln.strip() for ln in text.splitlines() if ln.strip()), type(e).__name__)
-    if first.startswith("FATAL:"):
-        first = first[len("FATAL:"):].strip()
+    first = re.sub(r"\b(FATAL|ERROR):\s+", "", first)
     where = redact_dsn(dsn)
     code = getattr(e, "pgcode", None)
-    if (code and code.startswith("28")) or "password authentication failed" in text or "no password supplied" in text:
+    if (code and code.startswith("28")) or _AUTH_RE.search(text):
         return SourceError(f"{doing}: {first}", hint="check the user in [source] dsn and PGPASSWORD / ~/.pgpass",
                            dsn=where)
+    if code == "3D000" or ("database" in text and "does not exist" in text):
+        return SourceError(f"{doing}: {first}", hint="check the database name in [source] dsn", dsn=where)
     if is_transient(e):
         hint = "is the server running and reachable?" if isinstance(e, psycopg2.OperationalError) else None
         return TransientSourceError(f"{doing}: {first}", hint=hint, dsn=where, sqlstate=code)

@@ -1,0 +1,182 @@
+"""The source side of capture against a real PostgreSQL: configured tables checked (missing table, no usable key),
+the publication reconciled with the configuration at every start (and what changed reported), the slot, and the
+`mirrorline capture` command's one-line errors and exit codes."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mirrorline.capture.source import connect, describe_tables, ensure_slot, reconcile_publication
+from mirrorline.config import Config, parse
+from mirrorline.errors import ConfigError, SourceError
+from mirrorline.log.reader import ChangeLog
+from mirrorline.pgcluster import free_port
+
+pytestmark = pytest.mark.pg
+
+
+def config(dsn: str, folder: Path, tables: dict[str, dict[str, Any]]) -> Config:
+    return parse({"source": {"dsn": dsn}, "log": {"path": str(folder / "log")}, "tables": tables},
+                 folder / "mirrorline.toml")
+
+
+def write_config(folder: Path, dsn: str, tables: list[str], extra: str = "") -> Path:
+    body = f'[source]\ndsn = "{dsn}"\n[log]\npath = "log"\n' + "".join(f'[tables."{t}"]\n' for t in tables) + extra
+    path = folder / "mirrorline.toml"
+    path.write_text(body)
+    return path
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "mirrorline.cli.main", "capture", *args], capture_output=True,
+                          text=True, timeout=120)
+
+
+@pytest.fixture
+def conn(pg: Any) -> Any:
+    c = connect(pg.dsn)
+    yield c
+    c.close()
+
+
+def test_tables_keys_and_identities(pg: Any, conn: Any, tmp_path: Path) -> None:
+    pg.execute("""
+        CREATE TABLE pk (id int PRIMARY KEY, v text NOT NULL);
+        CREATE TABLE full_t (a int, b text); ALTER TABLE full_t REPLICA IDENTITY FULL;
+        CREATE TABLE idx (a int NOT NULL, b int NOT NULL, c text);
+        CREATE UNIQUE INDEX idx_ab ON idx (b, a); ALTER TABLE idx REPLICA IDENTITY USING INDEX idx_ab;
+    """)
+    tables = describe_tables(conn, config(pg.dsn, tmp_path, {"public.pk": {}, "public.full_t": {},
+                                                             "public.idx": {"key": ["a"]}}))
+    assert tables["public.pk"].primary_key == ("id",) and tables["public.pk"].info.not_null == {"id", "v"}
+    assert tables["public.full_t"].identity == ("a", "b") and tables["public.full_t"].primary_key == ()
+    assert tables["public.idx"].identity == ("b", "a") and tables["public.idx"].info.key == ("a",)
+    assert [c.type_name for c in tables["public.pk"].columns] == ["integer", "text"]
+
+
+@pytest.mark.parametrize(("setup", "tables", "message"), [
+    ("", {"public.nope": {}}, r'tables\."public\.nope": no table public\.nope in the source database'),
+    ("CREATE TABLE t (a int)", {"public.t": {}}, "has no primary key and no REPLICA IDENTITY FULL"),
+    ("CREATE TABLE t (a int PRIMARY KEY); ALTER TABLE t REPLICA IDENTITY NOTHING", {"public.t": {}},
+     "REPLICA IDENTITY NOTHING"),
+    ("CREATE VIEW t AS SELECT 1 AS a", {"public.t": {}}, "is a view"),
+    ("CREATE TABLE t (a int PRIMARY KEY, b int)", {"public.t": {"key": ["b"]}}, "not in public.t's replica identity"),
+    ("CREATE TABLE t (a int PRIMARY KEY)", {"public.t": {"key": ["zz"]}}, "has no column"),
+    ("CREATE TABLE t (a text, b jsonb); ALTER TABLE t REPLICA IDENTITY FULL", {"public.t": {}}, "no usable key"),
+])
+def test_tables_that_cannot_be_captured_are_clear_errors(pg: Any, conn: Any, tmp_path: Path, setup: str,
+                                                        tables: dict[str, Any], message: str) -> None:
+    if setup:
+        pg.execute(setup)
+    with pytest.raises(ConfigError, match=message) as e:
+        describe_tables(conn, config(pg.dsn, tmp_path, tables))
+    assert e.value.exit_code == 2 and "mirrorline.toml" in str(e.value)
+
+
+def test_publication_is_reconciled_with_the_configuration(pg: Any, conn: Any) -> None:
+    pg.execute("CREATE TABLE a (id int PRIMARY KEY); CREATE TABLE b (id int PRIMARY KEY); "
+               'CREATE SCHEMA "Odd"; CREATE TABLE "Odd"."c d" (id int PRIMARY KEY)')
+    r = reconcile_publication(conn, "pub", ["public.a", "public.b"])
+    assert (r.created, r.added, r.removed) == (True, ["public.a", "public.b"], [])
+    r = reconcile_publication(conn, "pub", ["public.a", "public.b"])
+    assert not r.changed and r.summary() == "publication pub: unchanged"
+    r = reconcile_publication(conn, "pub", ["public.b", "Odd.c d"])
+    assert (r.created, r.added, r.removed) == (False, ["Odd.c d"], ["public.a"])
+    assert r.summary() == "publication pub: added Odd.c d; removed public.a"
+    rows = pg.execute("SELECT schemaname || '.' || tablename FROM pg_publication_tables WHERE pubname = 'pub' "
+                      "ORDER BY 1")
+    assert rows == [("Odd.c d",), ("public.b",)]
+    pg.execute("ALTER PUBLICATION pub SET (publish = 'insert')")
+    r = reconcile_publication(conn, "pub", ["public.b", "Odd.c d"])
+    assert r.publish_fixed
+    assert pg.execute("SELECT pubupdate AND pubdelete AND pubtruncate FROM pg_publication") == [(True,)]
+
+
+def test_publication_for_all_tables_is_refused(pg: Any, conn: Any) -> None:
+    pg.execute("CREATE TABLE a (id int PRIMARY KEY); CREATE PUBLICATION everything FOR ALL TABLES")
+    with pytest.raises(SourceError, match="FOR ALL TABLES"):
+        reconcile_publication(conn, "everything", ["public.a"])
+
+
+def test_slot_created_once_and_a_foreign_slot_refused(pg: Any, conn: Any) -> None:
+    assert ensure_slot(conn, "s1") is True
+    assert ensure_slot(conn, "s1") is False
+    pg.execute("SELECT pg_create_logical_replication_slot('s2', 'test_decoding')")
+    with pytest.raises(SourceError, match="plugin test_decoding"):
+        ensure_slot(conn, "s2")
+
+
+# ------------------------------------------------------------------------------------------------ the command
+
+
+def test_capture_command_reports_reconcile_and_captures(pg: Any, tmp_path: Path) -> None:
+    pg.execute("CREATE TABLE a (id int PRIMARY KEY); CREATE TABLE b (id int PRIMARY KEY)")
+    r = run_cli("--once", "-c", str(write_config(tmp_path, pg.dsn, ["public.a"])))
+    assert r.returncode == 0, r.stderr
+    assert "publication mirrorline: created; added public.a" in r.stderr
+    assert "replication slot mirrorline created" in r.stderr
+    pg.execute("INSERT INTO a VALUES (1), (2)")
+    r = run_cli("--once", "-c", str(write_config(tmp_path, pg.dsn, ["public.a", "public.b"])))
+    assert r.returncode == 0, r.stderr
+    assert "publication mirrorline: added public.b" in r.stderr and "captured 2 changes in 1 transactions" in r.stderr
+    pg.execute("INSERT INTO b VALUES (1)")
+    pg.execute("INSERT INTO a VALUES (3)")  # committed while a is published, but a is no longer configured
+    r = run_cli("--once", "-c", str(write_config(tmp_path, pg.dsn, ["public.b"])))
+    assert r.returncode == 0, r.stderr
+    assert "publication mirrorline: removed public.a" in r.stderr and "captured 1 changes" in r.stderr
+    pg.execute("INSERT INTO a VALUES (4)")  # not published any more
+    pg.execute("INSERT INTO b VALUES (2)")
+    r = run_cli("--once", "-c", str(write_config(tmp_path, pg.dsn, ["public.b"])))
+    assert r.returncode == 0, r.stderr
+    assert "publication mirrorline: unchanged" in r.stderr and "captured 1 changes" in r.stderr
+    keys = [(c.table, c.key) for c in ChangeLog(tmp_path / "log").read()]
+    assert keys == [("public.a", ("1",)), ("public.a", ("2",)), ("public.b", ("1",)), ("public.b", ("2",))]
+
+
+def _one_line_error(r: subprocess.CompletedProcess[str]) -> str:
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1, r.stderr
+    assert "Traceback" not in r.stderr
+    return lines[0]
+
+
+def test_unreachable_server_is_one_line_exit_3(tmp_path: Path) -> None:
+    cfg = write_config(tmp_path, f"postgresql://app:s3cret@127.0.0.1:{free_port()}/app", ["public.a"])
+    r = run_cli("--once", "-c", str(cfg))
+    line = _one_line_error(r)
+    assert r.returncode == 3
+    assert line.startswith("mirrorline capture: cannot connect to the source") and "s3cret" not in r.stderr
+    assert "is the server running" in line
+
+
+def test_wrong_credentials_are_one_line_exit_3_without_the_password(pg: Any, tmp_path: Path) -> None:
+    dsn = pg.dsn.replace("user=postgres", "user=nobody password=hunter2")
+    cfg = write_config(tmp_path, dsn, ["public.a"])
+    r = run_cli("--once", "-c", str(cfg))
+    line = _one_line_error(r)
+    assert r.returncode == 3
+    assert 'role "nobody" does not exist' in line and "PGPASSWORD" in line and "hunter2" not in r.stderr
+
+
+def test_missing_table_is_one_line_exit_2(pg: Any, tmp_path: Path) -> None:
+    cfg = write_config(tmp_path, pg.dsn, ["public.missing"])
+    r = run_cli("--once", "-c", str(cfg))
+    line = _one_line_error(r)
+    assert r.returncode == 2
+    assert 'tables."public.missing": no table public.missing in the source database' in line
+    assert pg.execute("SELECT count(*) FROM pg_replication_slots") == [(0,)]  # nothing started
+
+
+def test_no_source_or_no_tables_is_a_configuration_error(pg: Any, tmp_path: Path) -> None:
+    path = tmp_path / "m.toml"
+    path.write_text('[log]\npath = "log"\n')
+    r = run_cli("-c", str(path))
+    assert r.returncode == 2 and "source: is required for capture" in _one_line_error(r)
+    cfg = write_config(tmp_path, pg.dsn, [])
+    r = run_cli("-c", str(cfg))
+    assert r.returncode == 2 and "tables: no tables configured" in _one_line_error(r)
