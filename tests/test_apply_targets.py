@@ -228,3 +228,18 @@ def test_per_table_positions_let_a_restart_apply_only_what_is_missing(kind: str,
     assert res.applied == ["public.orders"] and res.skipped == ["public.items"]
     assert fetch(t, "public.orders", ["id", "item"]) == [(1, 500)]
     assert t.applied_position() == P(0x200)
+
+
+def test_a_unit_that_would_skip_or_repeat_changes_is_refused(spark: Any, request: Any, tmp_path: Path) -> None:
+    t = open_target("sqlite", request, tmp_path, threads=2)
+    seed(spark, t)  # applied up to 0/100
+    gap = batch(spark, [net("public.items", "D", [1])], P(0x150), P(0x200))
+    with pytest.raises(TargetError, match="skip the changes in between"):
+        t.apply(gap, SCHEMAS)
+    t.apply(batch(spark, [net("public.orders", "I", [1], {"id": 1, "item": 1, "status": "a"})], P(0x100), P(0x180)),
+            SCHEMAS)
+    # the target is at 0/180 now: a unit 0/100..0/200 would apply 0/100..0/180 a second time
+    both = batch(spark, [net("public.items", "D", [1]), net("public.orders", "D", [1])], P(0x100), P(0x200))
+    with pytest.raises(TargetError, match="twice"):
+        t.apply(both, SCHEMAS)
+    assert len(fetch(t, "public.items", COLS)) == 5

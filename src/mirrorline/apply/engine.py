@@ -80,6 +80,12 @@ class ApplyResult:
     rejects: int = 0
     serial: list[str] = field(default_factory=list)  # tables that went through the failure path
     seconds: float = 0.0
+    phases: dict[str, float] = field(default_factory=dict)  # seconds: stage (fetch + load worktables), delete, ...
+
+    def timed(self, phase: str, since: float) -> float:
+        now = time.monotonic()
+        self.phases[phase] = self.phases.get(phase, 0.0) + now - since
+        return now
 
     @property
     def noop(self) -> bool:
@@ -209,7 +215,19 @@ class Target(ABC):
         if state.unit_end >= batch.end:
             result.skipped = tables
             return result
+        if batch.start > state.position:
+            raise TargetError(
+                f"target {self.name}: the unit starts at {batch.start} but the target has applied only up to "
+                f"{state.position}; applying it would skip the changes in between",
+                hint="apply the units from the target's applied position", target=self.name,
+                position=str(state.position))
         todo = [t for t in tables if state.table(t) < batch.end]
+        inside = [t for t in todo if batch.start < state.table(t)]
+        if inside:
+            raise TargetError(
+                f"target {self.name}: {', '.join(inside)} already applied up to {state.table(inside[0])}, inside the "
+                f"unit {batch.start}..{batch.end}; applying the unit would apply those changes twice",
+                hint="re-form the interrupted unit with the same end (see applied_positions())", target=self.name)
         result.skipped = [t for t in tables if t not in todo]
         missing = [t for t in todo if t not in schemas]
         if missing:
@@ -271,9 +289,11 @@ class Target(ABC):
         try:
             s.begin()
             for t in tables:
-                counts[t] = self._bulk_table(s, stager, schemas[t], batch)
+                counts[t] = self._bulk_table(s, stager, schemas[t], batch, result)
             self._write_positions(s, tables, batch.end, unit)
+            t0 = time.monotonic()
             s.commit()
+            result.timed("commit", t0)
         except Exception as e:
             with contextlib.suppress(Exception):
                 s.rollback()
@@ -297,31 +317,41 @@ class Target(ABC):
                 result.rows[t] = counts[t]
         result.applied.extend(tables)
 
-    def _bulk_table(self, s: Session, stager: Stager, ts: TableSchema, batch: NetBatch) -> dict[str, int]:
+    def _bulk_table(self, s: Session, stager: Stager, ts: TableSchema, batch: NetBatch,
+                    result: ApplyResult) -> dict[str, int]:
         d = self.dialect
         counts = {"D": 0, "U": 0, "I": 0}
+        t0 = time.monotonic()
         if ts.table in batch.truncated:
             s.execute(d.truncate(ts.table))
+            t0 = result.timed("truncate", t0)
         staged = stager.stage(s, ts, "D")
+        t0 = result.timed("stage", t0)
         if staged:
             name, n = staged
             got = s.dml(d.join_delete(ts, name))
             if got != n:
                 raise _Mismatch(ts.table, "D", n, got)
             counts["D"] = n
+            t0 = result.timed("delete", t0)
         staged = stager.stage(s, ts, "U")
+        t0 = result.timed("stage", t0)
         if staged:
             name, n = staged
             self._bulk_updates(s, ts, name, n)
             counts["U"] = n
+            t0 = result.timed("update", t0)
         staged = stager.stage(s, ts, "I")
+        t0 = result.timed("stage", t0)
         if staged:
             name, n = staged
             got = s.dml(d.insert_select(ts, name, ts.column_names))
             if got != n:
                 raise _Mismatch(ts.table, "I", n, got)
             counts["I"] = n
+            t0 = result.timed("insert", t0)
         stager.finish(s, ts.table)
+        result.timed("stage", t0)
         return counts
 
     def _bulk_updates(self, s: Session, ts: TableSchema, work: str, n: int) -> None:

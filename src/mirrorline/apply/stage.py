@@ -7,12 +7,14 @@ from __future__ import annotations
 import itertools
 import threading
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from mirrorline.apply import rows as R
 from mirrorline.apply.session import Session
+from mirrorline.apply.sql import MASK_COL, MASK_SEP, key_col
 from mirrorline.model import TableSchema
 
 if TYPE_CHECKING:
@@ -37,43 +39,67 @@ class Stager(ABC):
 
 
 class ArrowStager(Stager):
+    """Net rows to the driver as Arrow. A small unit comes in one collect and is flattened with pyarrow; a large one
+    comes table by table, flattened by Spark (``new['col']`` per column), which keeps Spark's map conversion out of
+    the collect and bounds the driver's memory to one table."""
+
     def __init__(self, batch: NetBatch, whole: bool) -> None:
         self.batch = batch
         self._whole: pa.Table | None = None
-        self._by_table: dict[str, pa.Table] = {}
+        self._flat: dict[str, dict[str, pa.Table]] = {}
         self._lock = threading.Lock()
         self._load_whole = whole
         self._names: dict[tuple[int, str], list[str]] = {}
 
-    def rows(self, table: str) -> pa.Table:
+    def flat(self, ts: TableSchema) -> dict[str, pa.Table]:
+        """The table's worktable rows per kind."""
         with self._lock:
-            if table in self._by_table:
-                return self._by_table[table]
-            if self._load_whole:
-                if self._whole is None:
-                    self._whole = _to_arrow(self.batch.net)
-                got = R.select(self._whole, table)
-            else:
-                from pyspark.sql import functions as F
-
-                got = _to_arrow(self.batch.net.where(F.col("table") == table))
-            self._by_table[table] = got
-            return got
+            if ts.table not in self._flat:
+                if self._load_whole:
+                    if self._whole is None:
+                        self._whole = _to_arrow(self.batch.net)
+                    rows = R.select(self._whole, ts.table)
+                    self._flat[ts.table] = {k: R.flatten(R.select(rows, ts.table, k), ts, k) for k in R.KINDS}
+                else:
+                    self._flat[ts.table] = _split(_to_arrow(spark_flatten(self.batch.net, ts)), ts)
+            return self._flat[ts.table]
 
     def stage(self, s: Session, ts: TableSchema, kind: str) -> tuple[str, int] | None:
-        net = R.select(self.rows(ts.table), ts.table, kind)
-        if net.num_rows == 0:
+        data = self.flat(ts)[kind]
+        if data.num_rows == 0:
             return None
         name = f"mirrorline_w{next(_ids)}_{kind.lower()}"
-        s.load(name, R.work_columns(ts, kind), R.flatten(net, ts, kind))
+        s.load(name, R.work_columns(ts, kind), data)
         self._names.setdefault((id(s), ts.table), []).append(name)
-        return name, net.num_rows
+        return name, data.num_rows
 
     def finish(self, s: Session, table: str) -> None:
         for name in self._names.pop((id(s), table), []):
             s.execute(s.dialect.drop_table(name))
         with self._lock:
-            self._by_table.pop(table, None)
+            self._flat.pop(table, None)
+
+
+def spark_flatten(net: Any, ts: TableSchema) -> Any:
+    """One table's net rows flattened by Spark: kind, the key as _ml_k*, every column, the unchanged mask."""
+    from pyspark.sql import functions as F
+
+    cols = [F.col("kind")]
+    cols += [F.col("key")[i].alias(key_col(i)) for i in range(len(ts.key))]
+    cols += [F.col("new")[c].alias(f"_ml_c{j}") for j, c in enumerate(ts.column_names)]
+    cols.append(F.coalesce(F.array_join("unchanged", MASK_SEP), F.lit("")).alias(MASK_COL))
+    return net.where(F.col("table") == ts.table).select(*cols)
+
+
+def _split(flat: pa.Table, ts: TableSchema) -> dict[str, pa.Table]:
+    by_name = {c: f"_ml_c{j}" for j, c in enumerate(ts.column_names)}
+    out = {}
+    for kind in R.KINDS:
+        part = flat.filter(pc.equal(flat["kind"], kind))
+        names = R.work_columns(ts, kind)
+        out[kind] = pa.table([part[by_name.get(c, c)] if c in by_name and not c.startswith("_ml_k")
+                              else part[c] for c in names], names=names)
+    return out
 
 
 def _to_arrow(df: object) -> pa.Table:
