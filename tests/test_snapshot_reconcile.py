@@ -61,8 +61,6 @@ def test_targets_and_tables_added_while_live(pg: Any, spark: Any, tmp_path: Path
                            {"public.items": {}}, "two.toml")
         done = {r.target: r for r in reconcile_targets(two, options=SMALL)}
         assert done["dw"].whole and not done["cache"].loaded
-        catch_up(two, "cache")
-        catch_up(two, "dw")
     finally:
         work.stop()
         cap.stop()

@@ -40,6 +40,7 @@ from mirrorline.snapshot.tasks import pipe_chunk, write_chunk
 log = logging.getLogger("mirrorline.snapshot")
 
 DEFAULT_CHUNK_MB = 128
+STAGED_CHUNK_MB = 16  # chunks staged as files for a SQLite / DuckDB target are at most this large
 
 
 @dataclass
@@ -160,11 +161,12 @@ def snapshot_target(config: Config, name: str, *, tables: Iterable[str] | None =
             schemas = [s.schema for s in stats.values()]
             target.ensure_schema(schemas)
             _register(config.log.path, name, cp.position)
-            chunks = plan_chunks(stats.values(), _chunk_blocks(opts), _parallelism())
             whole = only is None
             if target.kind == "postgresql":
+                chunks = plan_chunks(stats.values(), _chunk_blocks(opts), _parallelism())
                 rows = _wire_postgres(config, target, cp, stats, chunks, whole, opts)
-            else:
+            else:  # smaller chunks: the driver starts loading as soon as the first one is there
+                chunks = plan_chunks(stats.values(), _chunk_blocks(opts, STAGED_CHUNK_MB), _parallelism())
                 rows = _wire_staged(config, target, cp, stats, chunks, whole, opts)
     finally:
         target.close()
@@ -175,8 +177,26 @@ def snapshot_target(config: Config, name: str, *, tables: Iterable[str] | None =
     return res
 
 
-def _chunk_blocks(opts: Options) -> int:
-    return max(int(opts.chunk_mb * (1 << 20) / 8192), 1)
+def _chunk_blocks(opts: Options, cap_mb: float | None = None) -> int:
+    mb = min(opts.chunk_mb, cap_mb) if cap_mb is not None else opts.chunk_mb
+    return max(int(mb * (1 << 20) / 8192), 1)
+
+
+def _copy_format(target: Target, stats: dict[str, TableStat]) -> dict[str, str]:
+    """Binary COPY between PostgreSQL servers when every column of the target's table has exactly the source
+    column's type and that type is built in (its binary form is then the same on both); text otherwise."""
+    out = {t: "text" for t in stats}
+    s = target.session()
+    try:
+        for t, st in stats.items():
+            got = dict(s.query("SELECT attname, format_type(atttypid, atttypmod) FROM pg_attribute "
+                               "WHERE attrelid = to_regclass(%s) AND attnum > 0 AND NOT attisdropped",
+                               (target.dialect.table(t),)))
+            if all(0 < c.type_oid < 10000 and got.get(c.name) == c.type_name for c in st.schema.columns):
+                out[t] = "binary"
+    finally:
+        s.close()
+    return out
 
 
 def _parallelism() -> int:
@@ -209,6 +229,7 @@ def _wire_postgres(config: Config, target: Target, cp: ConsistentPoint, stats: d
     d = target.dialect
     group = f"mirrorline-snapshot-{load_id}"
     rows = {t: 0 for t in stats}
+    fmt = _copy_format(target, stats)
     est = sum(s.rows for s in stats.values())
     prog = Progress(f"snapshot {target.name}", len(chunks), est, every=opts.progress_every,
                     poll=_spark_poll(group, est, len(chunks)))
@@ -216,8 +237,8 @@ def _wire_postgres(config: Config, target: Target, cp: ConsistentPoint, stats: d
         for i, grp in enumerate(_groups(chunks, stats)):
             specs = [{
                 "source_dsn": config.source.dsn, "snapshot": cp.snapshot, "table": c.table,
-                "copy_out": copy_out_sql(stats[c.table].schema, c, "text"), "target_dsn": target.location,
-                "copy_in": copy_in_sql(d.table(c.table), stats[c.table].schema.column_names, "text"),
+                "copy_out": copy_out_sql(stats[c.table].schema, c, fmt[c.table]), "target_dsn": target.location,
+                "copy_in": copy_in_sql(d.table(c.table), stats[c.table].schema.column_names, fmt[c.table]),
                 "load_id": load_id, "chunk_id": chunks.index(c),
             } for c in grp]
             for r in run_tasks(pipe_chunk, specs, group, f"snapshot of {target.name} (group {i + 1})"):

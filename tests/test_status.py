@@ -1,0 +1,41 @@
+"""Status figures: warnings for a slow target and a growing slot, and the Prometheus text exposition."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from mirrorline import config as C
+from mirrorline.position import Position
+from mirrorline.status import Status, TargetStatus, _warn, render_prometheus, write_prometheus
+
+
+def _status() -> Status:
+    return Status(source="host=x", slot="mirrorline", current_lsn=5 << 30, slot_confirmed_lsn=1 << 20,
+                  slot_retained_bytes=3 << 30, log_durable=Position(4 << 30, 2), log_bytes=2 << 30, log_segments=9,
+                  targets=[TargetStatus("fast", "sqlite", "live", Position(4 << 30, 2), 0.0, 0),
+                           TargetStatus("slow", "postgresql", "catching up", Position(1 << 20, 0), 900.0,
+                                        (5 << 30) - (1 << 20))])
+
+
+def test_warnings_name_the_slow_target_and_the_slot(tmp_path: Path) -> None:
+    st = _status()
+    cfg = C.parse({}, tmp_path / "x.toml")
+    _warn(cfg, st)
+    assert any("target slow" in w and "log keeps everything" in w for w in st.warnings)
+    assert any("slot mirrorline retains 3.0 GB" in w for w in st.warnings)
+    assert "warning: target slow" in st.text()
+
+
+def test_prometheus_text(tmp_path: Path) -> None:
+    st = _status()
+    text = render_prometheus(st)
+    assert "# TYPE mirrorline_target_lag_seconds gauge" in text
+    assert 'mirrorline_target_lag_seconds{target="slow"} 900.0' in text
+    assert 'mirrorline_target_state{target="slow",state="catching up"} 1' in text
+    assert 'mirrorline_target_state{target="slow",state="live"} 0' in text
+    assert f'mirrorline_slot_retained_wal_bytes{{slot="mirrorline"}} {3 << 30}' in text
+    for line in text.strip().splitlines():  # every sample line is "name{labels} value" or "name value"
+        assert line.startswith("#") or line.rsplit(" ", 1)[1].replace(".", "").isdigit()
+    write_prometheus(st, tmp_path / "m.prom")
+    assert (tmp_path / "m.prom").read_text() == text
+    assert st.to_json()["targets"][1]["lag_bytes"] == (5 << 30) - (1 << 20)
