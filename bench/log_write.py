@@ -8,6 +8,9 @@
 - anchor_parquet_per_s: the anchor: pyarrow writing the same rows as one Parquet file, no log logic.
 - spark_read_per_s: read_spark over the whole log, aggregating every row (count, sum of map sizes, max lsn);
   anchor_spark_per_s: Spark reading one plain Parquet file of the same rows the same way.
+- capture_overhead_background / _inline: a producer doing ~4.5 us of Python work per change (a bare pgoutput
+  receiver's cost) hands batches to add_transactions; the time with the log writer divided by the producer alone
+  (capture's budget is 1.25).
 Medians of --repeat runs; ratios against the anchors.
 """
 
@@ -56,13 +59,28 @@ def write_log(root: Path, txns: list) -> float:
     return time.perf_counter() - t0
 
 
-def write_batches(root: Path, batches: list[pa.Table]) -> float:
+def write_batches(root: Path, batches: list[pa.Table], background: bool = True, work: int = 0) -> float:
     t0 = time.perf_counter()
-    with LogWriter(root, segment_changes=100_000) as w:
+    with LogWriter(root, segment_changes=100_000, background=background) as w:
         for b in batches:
+            produce(work)
             w.add_transactions(b)
         w.flush()
     return time.perf_counter() - t0
+
+
+def produce(work: int) -> None:
+    """Pure-Python busy work standing in for receiving and decoding a batch."""
+    x = 0
+    for i in range(work):
+        x += i
+
+
+def calibrate(seconds_per_change: float, batch: int) -> int:
+    t0 = time.perf_counter()
+    produce(1_000_000)
+    per_iter = (time.perf_counter() - t0) / 1_000_000
+    return int(seconds_per_change * batch / per_iter)
 
 
 def main() -> None:
@@ -82,13 +100,20 @@ def main() -> None:
         batches.append(whole.slice(off, args.batch).combine_chunks())
     tmp = Path(tempfile.mkdtemp(prefix="mirrorline-bench-"))
     results: dict[str, list[float]] = {"changes": [], "arrow": [], "batch": [], "anchor": [], "spark": [],
-                                       "anchor_spark": []}
+                                       "anchor_spark": [], "over_bg": [], "over_inline": []}
+    work = calibrate(4.5e-6, args.batch)
     try:
         for r in range(args.repeat):
             for kind, data in (("changes", txns), ("arrow", arrow_txns)):
                 root = tmp / f"{kind}{r}"
                 results[kind].append(n / write_log(root, data))
             results["batch"].append(n / write_batches(tmp / f"batch{r}", batches))
+            t0 = time.perf_counter()
+            for _ in batches:
+                produce(work)
+            alone = time.perf_counter() - t0
+            results["over_bg"].append(write_batches(tmp / f"bg{r}", batches, True, work) / alone)
+            results["over_inline"].append(write_batches(tmp / f"inl{r}", batches, False, work) / alone)
             t0 = time.perf_counter()
             pq.write_table(whole, str(tmp / f"anchor{r}.parquet"), compression="snappy")
             results["anchor"].append(n / (time.perf_counter() - t0))
@@ -125,6 +150,8 @@ def main() -> None:
         "write_vs_anchor": round(med["changes"] / med["anchor"], 3),
         "write_arrow_vs_anchor": round(med["arrow"] / med["anchor"], 3),
         "write_batch_vs_anchor": round(med["batch"] / med["anchor"], 3),
+        "capture_overhead_background": round(med["over_bg"], 3),
+        "capture_overhead_inline": round(med["over_inline"], 3),
     }
     if "spark" in med:
         out.update({

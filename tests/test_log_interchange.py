@@ -39,7 +39,7 @@ def test_seed_file_imports_and_exports_byte_for_byte(tmp_path):
     assert export(tmp_path / "log") == DAYSTREAM
     assert (tmp_path / "log" / "segments").exists()
     schema = ChangeLog(tmp_path / "log").schema("public.zzz", 1)
-    assert schema.key == ("a",) and schema.column_names == ("a", "b")
+    assert schema.key == ("a",) and schema.column_names == ("a", "b") and schema.since == Position(1, 0)
 
 
 def test_plain_deltaflood_lines_import_with_the_import_time(tmp_path):

@@ -76,7 +76,7 @@ def test_columnwise_conversion_equals_the_row_layout():
 
 
 def test_flushes_by_itself_at_segment_changes_and_keeps_transactions_whole(tmp_path):
-    with LogWriter(tmp_path, segment_changes=5) as w:
+    with LogWriter(tmp_path, segment_changes=5, background=False) as w:
         for t in range(6):
             w.add_transaction(100 + t, t, [ch(t * 10 + i) for i in range(3)])
         # 3 + 3 >= 5 -> a segment of two whole transactions, three times
@@ -272,3 +272,38 @@ def test_writer_killed_at_any_instant_leaves_only_whole_transactions(tmp_path):
             assert w.durable == log.durable()
             assert os.listdir(tmp_path / "spill") == []
         assert not [n for n in names(tmp_path) if n.startswith(".")]
+
+
+@pytest.mark.parametrize("background", [True, False])
+def test_background_and_inline_writing_give_the_same_log(tmp_path, background):
+    with LogWriter(tmp_path, segment_changes=4, background=background) as w:
+        for t in range(10):
+            w.add_transaction(100 + t, t, [ch(t * 10 + i) for i in range(3)])
+            assert w.pending <= 6 + (6 if background else 0)  # buffered, plus one segment in flight
+        w.add_transaction(200, 1, [])
+        s = w.open_stream(5)
+        s.add(5, [ch(99)])
+        assert s.commit(300, 3) == Position(300, 0)
+        assert w.durable == Position(300, 0) and w.pending == 0 and w.flushed_lsn == 300
+    segs = ChangeLog(tmp_path).segments()
+    assert [(s.first.lsn, s.last.lsn, s.count) for s in segs] == [
+        (100, 101, 6), (102, 103, 6), (104, 105, 6), (106, 107, 6), (108, 109, 6), (300, 300, 1)]
+
+
+def test_an_error_of_the_background_writer_is_raised_and_stops_the_writer(tmp_path, monkeypatch):
+    from mirrorline.log import writer as writer_mod
+
+    def disk_full(*a, **k):
+        raise OSError(28, "No space left on device")
+
+    w = LogWriter(tmp_path, segment_changes=2, background=True)
+    monkeypatch.setattr(writer_mod, "write_segment", disk_full)
+    w.add_transaction(10, 1, [ch(1), ch(2)])  # fills a segment: handed to the worker
+    with pytest.raises(OSError, match="No space"):
+        w.flush()
+    with pytest.raises(LogError, match="failed earlier"):
+        w.add_transaction(20, 1, [ch(3)])
+    w.close()  # releases the lock without writing
+    monkeypatch.undo()
+    with LogWriter(tmp_path) as w2:
+        assert w2.durable is None

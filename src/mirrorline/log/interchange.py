@@ -11,8 +11,8 @@ index inside each transaction. Tables take key and column types from the configu
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TextIO
 
@@ -42,15 +42,16 @@ class ImportResult:
 class _Schemas:
     """Each imported table's schema: configured key/columns, else the log's latest schema of the table."""
 
-    def __init__(self, writer: LogWriter, tables: Mapping[str, TableConfig]) -> None:
+    def __init__(self, writer: LogWriter, tables: Mapping[str, TableConfig], since: Callable[[], Position]) -> None:
         self.writer = writer
         self.tables = tables
+        self.since = since  # where the transaction being read will be in the log
         self.planned: dict[str, TableSchema] = {}
 
     def __call__(self, table: str) -> TableSchema:
         s = self.planned.get(table)
         if s is None:
-            s = self.planned[table] = self.writer.schemas.plan(self._spec(table))
+            s = self.planned[table] = self.writer.schemas.plan(replace(self._spec(table), since=self.since()))
         return s
 
     def _spec(self, table: str) -> TableSchema:
@@ -100,11 +101,11 @@ def import_daystream(root: Path, files: Sequence[Path], tables: Mapping[str, Tab
                      segment_changes: int = 100_000) -> ImportResult:
     """Append daystream files to the log at ``root`` (atomically: all of them or nothing)."""
     with LogWriter(root, segment_changes=segment_changes) as writer:
-        schemas = _Schemas(writer, tables or {})
+        next_lsn = writer.last_lsn + 1
+        schemas = _Schemas(writer, tables or {}, lambda: Position(next_lsn, 0))
         decoder = Decoder(schemas, default_ts=int(time.time() * 1_000_000))
         counts = {"txns": 0, "changes": 0}
         first: list[Position] = []
-        next_lsn = writer.last_lsn + 1
 
         def batches() -> Iterator[pa.Table]:
             nonlocal next_lsn

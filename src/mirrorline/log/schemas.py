@@ -7,11 +7,10 @@ The same columns and key as an existing version reuse that version.
 
 from __future__ import annotations
 
-import json
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote, unquote
+from urllib.parse import quote
 
 from mirrorline.errors import LogError
 from mirrorline.log.layout import read_json, write_json_atomic
@@ -113,11 +112,3 @@ class SchemaStore:
             self._loaded.add(name)
         return s
 
-
-def table_of_file(name: str) -> str:
-    """The table a schema file is about (for tools listing the folder)."""
-    return unquote(name.rsplit("@", 1)[0])
-
-
-def dumps(schema: TableSchema) -> str:
-    return json.dumps(schema_to_json(schema), sort_keys=True)

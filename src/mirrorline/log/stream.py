@@ -184,7 +184,7 @@ class StreamSpill:
             count=sum(p.rows for p in parts),
             min_ts=commit_ts,
             max_ts=commit_ts,
-            prev=w.durable,
+            prev=w._tail,
             parts=tuple(p.name for p in parts),
             xid=self.xid,
         )

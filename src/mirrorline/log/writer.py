@@ -11,6 +11,7 @@ import fcntl
 import os
 import time
 from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 import pyarrow as pa
@@ -40,10 +41,18 @@ def retained_after(layout: Layout) -> Position | None:
 
 
 class LogWriter:
-    """Appends to the change log at ``root``. One writer per log: an exclusive lock is held until :meth:`close`."""
+    """Appends to the change log at ``root``. One writer per log: an exclusive lock is held until :meth:`close`.
+
+    With ``background``, a segment that fills up by itself (``segment_changes``) is encoded and made
+    durable by a worker thread while the caller goes on (Parquet encoding releases the GIL); at most one segment is
+    in flight. :meth:`flush`, :meth:`tick` (when due), stream commits and :meth:`close` wait for it, so ``durable``
+    after them is what they say. An error of the worker is raised by the next call; the writer is then unusable.
+    Off by default: on a busy 2-core machine the GIL hand-overs cost more than the overlap gains
+    (bench/log_write.py measures both).
+    """
 
     def __init__(self, root: str | os.PathLike[str], segment_changes: int = 100_000,
-                 segment_seconds: float = 1.0) -> None:
+                 segment_seconds: float = 1.0, background: bool = False) -> None:
         self.layout = Layout(root)
         self.layout.create()
         self.segment_changes = segment_changes
@@ -55,6 +64,7 @@ class LogWriter:
             self._clean_temp_files()
             last = last_segment(self.layout)
             self._durable: Position | None = last.last if last else retained_after(self.layout)
+            self._tail = self._durable  # last position written or being written (the next segment's "prev")
             self._last_lsn = self._durable.lsn if self._durable else 0
             self._flushed_lsn: int | None = self._durable.lsn if self._durable else None
             # Buffered transactions, in commit order: finished Arrow pieces, then either Change transactions or
@@ -64,7 +74,11 @@ class LogWriter:
             self._arrow_txns: list[tuple[pa.Table, int, int]] = []
             self._pending = 0
             self._buffer_since = 0.0
-            self._empty_lsn: int | None = None  # highest empty transaction handed in since the last flush
+            self._empty_lsn: int | None = None  # highest empty transaction handed in while others were not durable
+            self._inflight = 0  # changes of the segment the worker is writing
+            self._future: Future[None] | None = None
+            self._failed: BaseException | None = None
+            self._executor = ThreadPoolExecutor(1, thread_name_prefix="mirrorline-log") if background else None
             self._streams: dict[int, StreamSpill] = {}
             self.discard_incomplete_streams()
         except BaseException:
@@ -123,8 +137,8 @@ class LogWriter:
 
     @property
     def pending(self) -> int:
-        """Changes buffered, not yet durable."""
-        return self._pending
+        """Changes handed in and not yet durable (buffered or being written)."""
+        return self._pending + self._inflight
 
     # -- schemas -----------------------------------------------------------------------------------------------
 
@@ -135,6 +149,9 @@ class LogWriter:
     # -- ordinary transactions ---------------------------------------------------------------------------------
 
     def _check_lsn(self, commit_lsn: int) -> None:
+        if self._failed is not None:
+            raise LogError(f"the log writer failed earlier: {self._failed}",
+                           hint="restart: the log keeps what was durable", root=str(self.layout.root))
         if commit_lsn <= self._last_lsn:
             raise LogError(
                 f"transaction committed at {format_lsn(commit_lsn)} is not after the log's last commit "
@@ -199,11 +216,11 @@ class LogWriter:
         self._last_lsn = last_lsn
         self._pending += n
         if self._pending >= self.segment_changes:
-            self.flush()
+            self._start_flush()
 
     def _note_empty(self, commit_lsn: int) -> None:
         self._last_lsn = commit_lsn
-        if self._pending:
+        if self._pending or self._inflight:
             self._empty_lsn = commit_lsn
         else:
             self._flushed_lsn = commit_lsn
@@ -216,8 +233,17 @@ class LogWriter:
 
     def flush(self) -> Position | None:
         """Buffered transactions -> one segment, atomically visible and durable. Returns ``durable``."""
+        self._start_flush()
+        self._wait()
+        if self._empty_lsn is not None and not self._pending:
+            self._flushed_lsn = max(self._flushed_lsn or 0, self._empty_lsn)
+            self._empty_lsn = None
+        return self._durable
+
+    def _start_flush(self) -> None:
+        """Hand the buffered transactions to the worker as one segment (or write it here without a worker)."""
         if not self._pending:
-            return self._durable
+            return
         self._materialize()
         table = pa.concat_tables(self._pieces)
         if len(self._pieces) > 16:
@@ -228,18 +254,40 @@ class LogWriter:
         min_ts, max_ts = ts_range(table)
         name = segment_name(first.lsn, last.lsn)
         info = SegmentInfo(name=name, path=self.layout.segments / name, stream=False, first=first, last=last,
-                           count=table.num_rows, min_ts=min_ts, max_ts=max_ts, prev=self._durable)
-        write_segment(self.layout.segments, name, [table], info)
+                           count=table.num_rows, min_ts=min_ts, max_ts=max_ts, prev=self._tail)
+        empty, self._empty_lsn = self._empty_lsn, None
+        self._wait()  # at most one segment in flight
         self._pieces = []
-        self._pending = 0
+        self._inflight, self._pending = self._pending, 0
+        self._tail = info.last
+        if self._executor is None:
+            self._write(table, info, empty)
+        else:
+            self._future = self._executor.submit(self._write, table, info, empty)
+
+    def _write(self, table: pa.Table, info: SegmentInfo, empty_lsn: int | None) -> None:
+        write_segment(self.layout.segments, info.name, [table], info)
         self._appended(info)
-        if self._empty_lsn is not None:
-            self._flushed_lsn = max(self._empty_lsn, last.lsn)
-            self._empty_lsn = None
-        return self._durable
+        if empty_lsn is not None:
+            self._flushed_lsn = max(self._flushed_lsn or 0, empty_lsn)
+        self._inflight = 0
+
+    def _wait(self) -> None:
+        if self._future is not None:
+            future, self._future = self._future, None
+            try:
+                future.result()
+            except BaseException as e:
+                self._failed = e
+                raise
+        if self._failed is not None:
+            raise LogError(f"the log writer failed earlier: {self._failed}",
+                           hint="restart: the log keeps what was durable", root=str(self.layout.root))
 
     def _appended(self, info: SegmentInfo) -> None:
         self._durable = info.last
+        if self._tail is None or info.last > self._tail:
+            self._tail = info.last
         self._last_lsn = max(self._last_lsn, info.last.lsn)
         self._flushed_lsn = max(self._flushed_lsn or 0, info.last.lsn)
 
@@ -250,7 +298,7 @@ class LogWriter:
         ``batches`` is exhausted without error; ``before_publish`` runs just before the segment becomes visible.
         Returns ``durable``."""
         self.flush()
-        info = write_segment_stream(self.layout.segments, batches, self._durable, self._last_lsn, before_publish)
+        info = write_segment_stream(self.layout.segments, batches, self._tail, self._last_lsn, before_publish)
         if info is not None:
             self._appended(info)
         return self._durable
@@ -274,8 +322,11 @@ class LogWriter:
         if self._lock_fd < 0:
             return
         try:
-            self.flush()
+            if self._failed is None:
+                self.flush()
         finally:
+            if self._executor is not None:
+                self._executor.shutdown(wait=True)
             os.close(self._lock_fd)
             self._lock_fd = -1
 
