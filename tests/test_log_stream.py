@@ -154,3 +154,6 @@ def test_memory_and_files_stay_bounded(tmp_path, monkeypatch):
     assert keys(log) == expect
     # a boundary inside the stream: positions are (commit lsn, arrival seq)
     assert keys(log, Position(10, 10), Position(10, 17)) == [11, 12, 13, 16, 17]  # 14, 15: the aborted sub 3
+    assert log.count(Position(10, 10), Position(10, 17)) == 5
+    assert log.advance(Position(10, 10), 3) == (seg.last, len(expect) - 9)  # one transaction: the rest, whole
+    assert log.after_time(1) is None and log.after_time(2) == seg.last

@@ -20,7 +20,7 @@ from mirrorline.errors import LogError
 from mirrorline.log.layout import Layout, SegmentInfo, parse_segment_name, read_json
 from mirrorline.log.rows import table_to_changes
 from mirrorline.log.schemas import SchemaStore
-from mirrorline.log.segments import iter_batches, read_info, read_table
+from mirrorline.log.segments import iter_batches, read_columns, read_info
 from mirrorline.model import Change, TableSchema
 from mirrorline.position import Position
 
@@ -127,7 +127,7 @@ class ChangeLog:
             if (after is None or s.first > after) and (upto is None or s.last <= upto):
                 total += s.count
             else:
-                t = read_table(s, ["lsn", "seq"])
+                t = read_columns(s, ["lsn", "seq"])
                 m = range_mask(t, after, upto)
                 total += t.num_rows if m is None else int(pc.sum(m).as_py() or 0)
         return total
@@ -145,7 +145,7 @@ class ChangeLog:
                 total += s.count
                 end = s.last
                 continue
-            t = read_table(s, ["lsn", "seq"])
+            t = read_columns(s, ["lsn", "seq"])
             m = range_mask(t, after, upto)
             if m is not None:
                 t = t.filter(m)
@@ -192,15 +192,12 @@ class ChangeLog:
         prev = retained.after if retained is not None else None
         for s in self.segments():
             if s.max_ts >= ts:
-                for b in iter_batches(s):
-                    tss = b.column("ts").to_numpy()
-                    hit = np.flatnonzero(tss >= ts)
-                    if len(hit):
-                        i = int(hit[0])
-                        if i == 0:
-                            return prev
-                        return Position(int(b.column("lsn")[i - 1].as_py()), int(b.column("seq")[i - 1].as_py()))
-                    prev = Position(int(b.column("lsn")[-1].as_py()), int(b.column("seq")[-1].as_py()))
+                t = read_columns(s, ["lsn", "seq", "ts"])
+                hit = np.flatnonzero(t.column("ts").to_numpy() >= ts)
+                i = int(hit[0]) if len(hit) else 0
+                if i == 0:
+                    return prev
+                return Position(int(t.column("lsn")[i - 1].as_py()), int(t.column("seq")[i - 1].as_py()))
             prev = s.last
         return prev
 

@@ -135,20 +135,35 @@ def read_info(path: Path) -> SegmentInfo:
     return info
 
 
-def read_table(info: SegmentInfo, columns: list[str] | None = None) -> pa.Table:
-    """All rows of a segment, in log order, with stream rows given the commit's lsn and ts."""
-    try:
-        if not info.stream:
-            t = pq.read_table(str(info.path), schema=ARROW_SCHEMA)
+def read_columns(info: SegmentInfo, columns: list[str]) -> pa.Table:
+    """Some columns of a segment's rows, in log order (for lsn/seq/ts scans: a stream's constant lsn and ts are not
+    read from disk)."""
+    if not info.stream:
+        try:
+            t = pq.read_table(str(info.path), columns=columns)
+        except (OSError, pa.ArrowException) as e:
+            raise damaged(info.path, e) from None
+        return t.cast(pa.schema([ARROW_SCHEMA.field(c) for c in columns]))
+    stored = [c for c in columns if c not in ("lsn", "ts")]
+    if "seq" not in stored:
+        stored.append("seq")
+    parts = []
+    for p in info.parts:
+        try:
+            parts.append(pq.read_table(str(info.path / p), columns=stored))
+        except (OSError, pa.ArrowException) as e:
+            raise damaged(info.path / p, e) from None
+    t = pa.concat_tables(parts).sort_by("seq") if parts else pa.table({c: [] for c in stored})
+    n = t.num_rows
+    out = {}
+    for c in columns:
+        if c == "lsn":
+            out[c] = pa.array(np.full(n, info.first.lsn, dtype=np.int64))
+        elif c == "ts":
+            out[c] = pa.array(np.full(n, info.min_ts, dtype=np.int64))
         else:
-            parts = [pq.read_table(str(info.path / p), schema=ARROW_SCHEMA) for p in info.parts]
-            t = pa.concat_tables(parts) if parts else ARROW_SCHEMA.empty_table()
-            t = with_constants(t, lsn=info.first.lsn, ts=info.min_ts).sort_by("seq")
-    except (OSError, pa.ArrowException) as e:
-        raise damaged(info.path, e) from None
-    if t.num_rows != info.count:
-        raise damaged(info.path, f"{t.num_rows} rows but its metadata says {info.count}")
-    return t.select(columns) if columns else t
+            out[c] = t.column(c)
+    return pa.table(out).cast(pa.schema([ARROW_SCHEMA.field(c) for c in columns]))
 
 
 def iter_batches(info: SegmentInfo, batch_rows: int = 8192) -> Iterator[pa.Table]:
