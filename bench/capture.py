@@ -9,7 +9,9 @@ Every slot is created before the workload, so each consumer decodes exactly the 
 - ``capture``: mirrorline's capture (``Capture(once=True)``): decode, assemble, write the change log (Parquet).
 
 Each consumer runs ``--rounds`` times (one slot per round); the figures are medians. Prints one JSON line: changes/s
-of each and the ratios capture/bare and capture/recvlogical (time ratios: 1.0 = as fast, 1.25 = 25% slower).
+of each and the ratios capture/bare and capture/recvlogical (time ratios: 1.0 = as fast, 1.25 = 25% slower), plus
+the client-side CPU seconds of each (the server's decoding is the same for all three; on a loaded machine the CPU
+figures show the client's own cost more steadily than wall time).
 
     .venv/bin/python bench/capture.py [--changes 1000000] [--rounds 3] [--profile]
 """
@@ -19,6 +21,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import resource
 import statistics
 import subprocess
 import sys
@@ -35,6 +38,7 @@ from mirrorline.pgcluster import PgCluster
 from mirrorline.position import format_lsn
 
 TXN = 1000
+CPU: dict[str, list[float]] = {"bare": [], "recvlogical": [], "capture": []}  # client CPU seconds per run
 
 
 def workload(c: PgCluster, changes: int) -> int:
@@ -69,19 +73,24 @@ def bare(c: PgCluster, slot: str, commits: int) -> tuple[float, int]:
                 raise psycopg2.extras.StopReplication
 
     t0 = time.perf_counter()
+    c0 = time.process_time()
     cur.start_replication(slot_name=slot, decode=False, options={
         "proto_version": "2", "publication_names": "bench", "streaming": "on"})
     with contextlib.suppress(psycopg2.extras.StopReplication):
         cur.consume_stream(consume)
     elapsed = time.perf_counter() - t0
+    CPU["bare"].append(time.process_time() - c0)
     conn.close()
     return elapsed, count["msgs"]
 
 
 def recvlogical(c: PgCluster, slot: str, end: int) -> float:
     t0 = time.perf_counter()
+    c0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     subprocess.run([c.bin("pg_recvlogical"), "-d", c.dsn(), "--slot", slot, "--start", "-E", format_lsn(end),
                     "-f", "/dev/null", "--no-loop"], check=True)
+    c1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    CPU["recvlogical"].append(c1.ru_utime + c1.ru_stime - c0.ru_utime - c0.ru_stime)
     return time.perf_counter() - t0
 
 
@@ -93,6 +102,7 @@ def capture(c: PgCluster, slot: str, folder: Path, profile: bool) -> tuple[float
     }, folder / "bench.toml")
     cap = Capture(config, once=True)
     t0 = time.perf_counter()
+    c0 = time.process_time()
     if profile:
         import cProfile
         import pstats
@@ -104,6 +114,7 @@ def capture(c: PgCluster, slot: str, folder: Path, profile: bool) -> tuple[float
         pstats.Stats(prof, stream=sys.stderr).sort_stats("tottime").print_stats(25)
     else:
         stats = cap.run()
+    CPU["capture"].append(time.process_time() - c0)
     return time.perf_counter() - t0, stats.changes
 
 
@@ -126,14 +137,20 @@ def main() -> None:
         load_s = time.perf_counter() - t0
         commits = args.changes // TXN
         times: dict[str, list[float]] = {"bare": [], "recvlogical": [], "capture": []}
+        msgs = 0
         for r in rounds:
-            t, msgs = bare(c, f"bare_{r}", commits)
-            times["bare"].append(t)
-            times["recvlogical"].append(recvlogical(c, f"recv_{r}", end))
-            t, captured = capture(c, f"cap_{r}", Path(tmp), args.profile)
-            if captured != args.changes:
-                raise SystemExit(f"capture got {captured} changes, expected {args.changes}")
-            times["capture"].append(t)
+            order = ["bare", "recvlogical", "capture"]
+            order = order[r % 3:] + order[:r % 3]  # who reads the WAL first changes from round to round
+            for who in order:
+                if who == "bare":
+                    t, msgs = bare(c, f"bare_{r}", commits)
+                elif who == "recvlogical":
+                    t = recvlogical(c, f"recv_{r}", end)
+                else:
+                    t, captured = capture(c, f"cap_{r}", Path(tmp), args.profile)
+                    if captured != args.changes:
+                        raise SystemExit(f"capture got {captured} changes, expected {args.changes}")
+                times[who].append(t)
         med = {k: statistics.median(v) for k, v in times.items()}
         print(json.dumps({
             "bench": "capture",
@@ -145,6 +162,7 @@ def main() -> None:
             "changes_per_s": {k: round(args.changes / v) for k, v in med.items()},
             "capture_vs_bare": round(med["capture"] / med["bare"], 3),
             "capture_vs_recvlogical": round(med["capture"] / med["recvlogical"], 3),
+            "client_cpu_s": {k: round(statistics.median(v), 3) for k, v in CPU.items()},
             "all_seconds": {k: [round(x, 3) for x in v] for k, v in times.items()},
         }))
 
