@@ -1,0 +1,207 @@
+"""A generated workload on a real PostgreSQL source: the tables and the random inserts, updates (some changing the
+key, some leaving a large TOASTed value unchanged), deletes, delete-then-reinsert, truncates and large transactions
+that the end-to-end tests, the crash tests, the demo and the benchmarks run.
+
+Tables (all in schema ``public``):
+
+- ``accounts``: primary key ``id``; ``note`` sometimes holds a few kB of incompressible text (stored out of line,
+  TOAST), so updates of other columns leave it unsent ("unchanged").
+- ``events``: no primary key, REPLICA IDENTITY FULL; its key is every non-LOB column (``a``, ``b``).
+- ``ledger``: primary key ``(day, seq)``.
+"""
+
+from __future__ import annotations
+
+import random
+import string
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+DDL = [
+    "CREATE TABLE IF NOT EXISTS public.accounts (id bigint PRIMARY KEY, owner text NOT NULL, "
+    "balance numeric(12,2), active boolean, opened date, note text)",
+    "CREATE TABLE IF NOT EXISTS public.events (a integer NOT NULL, b integer NOT NULL, label text)",
+    "ALTER TABLE public.events REPLICA IDENTITY FULL",
+    "CREATE TABLE IF NOT EXISTS public.ledger (day date NOT NULL, seq integer NOT NULL, amount bigint, "
+    "memo varchar(40), PRIMARY KEY (day, seq))",
+]
+TABLES = ["public.accounts", "public.events", "public.ledger"]
+
+# How a test compares source and target rows: per table, the columns in a stable order.
+COLUMNS = {
+    "public.accounts": ["id", "owner", "balance", "active", "opened", "note"],
+    "public.events": ["a", "b", "label"],
+    "public.ledger": ["day", "seq", "amount", "memo"],
+}
+
+
+def _word(rng: random.Random, n: int = 8) -> str:
+    return "".join(rng.choice(string.ascii_lowercase) for _ in range(n))
+
+
+def big_text(rng: random.Random, n: int = 4000) -> str:
+    """Incompressible text, so PostgreSQL stores it out of line (TOAST)."""
+    return "".join(rng.choice(string.ascii_letters + string.digits) for _ in range(n))
+
+
+@dataclass
+class Workload:
+    """Random operations against the source, remembering which keys exist so every operation is valid."""
+
+    dsn: str
+    seed: int = 1
+    big_notes: bool = True
+    rng: random.Random = field(init=False)
+    accounts: set[int] = field(default_factory=set)
+    events: set[tuple[int, int]] = field(default_factory=set)
+    ledger: set[tuple[int, int]] = field(default_factory=set)
+    next_id: int = 1
+    statements: int = 0
+
+    def __post_init__(self) -> None:
+        self.rng = random.Random(self.seed)
+
+    @contextmanager
+    def _conn(self) -> Iterator[Any]:
+        import psycopg2
+
+        conn = psycopg2.connect(self.dsn)
+        try:
+            yield conn
+        finally:
+            conn.close()
+
+    def create(self) -> None:
+        with self._conn() as conn, conn.cursor() as cur:
+            for stmt in DDL:
+                cur.execute(stmt)
+            conn.commit()
+
+    def _op(self, cur: Any) -> None:
+        r = self.rng.random()
+        table = self.rng.choice(("accounts", "accounts", "events", "ledger"))
+        self.statements += 1
+        if table == "accounts":
+            self._account_op(cur, r)
+        elif table == "events":
+            self._event_op(cur, r)
+        else:
+            self._ledger_op(cur, r)
+
+    def _account_op(self, cur: Any, r: float) -> None:
+        rng = self.rng
+        if r < 0.4 or not self.accounts:
+            i = self.next_id
+            self.next_id += 1
+            note = _word(rng) if rng.random() < 0.7 else None
+            if self.big_notes and rng.random() < 0.2:
+                note = big_text(rng)
+            cur.execute("INSERT INTO public.accounts VALUES (%s, %s, %s, %s, %s, %s)",
+                        (i, _word(rng), round(rng.uniform(-1000, 1000), 2), rng.random() < 0.5,
+                         f"2024-{rng.randint(1, 12):02d}-{rng.randint(1, 28):02d}", note))
+            self.accounts.add(i)
+        elif r < 0.75:
+            i = rng.choice(sorted(self.accounts))
+            if rng.random() < 0.5:  # leaves note (maybe TOASTed) unchanged
+                cur.execute("UPDATE public.accounts SET balance = balance + %s, active = NOT active WHERE id = %s",
+                            (round(rng.uniform(-50, 50), 2), i))
+            else:
+                cur.execute("UPDATE public.accounts SET owner = %s, note = %s WHERE id = %s",
+                            (_word(rng), _word(rng, 12) if rng.random() < 0.8 else None, i))
+        elif r < 0.82:  # the key changes: delete of the old key + insert of the new one downstream
+            i = rng.choice(sorted(self.accounts))
+            j = self.next_id
+            self.next_id += 1
+            cur.execute("UPDATE public.accounts SET id = %s WHERE id = %s", (j, i))
+            self.accounts.discard(i)
+            self.accounts.add(j)
+        elif r < 0.9:  # delete then insert the same key in one transaction
+            i = rng.choice(sorted(self.accounts))
+            cur.execute("DELETE FROM public.accounts WHERE id = %s", (i,))
+            cur.execute("INSERT INTO public.accounts VALUES (%s, %s, 0, true, '2024-01-01', 'again')", (i, _word(rng)))
+        else:
+            i = rng.choice(sorted(self.accounts))
+            cur.execute("DELETE FROM public.accounts WHERE id = %s", (i,))
+            self.accounts.discard(i)
+
+    def _event_op(self, cur: Any, r: float) -> None:
+        rng = self.rng
+        if r < 0.5 or not self.events:
+            k = (rng.randint(1, 10**6), rng.randint(1, 100))
+            if k in self.events:
+                return
+            cur.execute("INSERT INTO public.events VALUES (%s, %s, %s)", (*k, _word(rng)))
+            self.events.add(k)
+        elif r < 0.8:
+            k = rng.choice(sorted(self.events))
+            cur.execute("UPDATE public.events SET label = %s WHERE a = %s AND b = %s", (_word(rng), *k))
+        elif r < 0.99:
+            k = rng.choice(sorted(self.events))
+            cur.execute("DELETE FROM public.events WHERE a = %s AND b = %s", k)
+            self.events.discard(k)
+        else:
+            cur.execute("TRUNCATE public.events")
+            self.events.clear()
+
+    def _ledger_op(self, cur: Any, r: float) -> None:
+        rng = self.rng
+        if r < 0.6 or not self.ledger:
+            k = (rng.randint(1, 28), rng.randint(1, 10**6))
+            if k in self.ledger:
+                return
+            cur.execute("INSERT INTO public.ledger VALUES (%s, %s, %s, %s)",
+                        (f"2024-02-{k[0]:02d}", k[1], rng.randint(-10**12, 10**12), _word(rng, 20)))
+            self.ledger.add(k)
+        elif r < 0.85:
+            k = rng.choice(sorted(self.ledger))
+            cur.execute("UPDATE public.ledger SET amount = amount + 1, memo = %s WHERE day = %s AND seq = %s",
+                        (_word(rng), f"2024-02-{k[0]:02d}", k[1]))
+        else:
+            k = rng.choice(sorted(self.ledger))
+            cur.execute("DELETE FROM public.ledger WHERE day = %s AND seq = %s", (f"2024-02-{k[0]:02d}", k[1]))
+            self.ledger.discard(k)
+
+    def run(self, transactions: int, ops_per_transaction: tuple[int, int] = (1, 8), rollback_share: float = 0.05
+            ) -> None:
+        """Run ``transactions`` random transactions; some roll back."""
+        with self._conn() as conn:
+            for _ in range(transactions):
+                saved = (set(self.accounts), set(self.events), set(self.ledger), self.next_id)
+                with conn.cursor() as cur:
+                    for _ in range(self.rng.randint(*ops_per_transaction)):
+                        self._op(cur)
+                if self.rng.random() < rollback_share:
+                    conn.rollback()
+                    self.accounts, self.events, self.ledger, self.next_id = saved
+                else:
+                    conn.commit()
+
+    def large_transaction(self, rows: int) -> None:
+        """One transaction inserting ``rows`` accounts and updating them all: streamed by PostgreSQL when it
+        exceeds logical_decoding_work_mem."""
+        first = self.next_id
+        self.next_id += rows
+        with self._conn() as conn, conn.cursor() as cur:
+            cur.execute("INSERT INTO public.accounts SELECT g, 'bulk' || g, g %% 1000, g %% 2 = 0, '2024-03-01', NULL "
+                        "FROM generate_series(%s, %s) g", (first, first + rows - 1))
+            cur.execute("UPDATE public.accounts SET balance = balance + 1 WHERE id BETWEEN %s AND %s",
+                        (first, first + rows - 1))
+            conn.commit()
+        self.accounts.update(range(first, first + rows))
+
+
+def source_rows(dsn: str, table: str) -> list[tuple[Any, ...]]:
+    """A table's rows from PostgreSQL, every value as PostgreSQL's text (None for NULL), sorted."""
+    import psycopg2
+
+    cols = COLUMNS[table]
+    sel = ", ".join(f'"{c}"::text' for c in cols)
+    conn = psycopg2.connect(dsn)
+    try:
+        with conn.cursor() as cur:
+            cur.execute(f"SELECT {sel} FROM {table}")
+            return sorted(cur.fetchall(), key=repr)
+    finally:
+        conn.close()
