@@ -20,10 +20,12 @@ TRUNCATE is one change per table with op T.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 
 from mirrorline.capture.decoder import (
@@ -48,6 +50,7 @@ from mirrorline.capture.decoder import (
     TupleValue,
     Type,
     Update,
+    decode,
 )
 from mirrorline.capture.fastrows import Fallback, Segment, decode_rows
 from mirrorline.capture.rowbuf import RowBuffer, Rows
@@ -148,10 +151,13 @@ class _Stream:
     subxid: int = 0
     pending: RowBuffer = field(default_factory=RowBuffer)
     relations: dict[int, RelInfo] = field(default_factory=dict)
+    raw: list[bytes] = field(default_factory=list)  # row messages of the block not decoded yet
+    raw_bytes: int = 0
 
 
 _EMPTY: tuple[Event, ...] = ()
 _AFTER_RAW = frozenset({Relation, Insert, Update, Delete, Truncate, StreamCommit})  # wait for gathered rows
+_AFTER_STREAM_RAW = frozenset({Relation, Insert, Update, Delete, Truncate, StreamStop})
 RAW_ROWS = 8192  # row messages decoded column-wise together
 RAW_BYTES = 4 << 20  # ... or this many bytes of them
 
@@ -253,6 +259,11 @@ class Assembler:
 
     def feed(self, msg: Message) -> Sequence[Event]:
         """Take one decoded message; return the events it completes (mostly none)."""
+        st = self._stream
+        if st is not None and st.raw and type(msg) in _AFTER_STREAM_RAW:
+            events = self._flush_stream(st)
+            more = self.feed(msg)
+            return [*events, *more] if events else more
         if self._raw and type(msg) in _AFTER_RAW:
             events = self._flush_raw()
             more = self._handlers[type(msg)](msg)
@@ -264,7 +275,15 @@ class Assembler:
         row messages of ordinary transactions are gathered and decoded a batch at a time, column-wise."""
         k = data[0] if data else 0
         txn = self._txn
-        if (k == 73 or k == 85 or k == 68) and txn is not None and not self.decoder.in_stream:
+        if (k == 73 or k == 85 or k == 68) and self.decoder.in_stream:
+            st = self._stream
+            if st is not None:
+                st.raw.append(data)
+                st.raw_bytes += len(data)
+                if len(st.raw) >= RAW_ROWS or st.raw_bytes >= RAW_BYTES:
+                    return self._flush_stream(st)
+                return _EMPTY
+        elif (k == 73 or k == 85 or k == 68) and txn is not None:
             if self._skipping:
                 return _EMPTY
             raw = self._raw
@@ -288,7 +307,7 @@ class Assembler:
         if not raw:
             return _EMPTY
         try:
-            rows, kept = decode_rows(raw, self.relations, segs)
+            rows, kept, _ = decode_rows(raw, self.relations, segs)
         except Fallback:
             return self._replay(raw, segs, open_run, chunking)
         self.dropped += len(raw) - sum(kept)
@@ -309,6 +328,7 @@ class Assembler:
         """The reference path for a batch: each transaction's messages through the per-message handlers."""
         saved = (self._txn, self._txn_ts, self._skipping)
         seq = self._seq
+        stream, self._stream = self._stream, None  # these rows belong to ordinary transactions
         events: list[Event] = []
         bounds = [sg[0] for sg in segs] + [len(raw)]
         try:
@@ -324,7 +344,7 @@ class Assembler:
                     self._replaying = True
                 self._seq = seq0
                 for data in raw[first:bounds[i + 1]]:
-                    m = self.decoder.decode(data)
+                    m = decode(data, False)
                     events.extend(self._handlers[type(m)](m))
                 self._replaying = False
                 if mine:
@@ -333,8 +353,34 @@ class Assembler:
             self._replaying = False
             self._txn, self._txn_ts, self._skipping = saved
             self._seq = seq
+            self._stream = stream
         if not open_run and self._txn is not None:
             self._txn_mark = len(self._out)
+        return events
+
+    def _flush_stream(self, st: _Stream) -> Sequence[Event]:
+        """Decode a stream block's gathered row messages; one spill event per run of one subtransaction."""
+        raw, st.raw, st.raw_bytes = st.raw, [], 0
+        rels = {**self.relations, **st.relations} if st.relations else self.relations
+        try:
+            rows, _, subxids = decode_rows(raw, rels, [(0, 0, 0, st.xid, st.seq)], in_stream=True)
+        except Fallback:  # the reference path
+            events: list[Event] = []
+            for data in raw:
+                m = decode(data, True)
+                events.extend(self._handlers[type(m)](m))
+            return events
+        n = rows.num_rows
+        events = []
+        if len(st.pending):
+            events.append(SpillChanges(st.xid, st.subxid, st.pending.to_arrow()))
+            st.pending = RowBuffer()
+        if n:
+            cuts = [0, *(np.flatnonzero(subxids[1:] != subxids[:-1]) + 1).tolist(), n]
+            for a, b in itertools.pairwise(cuts):
+                st.subxid = int(subxids[a])
+                events.append(SpillChanges(st.xid, st.subxid, rows.slice(a, b - a)))
+            st.seq += n
         return events
 
     def _chunk(self) -> Sequence[Event]:

@@ -111,33 +111,35 @@ def _list_offsets(counts: np.ndarray) -> pa.Array:
     return pa.array(out.astype(np.int32))
 
 
-def decode_rows(payloads: Sequence[bytes], relations: Mapping[int, RelInfo], segments: Sequence[Segment]
-                ) -> tuple[pa.Table, list[int]]:
+def decode_rows(payloads: Sequence[bytes], relations: Mapping[int, RelInfo], segments: Sequence[Segment],
+                in_stream: bool = False) -> tuple[pa.Table, list[int], np.ndarray]:
     """Row messages of ordinary transactions (not inside a stream block), in order -> their rows in the log layout,
     and how many rows each transaction segment kept. ``segments``: ``(first_index, commit_lsn, commit_ts, xid,
     seq0)`` of each transaction's run of messages (the first starts at 0). Raises :class:`Fallback` for anything but
-    the common well-formed case."""
+    the common well-formed case. ``in_stream``: the messages come from a stream block (each carries the xid of its
+    (sub)transaction, returned per row as the third item)."""
     n = len(payloads)
     sizes = np.fromiter(map(len, payloads), dtype=I64, count=n)
-    if np.any(sizes < 8):
+    off = 4 if in_stream else 0
+    if np.any(sizes < 8 + off):
         raise Fallback
     begins = np.zeros(n, I64)
     np.cumsum(sizes[:-1], out=begins[1:])
     ends = begins + sizes
     buf = np.frombuffer(b"".join(payloads), dtype=np.uint8)
     kind = buf[begins]
-    relid = _be32(buf, begins + 1)
+    relid = _be32(buf, begins + 1 + off)
     parts: list[tuple[np.ndarray, pa.Table]] = []
     for rid in np.unique(relid):
         rel = relations.get(int(rid))
         if rel is None or not rel.captured:  # the reference path drops (and checks) rows of tables not captured
             raise Fallback
         rows = np.flatnonzero(relid == rid)
-        parts.append((rows, _relation_rows(buf, begins[rows], ends[rows], kind[rows], rel)))
+        parts.append((rows, _relation_rows(buf, begins[rows] + off, ends[rows], kind[rows], rel)))
     nseg = len(segments)
     seg_first = np.array([sg[0] for sg in segments], I64)
     if not parts:
-        return ARROW_SCHEMA.empty_table(), [0] * nseg
+        return ARROW_SCHEMA.empty_table(), [0] * nseg, np.zeros(0, I64)
     if len(parts) == 1:
         kept, table = parts[0]
     else:
@@ -158,12 +160,14 @@ def decode_rows(payloads: Sequence[bytes], relations: Mapping[int, RelInfo], seg
         .set_column(1, ARROW_SCHEMA.field("seq"), pa.array(seq)) \
         .set_column(2, ARROW_SCHEMA.field("ts"), pa.array(ts)) \
         .set_column(3, ARROW_SCHEMA.field("xid"), pa.array(xid))
-    return table, counts.tolist()
+    subxids = _be32(buf, begins[kept] + 1) if in_stream else np.zeros(0, I64)
+    return table, counts.tolist(), subxids
 
 
 def _relation_rows(buf: np.ndarray, begins: np.ndarray, ends: np.ndarray, kind: np.ndarray, rel: RelInfo
                    ) -> pa.Table:
-    """The rows of one relation's messages (lsn/seq/ts/xid left 0 for the caller)."""
+    """The rows of one relation's messages (lsn/seq/ts/xid left 0 for the caller). ``begins``: where each message
+    would start without an xid field (the marker byte is at +5)."""
     m = len(begins)
     ncols = len(rel.names)
     marker = buf[begins + 5]
