@@ -42,8 +42,22 @@ class NetBatch:
     net: DataFrame
     truncated: dict[str, Position] = field(default_factory=dict)  # table -> position of its last TRUNCATE
     changes: int = 0  # how many log changes the unit held
+    cached: DataFrame | None = field(default=None, repr=False)  # what ``net`` reads from, if it was cached
 
     def of(self, table: str, kind: str) -> DataFrame:
         from pyspark.sql import functions as F
 
         return self.net.where((F.col("table") == table) & (F.col("kind") == kind))
+
+    def counts(self) -> dict[str, dict[str, int]]:
+        """``{table: {"D": n, "U": n, "I": n}}`` for every table in ``tables`` (one small Spark job)."""
+        out = {t: {"D": 0, "U": 0, "I": 0} for t in self.tables}
+        for r in self.net.groupBy("table", "kind").count().collect():
+            out.setdefault(r["table"], {"D": 0, "U": 0, "I": 0})[r["kind"]] = int(r["count"])
+        return out
+
+    def release(self) -> None:
+        """Free the cached net rows once every target has applied them."""
+        if self.cached is not None:
+            self.cached.unpersist()
+            self.cached = None

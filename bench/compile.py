@@ -1,0 +1,171 @@
+"""Benchmark: compile generated units of work into net row changes on Spark (local[2]).
+
+For each size: a generated unit (about 5 changes per key, 3 tables, inserts/updates/deletes, some unchanged-TOAST
+updates and key changes) is written to Parquet in the log row layout (not timed); then, timed, it is compiled from
+that Parquet and the net rows are written to Parquet (so nothing is skipped). The anchor, measured in the same run:
+the Parquet scan alone (every column read and materialized, nothing written), the floor of any compile.
+
+Prints ONE JSON line; progress goes to stderr.   .venv/bin/python bench/compile.py [--sizes 1000000,10000000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+
+def _rss_kib(pid: int) -> int:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                stat = (d / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                out.append(int(d.name))
+    return out
+
+
+class PeakMemory:
+    """Samples the RSS of this process plus its children (the JVM) every 0.2 s; ``peak_mib`` is the largest sum."""
+
+    def __init__(self) -> None:
+        self.peak_kib = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        me = os.getpid()
+        while not self._stop.is_set():
+            total = _rss_kib(me) + sum(_rss_kib(c) for c in _children(me))
+            self.peak_kib = max(self.peak_kib, total)
+            self._stop.wait(0.2)
+
+    def reset(self) -> None:
+        self.peak_kib = 0
+
+    def __enter__(self) -> PeakMemory:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    @property
+    def peak_mib(self) -> int:
+        return self.peak_kib // 1024
+
+
+def log(msg: str) -> None:
+    print(f"[bench compile] {msg}", file=sys.stderr, flush=True)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--sizes", default="1000000,10000000", help="comma-separated unit sizes (changes)")
+    ap.add_argument("--workdir", help="where to write the Parquet files (default: a temporary folder)")
+    args = ap.parse_args()
+    sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
+
+    import pyarrow.parquet as pq
+
+    from mirrorline.compile import workload
+    from mirrorline.compile.spark import compile_changes
+    from mirrorline.log.rows import SPARK_DDL
+    from mirrorline.sparkenv import get_spark
+
+    work = Path(args.workdir or tempfile.mkdtemp(prefix="mirrorline-bench-compile-"))
+    work.mkdir(parents=True, exist_ok=True)
+    results = []
+    with PeakMemory() as mem:
+        t0 = time.monotonic()
+        spark = get_spark()
+        log(f"spark up in {time.monotonic() - t0:.1f}s ({spark.sparkContext.master})")
+        for size in sizes:
+            src = work / f"unit-{size}"
+            if src.exists():
+                shutil.rmtree(src)
+            src.mkdir()
+            t0 = time.monotonic()
+            table = workload.generate(size, seed=size)
+            # several files, as log segments would be, so that the scan runs in parallel
+            step = max(1, -(-size // 8))
+            for i, off in enumerate(range(0, size, step)):
+                pq.write_table(table.slice(off, step), src / f"seg-{i:05d}.parquet", row_group_size=256_000)
+            del table
+            log(f"{size} changes generated and written in {time.monotonic() - t0:.1f}s")
+
+            df = spark.read.schema(SPARK_DDL).parquet(str(src))
+            # warm-up on a slice (JIT, class loading), not counted
+            compile_changes(df.limit(20_000)).release()
+
+            t0 = time.monotonic()
+            df.write.format("noop").mode("overwrite").save()
+            scan_s = time.monotonic() - t0
+            log(f"{size}: scan alone {scan_s:.1f}s")
+
+            mem.reset()
+            out = work / f"net-{size}"
+            t0 = time.monotonic()
+            batch = compile_changes(spark.read.schema(SPARK_DDL).parquet(str(src)))
+            t_compiled = time.monotonic() - t0
+            batch.net.write.mode("overwrite").parquet(str(out))
+            seconds = time.monotonic() - t0
+            counts = batch.counts()
+            batch.release()
+            net_rows = sum(sum(k.values()) for k in counts.values())
+            results.append(
+                {
+                    "changes": size,
+                    "seconds": round(seconds, 2),
+                    "compile_seconds": round(t_compiled, 2),
+                    "changes_per_s": round(size / seconds),
+                    "net_rows": net_rows,
+                    "compression": round(size / max(net_rows, 1), 2),
+                    "net_by_kind": {k: sum(c[k] for c in counts.values()) for k in "DUI"},
+                    "peak_rss_mib": mem.peak_mib,
+                    "anchor_scan_seconds": round(scan_s, 2),
+                    "vs_anchor": round(seconds / scan_s, 2),
+                }
+            )
+            log(f"{size}: {seconds:.1f}s, {size / seconds:,.0f} changes/s, {net_rows} net rows, "
+                f"peak {mem.peak_mib} MiB")
+            shutil.rmtree(src, ignore_errors=True)
+            shutil.rmtree(out, ignore_errors=True)
+    if not args.workdir:
+        shutil.rmtree(work, ignore_errors=True)
+    print(
+        json.dumps(
+            {
+                "bench": "compile",
+                "master": spark.sparkContext.master,
+                "anchor": "parquet scan alone (noop write of every column)",
+                "loadavg": [round(x, 2) for x in os.getloadavg()],
+                "sizes": results,
+            }
+        )
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,341 @@
+"""The net-change rules of DESIGN §5 in plain Python: the oracle for the Spark compiler, small and obviously right.
+
+One unit of work's changes fold, per table and key, in log order, into one net change:
+
+=====================================  ==========================================================================
+ops on one key (log order)             net change
+=====================================  ==========================================================================
+I, then any U                          I with the last image
+I … D (row ends absent)                nothing
+U, U, …                                U with the last image (unchanged columns: see below)
+U … D                                  D
+D, I (then any U)                      D then I with the last image ("replace")
+I after I or U, U after D, D after D   :class:`~mirrorline.errors.InvalidSequenceError` naming both positions
+=====================================  ==========================================================================
+
+The fold is a small state machine per key: the first op tells whether the row existed before the unit (I: absent; U
+or D: present), each op moves it between present and absent, and the net change is read from (before, after, was the
+row replaced on the way). Details:
+
+- **Key changes.** An update whose ``old_key`` is set and differs from ``key`` is D(old_key) then I(key, image), both
+  at the update's position (the D first).
+- **Unchanged columns.** A U's image is its sent columns; each column it marks unchanged takes the value the row had
+  just before it in the unit (the latest value seen), and stays marked when the unit never saw one. The running image
+  restarts at every I.
+- **TRUNCATE** discards the table's earlier net changes in the unit, marks the table truncated (applied first, before
+  its deletes, updates and inserts) and folding restarts from an *empty* table: the first op on a key after it must be
+  an I (a U or D names the TRUNCATE as the op it cannot follow). Ops before the last TRUNCATE are still checked.
+- **Positions.** Each net row carries the position of the last change folded into it; the D of a replace carries the
+  position of the change that removed the old row (the D right before the last I, or that I itself when it replaced
+  the row without a D, see below).
+- **Per-table actions** (any of ``I``, ``U``, ``D``; default all) keep only those kinds, after key changes are split
+  (so with ``"IU"`` a key change only inserts the new key, with ``"UD"`` it only deletes the old one). A TRUNCATE is a
+  delete of every row: it is kept only when ``D`` is. Dropping kinds turns valid histories into sequences the table
+  above calls invalid; the fold then follows what the replica the user asked for holds:
+
+  * without ``D`` the replica keeps rows the source deleted, so an I may meet a row that is still there: an I after
+    I or U *replaces* the row (D then I, like D, I), and an I that starts the key's ops in the unit is emitted as a
+    replace too (the row may survive from an earlier unit), unless a TRUNCATE emptied the table before it;
+  * without ``I`` the replica never gets rows inserted at the source, so a U or D after the row is gone (a D, or the
+    TRUNCATE) is a no-op and is skipped, as the set-based apply of a missing key would be.
+
+  With all three kinds the table above is strict, errors included.
+- **Output.** Tables in the order of their first (kept) change in the unit; per table net deletes, updates and
+  inserts, each keyed by the row key.
+
+:func:`replay` and :func:`apply_net` give the invariant that the property tests check: for any valid state before the
+unit, ``apply_net(state, fold(changes)) == replay(state, changes)``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from mirrorline.errors import InvalidSequenceError
+from mirrorline.model import Change, Key, Op, Value
+from mirrorline.position import Position
+
+ALL_ACTIONS = frozenset("IUD")
+Actions = Mapping[str, Collection[str]]
+State = dict[str, dict[Key, dict[str, Value]]]
+
+
+@dataclass(frozen=True)
+class NetRow:
+    kind: str  # "D", "U" or "I"
+    key: Key
+    new: Mapping[str, Value] | None  # None for D
+    unchanged: frozenset[str]  # for U (and an I from a key change): columns still to keep from the target
+    pos: Position
+
+
+@dataclass
+class TableNet:
+    deletes: dict[Key, NetRow] = field(default_factory=dict)
+    updates: dict[Key, NetRow] = field(default_factory=dict)
+    inserts: dict[Key, NetRow] = field(default_factory=dict)
+
+    def of(self, kind: str) -> dict[Key, NetRow]:
+        return {"D": self.deletes, "U": self.updates, "I": self.inserts}[kind]
+
+
+@dataclass
+class NetResult:
+    tables: list[str]
+    truncated: dict[str, Position]
+    nets: dict[str, TableNet]
+
+    def operations(self) -> list[tuple[str, str, Key | None, dict[str, Value] | None]]:
+        """The apply order: per table in ``tables`` order its TRUNCATE, then deletes, updates and inserts, each kind
+        in the order of its rows' positions. ``(table, kind, key, image)``; TRUNCATE has kind "T" and key None."""
+        out: list[tuple[str, str, Key | None, dict[str, Value] | None]] = []
+        for t in self.tables:
+            if t in self.truncated:
+                out.append((t, "T", None, None))
+            net = self.nets.get(t, TableNet())
+            for kind in "DUI":
+                for r in sorted(net.of(kind).values(), key=lambda r: r.pos):
+                    out.append((t, kind, r.key, dict(r.new) if r.new is not None else None))
+        return out
+
+    def rows(self) -> set[tuple[str, str, Key, tuple[tuple[str, Value], ...] | None, frozenset[str], Position]]:
+        """Every net row as a hashable tuple (for comparisons)."""
+        return {
+            (t, r.kind, r.key, tuple(sorted(r.new.items())) if r.new is not None else None, r.unchanged, r.pos)
+            for t, net in self.nets.items()
+            for kind in "DUI"
+            for r in net.of(kind).values()
+        }
+
+
+def actions_of(actions: Actions | None, table: str) -> frozenset[str]:
+    if actions is None or table not in actions:
+        return ALL_ACTIONS
+    return frozenset(a.upper() for a in actions[table])
+
+
+def split_ops(c: Change) -> list[tuple[str, Key, Change]]:
+    """The effective ops of one change: ``(kind, key, change)``; a key-changing update is D(old key), I(new key)."""
+    if c.op is Op.UPDATE and c.old_key is not None and tuple(c.old_key) != tuple(c.key):
+        return [("D", tuple(c.old_key), c), ("I", tuple(c.key), c)]
+    return [(c.op.value, tuple(c.key), c)]
+
+
+def marks(c: Change) -> frozenset[str]:
+    """The columns a change marks unchanged; one that is also sent (not something pgoutput does) counts as sent."""
+    return c.unchanged - frozenset(c.new or ()) if c.unchanged else c.unchanged
+
+
+@dataclass
+class _KeyFold:
+    before: str | None = None  # "absent", "present" or "maybe" (only without D: the row may survive on the replica)
+    present: bool | None = None  # None until the first op when nothing is known
+    prev: tuple[str, Position] | None = None  # the last effective op (or the TRUNCATE), for errors
+    removed_at: Position | None = None  # for the D of a replace
+    image: dict[str, Value] | None = None
+    unchanged: frozenset[str] = frozenset()
+    pos: Position | None = None
+
+    def step(self, table: str, key: Key, kind: str, c: Change, acts: frozenset[str]) -> None:
+        strict_insert = "D" in acts  # an I on a present row is an error (else it replaces the row)
+        strict_update = "I" in acts  # a U or D on an absent row is an error (else it is skipped)
+        if self.present is None:  # first op, nothing known: the op tells what was there before the unit
+            if kind == "I":
+                self.before = "absent" if strict_insert else "maybe"
+                self.present = not strict_insert
+            else:
+                self.before, self.present = "present", True
+        if kind == "I":
+            if self.present and strict_insert:
+                self._fail(table, key, kind, c)
+            if self.prev is not None and self.prev[0] == "D":
+                self.removed_at = self.prev[1]
+            elif self.present:
+                self.removed_at = c.pos
+            self.present = True
+            self.image = dict(c.new or {})
+            self.unchanged = marks(c)
+        elif not self.present:  # U or D on an absent row
+            if strict_update:
+                self._fail(table, key, kind, c)
+            return
+        elif kind == "U":
+            old = self.image or {}
+            image = dict(c.new or {})
+            for col in marks(c):
+                if col in old:
+                    image[col] = old[col]
+            self.unchanged = frozenset(col for col in marks(c) if col not in old)  # never seen: stays marked
+            self.image = image
+        else:  # D
+            self.present = False
+            self.image = None
+            self.unchanged = frozenset()
+        self.prev = (kind, c.pos)
+        self.pos = c.pos
+
+    def _fail(self, table: str, key: Key, kind: str, c: Change) -> None:
+        first_op, first_pos = self.prev if self.prev is not None else ("?", None)
+        raise InvalidSequenceError(table, key, first_op, first_pos, kind, c.pos)
+
+    def net(self, key: Key) -> list[NetRow]:
+        if self.pos is None:  # every op was skipped
+            return []
+        if not self.present:
+            return [] if self.before == "absent" else [NetRow("D", key, None, frozenset(), self.pos)]
+        insert = NetRow("I", key, dict(self.image or {}), self.unchanged, self.pos)
+        if self.before == "absent":
+            return [insert]
+        if self.before == "present" and self.removed_at is None:
+            return [NetRow("U", key, dict(self.image or {}), self.unchanged, self.pos)]
+        assert self.removed_at is not None
+        return [NetRow("D", key, None, frozenset(), self.removed_at), insert]
+
+
+def fold(changes: Iterable[Change], actions: Actions | None = None) -> NetResult:
+    """Fold one unit's changes (in log order) into net row changes per table. Raises InvalidSequenceError."""
+    tables: list[str] = []
+    truncated: dict[str, Position] = {}
+    keys: dict[str, dict[Key, _KeyFold]] = {}
+    for c in sorted(changes, key=lambda c: c.pos):
+        acts = actions_of(actions, c.table)
+        if c.op is Op.TRUNCATE:
+            if "D" not in acts:
+                continue
+            truncated[c.table] = c.pos
+            keys[c.table] = {}
+            if c.table not in tables:
+                tables.append(c.table)
+            continue
+        for kind, key, ch in split_ops(c):
+            if kind not in acts:
+                continue
+            if c.table not in tables:
+                tables.append(c.table)
+            per_key = keys.setdefault(c.table, {})
+            st = per_key.get(key)
+            if st is None:
+                st = per_key[key] = _KeyFold()
+                if c.table in truncated:  # the table was emptied: the row is known absent
+                    st.before, st.present, st.prev = "absent", False, ("T", truncated[c.table])
+            st.step(c.table, key, kind, ch, acts)
+    nets: dict[str, TableNet] = {}
+    for t in tables:
+        net = nets[t] = TableNet()
+        for key, st in keys.get(t, {}).items():
+            for r in st.net(key):
+                net.of(r.kind)[key] = r
+    return NetResult(tables, truncated, nets)
+
+
+def replay(state: State, changes: Iterable[Change], actions: Actions | None = None) -> State:
+    """Apply the changes one by one to a copy of ``state`` (table -> {key: row}), as the source (or, with actions, the
+    replica that keeps only those kinds) went through them. Raises InvalidSequenceError on an op the state refuses."""
+    out: State = {t: {k: dict(v) for k, v in rows.items()} for t, rows in state.items()}
+    last: dict[tuple[str, Key], tuple[str, Position]] = {}  # the last op on each key, for errors
+    truncated_at: dict[str, Position] = {}
+    for c in sorted(changes, key=lambda c: c.pos):
+        acts = actions_of(actions, c.table)
+        rows = out.setdefault(c.table, {})
+        if c.op is Op.TRUNCATE:
+            if "D" in acts:
+                rows.clear()
+                truncated_at[c.table] = c.pos
+                for tk in [tk for tk in last if tk[0] == c.table]:
+                    del last[tk]
+            continue
+        moved_from: dict[str, Value] = {}
+        for kind, key, ch in split_ops(c):
+            if kind not in acts:
+                if kind == "D":  # a key change whose delete is dropped: the new row still takes the old values
+                    moved_from = rows.get(key, {})
+                continue
+            if kind == "I":
+                if key in rows and "D" in acts:
+                    _refuse(c, key, kind, last, truncated_at)
+                image = dict(ch.new or {})
+                for col in marks(ch):
+                    if col in moved_from:
+                        image[col] = moved_from[col]
+                rows[key] = image
+            elif key not in rows:
+                if "I" in acts:
+                    _refuse(c, key, kind, last, truncated_at)
+                continue
+            elif kind == "U":
+                image = dict(ch.new or {})
+                for col in marks(ch):
+                    if col in rows[key]:
+                        image[col] = rows[key][col]
+                rows[key] = image
+            else:
+                moved_from = rows.pop(key)
+            last[(c.table, key)] = (kind, c.pos)
+    return out
+
+
+def _refuse(
+    c: Change,
+    key: Key,
+    kind: str,
+    last: Mapping[tuple[str, Key], tuple[str, Position]],
+    truncated: Mapping[str, Position],
+) -> None:
+    before = ("T", truncated[c.table]) if c.table in truncated else ("state", None)
+    first_op, first_pos = last.get((c.table, key), before)
+    raise InvalidSequenceError(c.table, key, first_op, first_pos, kind, c.pos)
+
+
+def apply_net(state: State, result: NetResult) -> State:
+    """Apply a net result to a copy of ``state`` the way a set-based apply does: per table TRUNCATE, then deletes
+    (missing keys: nothing), updates (missing keys: nothing; unchanged columns keep the row's value), inserts (a key
+    that is present is a duplicate-key error, raised as KeyError)."""
+    out: State = {t: {k: dict(v) for k, v in rows.items()} for t, rows in state.items()}
+    for t in result.tables:
+        rows = out.setdefault(t, {})
+        if t in result.truncated:
+            rows.clear()
+        net = result.nets.get(t, TableNet())
+        for key in net.deletes:
+            rows.pop(key, None)
+        for key, r in net.updates.items():
+            if key in rows:
+                image = dict(r.new or {})
+                for col in r.unchanged:
+                    if col in rows[key]:
+                        image[col] = rows[key][col]
+                rows[key] = image
+        for key, r in net.inserts.items():
+            if key in rows:
+                raise KeyError(f"duplicate key {key} inserted into {t}")
+            rows[key] = dict(r.new or {})
+    return out
+
+
+def from_rows(tables: list[str], truncated: Mapping[str, Position], rows: Iterable[Mapping[str, Any]]) -> NetResult:
+    """A NetResult from net rows in the NetBatch layout (table, kind, key, new, unchanged, lsn, seq)."""
+    nets: dict[str, TableNet] = {t: TableNet() for t in tables}
+    for r in rows:
+        new = r["new"]
+        if new is not None and not isinstance(new, dict):
+            new = dict(new)
+        key: Key = tuple(r["key"])
+        row = NetRow(str(r["kind"]), key, new, frozenset(r["unchanged"] or ()), Position(int(r["lsn"]), int(r["seq"])))
+        table = nets.setdefault(str(r["table"]), TableNet()).of(row.kind)
+        if key in table:
+            raise ValueError(f"two net {row.kind} rows for {r['table']} key {key}")
+        table[key] = row
+    return NetResult(list(tables), dict(truncated), nets)
+
+
+def mirror(result: NetResult) -> NetResult:
+    """The "mirror" form (DESIGN §6, 003_adea54c4fb31f98f.txt): every update becomes a delete and an insert."""
+    nets: dict[str, TableNet] = {}
+    for t, net in result.nets.items():
+        out = nets[t] = TableNet(dict(net.deletes), {}, dict(net.inserts))
+        for key, r in net.updates.items():
+            out.deletes[key] = NetRow("D", key, None, frozenset(), r.pos)
+            out.inserts[key] = NetRow("I", key, r.new, r.unchanged, r.pos)
+    return NetResult(list(result.tables), dict(result.truncated), nets)

@@ -1,0 +1,312 @@
+"""Compile one unit of work into net row changes on Spark (DESIGN §5): log rows in, :class:`NetBatch` out.
+
+The rules are those of :mod:`mirrorline.compile.reference` (the oracle, whose docstring states them in full); this
+module computes the same result with Spark SQL expressions only (no Python on the executors, nothing but a few small
+lists on the driver):
+
+1. One small job collects, per table, its first kept change (for the table order), its TRUNCATEs and the count.
+2. Key-changing updates become D(old key) then I(new key) (``sub`` 0 and 1 order them inside their position); kinds
+   the table's actions exclude are dropped; each change gets its *epoch*, the number of the table's TRUNCATEs before
+   it.
+3. One shuffle groups the ops per (table, epoch, key) into a list sorted by position. The fold reads that list as a
+   string of kinds (``"IUUD"``): validity is the absence of a forbidden pair (``II``, ``UI``, ``DU``, ``DD``, found
+   with ``regexp_instr``, which also gives both positions) or of a first U/D after a TRUNCATE; whether the row existed
+   before the unit and after it, and whether it was replaced on the way, are read from the first and last kinds and
+   from where the last I and the D's are. Only a last image that marks columns unchanged goes through the lambda
+   that looks back for their latest values.
+4. The net rows of the last epoch of each table (plus one ``E`` row per invalid key) are cached; one job materializes
+   the cache and looks for the earliest error. The batch's ``net`` reads the cache: call ``NetBatch.release()`` once
+   applied.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from mirrorline.compile.batch import NetBatch
+from mirrorline.compile.fold_sql import FOLD_STEPS, SORTED_OPS
+from mirrorline.compile.reference import ALL_ACTIONS, Actions, NetResult, from_rows
+from mirrorline.errors import InvalidSequenceError
+from mirrorline.position import ZERO, Position
+
+if TYPE_CHECKING:
+    from pyspark.sql import Column, DataFrame
+
+
+def _by_table(values: Mapping[str, Column], default: Column) -> Column:
+    """A column that takes ``values[table]`` for the tables listed, ``default`` for the others."""
+    from pyspark.sql import functions as F
+
+    out: Any = None
+    for table, value in values.items():
+        cond = F.col("table") == F.lit(table)
+        out = F.when(cond, value) if out is None else out.when(cond, value)
+    return default if out is None else out.otherwise(default)
+
+
+def _acts(actions: Actions | None) -> dict[str, frozenset[str]]:
+    """The tables whose actions are not all of I, U, D."""
+    out: dict[str, frozenset[str]] = {}
+    for table, acts in (actions or {}).items():
+        a = frozenset(x.upper() for x in acts)
+        if a != ALL_ACTIONS:
+            out[table] = a
+    return out
+
+
+def _kept(kinds: Column, acts: Mapping[str, frozenset[str]]) -> Column:
+    """Is ``kinds`` (a string column holding one of I, U, D, T) kept by the table's actions? T goes with D."""
+    from pyspark.sql import functions as F
+
+    return _by_table({t: kinds.isin(sorted(a | ({"T"} if "D" in a else set()))) for t, a in acts.items()}, F.lit(True))
+
+
+_POS_SCALE = 10**19
+
+
+def _dec_pos(d: Any) -> Position:
+    lsn, seq = divmod(int(d), _POS_SCALE)
+    return Position(lsn, seq)
+
+
+def _after(pos: Position) -> Column:
+    """Rows after ``pos``, as a predicate Parquet can push down."""
+    from pyspark.sql import functions as F
+
+    return (F.col("lsn") > F.lit(pos.lsn)) | ((F.col("lsn") == F.lit(pos.lsn)) & (F.col("seq") > F.lit(pos.seq)))
+
+
+def _pos_struct(pos: Position) -> Column:
+    from pyspark.sql import functions as F
+
+    return F.struct(F.lit(pos.lsn).cast("bigint").alias("lsn"), F.lit(pos.seq).cast("bigint").alias("seq"))
+
+
+@contextmanager
+def _sort_aggregate(spark: Any) -> Iterator[None]:
+    """Plan collect_list as a sort aggregate while the fold is planned and run. Its input is already partitioned and
+    sorted by key, so the aggregate streams; the default object-hash aggregate would add a partial aggregation that
+    merges nothing and fall back to sorting everything again past 128 keys."""
+    conf = "spark.sql.execution.useObjectHashAggregateExec"
+    before = spark.conf.get(conf)
+    spark.conf.set(conf, "false")
+    try:
+        yield
+    finally:
+        spark.conf.set(conf, before)
+
+
+@dataclass
+class _Plan:
+    tables: list[str]
+    truncs: dict[str, list[Position]]
+    changes: int
+    last: Position | None
+    net_all: DataFrame  # net rows plus one E row (with ``err``) per invalid key sequence
+
+
+def _plan(changes: DataFrame, actions: Actions | None, start: Position | None, end: Position | None) -> _Plan:
+    from pyspark.sql import functions as F
+
+    if start is not None:
+        changes = changes.where(_after(start))
+    if end is not None:
+        changes = changes.where(~_after(end))
+    acts = _acts(actions)
+    pos = F.struct(F.col("lsn"), F.col("seq"))
+
+    # 1. per table: first kept change, TRUNCATEs, count (small: one row per table)
+    key_change = (F.col("op") == "U") & F.col("old_key").isNotNull() & ~F.col("old_key").eqNullSafe(F.col("key"))
+    kept_row = _kept(F.col("op"), acts)
+    if acts:  # a key change is kept when its D or its I is
+        kept_row = F.when(key_change, _kept(F.lit("D"), acts) | _kept(F.lit("I"), acts)).otherwise(kept_row)
+    # positions as one decimal (lsn * 10^19 + seq, exact: both are below 2^63) so that min/max stay hash aggregates
+    pos_dec = F.col("lsn").cast("decimal(38,0)") * F.expr(f"CAST({_POS_SCALE} AS DECIMAL(38,0))") + F.col("seq")
+    meta = (
+        changes.groupBy("table")
+        .agg(
+            F.count(F.lit(1)).alias("n"),
+            F.min(F.when(kept_row, pos_dec)).alias("first"),
+            F.max(pos_dec).alias("last"),
+            F.collect_list(F.when((F.col("op") == "T") & kept_row, pos)).alias("truncs"),
+        )
+        .collect()
+    )
+    first_seen = sorted((_dec_pos(r["first"]), r["table"]) for r in meta if r["first"] is not None)
+    truncs = {r["table"]: sorted(Position(p["lsn"], p["seq"]) for p in r["truncs"]) for r in meta if r["truncs"]}
+    n_changes = sum(int(r["n"]) for r in meta)
+    last = max((_dec_pos(r["last"]) for r in meta), default=None)
+
+    # 2. effective ops: key changes split, kinds filtered, epochs
+    parts = F.when(
+        key_change,
+        F.array(
+            F.struct(F.lit("D").alias("kind"), F.col("old_key").alias("k"), F.lit(0).alias("sub")),
+            F.struct(F.lit("I").alias("kind"), F.col("key").alias("k"), F.lit(1).alias("sub")),
+        ),
+    ).otherwise(F.array(F.struct(F.col("op").alias("kind"), F.col("key").alias("k"), F.lit(0).alias("sub"))))
+    ops = (
+        changes.where(F.col("op") != "T")
+        .select("table", "lsn", "seq", "new", "unchanged", F.inline(parts))
+        .where(_kept(F.col("kind"), acts))
+    )
+    epoch = _by_table(
+        {
+            t: F.size(F.filter(F.array(*[_pos_struct(p) for p in ps]), lambda tp: tp < F.struct("lsn", "seq")))
+            for t, ps in truncs.items()
+        },
+        F.lit(0),
+    )
+    # a column both sent and marked unchanged (not something pgoutput does) counts as sent
+    unchanged = F.when(F.size("unchanged") == 0, F.col("unchanged")).otherwise(
+        F.filter("unchanged", lambda c: ~F.map_contains_key(F.coalesce("new", F.create_map()), c))
+    )
+    ops = ops.select(
+        "table",
+        epoch.alias("epoch"),
+        F.col("k").alias("key"),
+        F.struct("lsn", "seq", "sub", "kind", "new", unchanged.alias("unchanged")).alias("op"),
+    )
+
+    # 3. the fold, per (table, epoch, key): one shuffle, rows sorted by key and position inside each partition, so
+    # that a streaming sort aggregate builds each key's list (see _sort_aggregate)
+    partitions = max(2, min(400, n_changes // 250_000 + 1))
+    grouped = (
+        ops.repartition(partitions, "table", "epoch", "key")
+        .sortWithinPartitions("table", "epoch", "key", "op.lsn", "op.seq", "op.sub")
+        .groupBy("table", "epoch", "key")
+        .agg(F.collect_list("op").alias("ops"))
+        .select("table", "epoch", "key", F.expr(SORTED_OPS).alias("ops"))
+    )
+    trunc_pos = {
+        t: F.element_at(F.array(*map(_pos_struct, ps)), F.greatest("epoch", F.lit(1))) for t, ps in truncs.items()
+    }
+    folded = grouped.select(
+        "table",
+        "key",
+        "ops",
+        _by_table({t: F.lit("D" in a) for t, a in acts.items()}, F.lit(True)).alias("si"),
+        _by_table({t: F.lit("I" in a) for t, a in acts.items()}, F.lit(True)).alias("su"),
+        (F.col("epoch") > 0).alias("e"),
+        (F.col("epoch") == _by_table({t: F.lit(len(ps)) for t, ps in truncs.items()}, F.lit(0))).alias("last_epoch"),
+        _by_table(trunc_pos, F.lit(None).cast("struct<lsn: bigint, seq: bigint>")).alias("tpos"),
+    ).select("*", F.col("tpos.lsn").alias("tlsn"), F.col("tpos.seq").alias("tseq"))
+    for name, sql in FOLD_STEPS:
+        folded = folded.withColumn(name, F.expr(sql))
+    # inline_outer, not inline: with inline the optimizer infers a size(rows) > 0 filter and inlines the whole fold
+    # into it, many times over
+    net_all = (
+        folded.select("table", "key", "err", F.inline_outer("rows"))
+        .where(F.col("kind").isNotNull())
+        .select("table", "kind", "key", "new", "unchanged", "lsn", "seq", "err")
+    )
+    return _Plan([t for _, t in first_seen], truncs, n_changes, last, net_all)
+
+
+def _errors(net_all: DataFrame, limit: int) -> list[InvalidSequenceError]:
+    from pyspark.sql import functions as F
+
+    rows = (
+        net_all.where(F.col("kind") == "E")
+        .orderBy("err.second_lsn", "err.second_seq", "err.second_sub", "table")
+        .limit(limit)
+        .collect()
+    )
+    return [
+        InvalidSequenceError(
+            r["table"],
+            tuple(r["key"]),
+            r["err"]["first_op"],
+            Position(r["err"]["first_lsn"], r["err"]["first_seq"]),
+            r["err"]["second_op"],
+            Position(r["err"]["second_lsn"], r["err"]["second_seq"]),
+        )
+        for r in rows
+    ]
+
+
+def compile_changes(
+    changes: DataFrame,
+    *,
+    actions: Actions | None = None,
+    start: Position | None = None,
+    end: Position | None = None,
+) -> NetBatch:
+    """Compile the changes (log row layout, :data:`mirrorline.log.rows.SPARK_DDL`) of one unit of work.
+
+    ``start`` (exclusive) and ``end`` (inclusive) bound the unit when given; ``actions`` maps tables to the kinds
+    they replicate (default all). Raises :class:`InvalidSequenceError` for the earliest invalid op sequence. The
+    returned batch's ``net`` is cached: call ``release()`` on it when done.
+    """
+    from pyspark import StorageLevel
+
+    plan = _plan(changes, actions, start, end)
+    with _sort_aggregate(changes.sparkSession):
+        net_all = plan.net_all.persist(StorageLevel.MEMORY_AND_DISK)
+        errors = _errors(net_all, 1)  # materializes the cache
+    if errors:
+        net_all.unpersist()
+        raise errors[0]
+    return NetBatch(
+        start=start or ZERO,
+        end=end or plan.last or start or ZERO,
+        tables=plan.tables,
+        net=net_all.drop("err"),
+        truncated={t: ps[-1] for t, ps in plan.truncs.items()},
+        changes=plan.changes,
+        cached=net_all,
+    )
+
+
+def find_invalid(
+    changes: DataFrame,
+    *,
+    actions: Actions | None = None,
+    start: Position | None = None,
+    end: Position | None = None,
+    limit: int = 100,
+) -> list[InvalidSequenceError]:
+    """Every invalid op sequence of the unit (the earliest of each key, at most ``limit``), earliest first: what a
+    user fixing a log or an imported file wants to see at once, where compiling stops at the first."""
+    plan = _plan(changes, actions, start, end)
+    with _sort_aggregate(changes.sparkSession):
+        return _errors(plan.net_all, limit)
+
+
+def collect_result(batch: NetBatch) -> NetResult:
+    """The whole batch on the driver as a reference NetResult (for tests and small units only)."""
+    return from_rows(batch.tables, batch.truncated, (r.asDict() for r in batch.net.collect()))
+
+
+def mirror(net: DataFrame) -> DataFrame:
+    """The "mirror" form of a net DataFrame (DESIGN §6, 003_adea54c4fb31f98f.txt): each update becomes a delete and
+    an insert of its image. An update that still marks columns unchanged cannot be an insert: the apply must take
+    those columns from the target's row (the I row keeps them in ``unchanged``)."""
+    from pyspark.sql import functions as F
+
+    kinds = F.when(F.col("kind") == "U", F.array(F.lit("D"), F.lit("I"))).otherwise(F.array(F.col("kind")))
+    out = net.select("*", F.explode(kinds).alias("_k"))
+    return out.select(
+        "table",
+        F.col("_k").alias("kind"),
+        "key",
+        F.when(F.col("_k") == "D", F.lit(None)).otherwise(F.col("new")).alias("new"),
+        F.when(F.col("_k") == "D", F.array().cast("array<string>")).otherwise(F.col("unchanged")).alias("unchanged"),
+        "lsn",
+        "seq",
+    )
+
+
+def actions_from_config(tables: Mapping[str, Any]) -> dict[str, Collection[str]]:
+    """``{table: TableConfig}`` -> the ``actions`` argument of :func:`compile_changes`."""
+    return {name: t.actions for name, t in tables.items()}
+
+
+def changes_frame(spark: Any, changes: Collection[Any]) -> DataFrame:
+    """Changes (:class:`mirrorline.model.Change`) -> a DataFrame in the log row layout (small inputs: tests, demo)."""
+    from mirrorline.log.rows import SPARK_DDL, changes_to_table
+
+    return spark.createDataFrame(changes_to_table(changes), schema=SPARK_DDL)

@@ -1,0 +1,199 @@
+"""The Spark compiler (mirrorline.compile.spark) on the named cases of tests/compile_cases.py: every rule and edge
+case its own test, each checked against the expected lines and the reference. To keep Spark's cost per job down, all
+valid cases are compiled together in ONE unit (case i's tables renamed ``c<i>.<name>``, tables being independent),
+and all invalid ones are diagnosed together with ``find_invalid``."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from compile_cases import CASES, pos, render, unit
+from mirrorline.compile.batch import NET_DDL
+from mirrorline.compile.reference import NetResult, fold
+from mirrorline.compile.spark import changes_frame, collect_result, compile_changes, find_invalid, mirror
+from mirrorline.errors import InvalidSequenceError
+from mirrorline.model import Change
+from mirrorline.position import Position
+
+pytestmark = pytest.mark.spark
+
+VALID = [n for n, c in CASES.items() if c.error is None]
+INVALID = [n for n, c in CASES.items() if c.error is not None]
+
+
+def _packed(names: list[str]) -> tuple[list[Change], dict[str, str]]:
+    changes: list[Change] = []
+    actions: dict[str, str] = {}
+    for i, name in enumerate(names):
+        case = CASES[name]
+        for c in case.changes():
+            changes.append(replace(c, table=f"c{i}.{c.table.partition('.')[2]}"))
+        for t, a in case.actions.items():
+            actions[f"c{i}.{t.partition('.')[2]}"] = a
+    return changes, actions
+
+
+def _case_part(result: NetResult, i: int) -> NetResult:
+    prefix = f"c{i}."
+    ren = {t: "public." + t.removeprefix(prefix) for t in result.tables if t.startswith(prefix)}
+    return NetResult(
+        [ren[t] for t in result.tables if t in ren],
+        {ren[t]: p for t, p in result.truncated.items() if t in ren},
+        {ren[t]: net for t, net in result.nets.items() if t in ren},
+    )
+
+
+@pytest.fixture(scope="module")
+def valid_results(spark: Any) -> dict[str, NetResult]:
+    changes, actions = _packed(VALID)
+    batch = compile_changes(changes_frame(spark, changes), actions=actions)
+    try:
+        result = collect_result(batch)
+    finally:
+        batch.release()
+    return {name: _case_part(result, i) for i, name in enumerate(VALID)}
+
+
+@pytest.fixture(scope="module")
+def invalid_results(spark: Any) -> dict[str, InvalidSequenceError]:
+    changes, actions = _packed(INVALID)
+    errors = find_invalid(changes_frame(spark, changes), actions=actions)
+    out: dict[str, InvalidSequenceError] = {}
+    for e in errors:  # earliest first: keep each case's earliest
+        i = int(e.table.partition(".")[0][1:])
+        out.setdefault(INVALID[i], e)
+    return out
+
+
+@pytest.mark.parametrize("name", VALID)
+def test_rule(name: str, valid_results: dict[str, NetResult]) -> None:
+    case = CASES[name]
+    got = valid_results[name]
+    assert render(got) == case.expected
+    assert got.rows() == fold(case.changes(), case.actions or None).rows()  # positions and unchanged marks too
+    assert got.truncated == fold(case.changes(), case.actions or None).truncated
+
+
+@pytest.mark.parametrize("name", INVALID)
+def test_invalid(name: str, invalid_results: dict[str, InvalidSequenceError]) -> None:
+    case = CASES[name]
+    assert case.error is not None
+    first_op, first_line, second_op, second_line, key, table = case.error
+    e = invalid_results[name]
+    assert e.table.partition(".")[2] == table.partition(".")[2] and e.key == key
+    assert (e.context["first_op"], e.first_pos) == (first_op, pos(first_line))
+    assert (e.context["second_op"], e.second_pos) == (second_op, pos(second_line))
+
+
+def test_compile_raises_the_earliest_invalid_sequence(spark: Any) -> None:
+    changes = unit("a: U 1 c=1", "b: D 2", "a: D 1", "b: D 2", "a: U 1 c=2")
+    with pytest.raises(InvalidSequenceError) as e:
+        compile_changes(changes_frame(spark, changes))
+    assert (e.value.table, e.value.key, e.value.first_pos, e.value.second_pos) == ("public.b", ("2",), pos(2), pos(4))
+    assert "public.b" in str(e.value) and str(pos(4)) in str(e.value) and str(pos(2)) in str(e.value)
+
+
+def test_seeds_and_mirror_form_in_apply_order(spark: Any) -> None:
+    """000's two examples and 003's example, compiled together; 003 in the mirror form gives the document's
+    statements: per table deletes then inserts, tables in first-seen order."""
+    changes = (
+        [replace(c, table="e1.T") for c in CASES["seed000_example1"].changes(base=0)]
+        + [replace(c, table="e2.T") for c in CASES["seed000_example2"].changes(base=100)]
+        + CASES["seed003_net_effect"].changes(base=200)
+    )
+    batch = compile_changes(changes_frame(spark, changes))
+    try:
+        assert batch.tables == ["e1.T", "e2.T", "public.TABLE1", "public.TABLE2", "public.TABLE3"]
+        rows = {(r["table"], r["kind"], r["key"][0]): r for r in batch.net.collect()}
+        assert rows.keys() >= {("e1.T", "I", "1"), ("e2.T", "U", "1")}
+        assert dict(rows[("e1.T", "I", "1")]["new"]) == {"k": "1", "c": "13"}
+        assert dict(rows[("e2.T", "U", "1")]["new"]) == {"k": "1", "c": "16"}
+        kind_order = {"D": 0, "U": 1, "I": 2}
+        mirrored = [
+            (r["table"].removeprefix("public."), r["kind"], r["key"][0])
+            for r in mirror(batch.net).where("table LIKE 'public.%'").collect()
+        ]
+        mirrored.sort(key=lambda x: (batch.tables.index("public." + x[0]), kind_order[x[1]], x[2]))
+        assert mirrored == [
+            ("TABLE1", "D", "2"), ("TABLE1", "D", "3"),
+            ("TABLE1", "I", "1"), ("TABLE1", "I", "3"), ("TABLE1", "I", "4"),
+            ("TABLE2", "D", "1"), ("TABLE2", "I", "1"), ("TABLE2", "I", "2"),
+            ("TABLE3", "I", "1"), ("TABLE3", "I", "2"),
+        ]  # fmt: skip
+        # within a kind the rows' positions give 003's statement order
+        t1 = sorted(
+            (r for r in mirror(batch.net).where("table = 'public.TABLE1'").collect()),
+            key=lambda r: (kind_order[r["kind"]], r["lsn"], r["seq"]),
+        )
+        assert [(r["kind"], r["key"][0]) for r in t1] == [("D", "2"), ("D", "3"), ("I", "1"), ("I", "3"), ("I", "4")]
+    finally:
+        batch.release()
+
+
+def test_net_layout_is_the_contract(spark: Any) -> None:
+    from pyspark.sql.types import _parse_datatype_string
+
+    batch = compile_changes(changes_frame(spark, unit("I 1 c=1", "U 2 c=2 ~d", "D 3")))
+    try:
+        want = _parse_datatype_string(NET_DDL)
+        assert [(f.name, f.dataType) for f in batch.net.schema] == [(f.name, f.dataType) for f in want]
+        assert batch.changes == 3 and batch.tables == ["public.t"] and batch.truncated == {}
+        assert batch.counts() == {"public.t": {"D": 1, "U": 1, "I": 1}}
+        assert batch.end == pos(3)
+    finally:
+        batch.release()
+    assert batch.cached is None
+
+
+def test_start_and_end_bound_the_unit(spark: Any) -> None:
+    changes = unit("I 1 c=1", "U 1 c=2", "U 1 c=3", "D 1", "I 2 c=1")
+    batch = compile_changes(changes_frame(spark, changes), start=pos(1), end=pos(3))
+    try:
+        assert render(collect_result(batch)) == ["t: U 1 c=3"]
+        assert (batch.start, batch.end, batch.changes) == (pos(1), pos(3), 2)
+    finally:
+        batch.release()
+
+
+def test_empty_unit(spark: Any) -> None:
+    batch = compile_changes(changes_frame(spark, []), start=Position(5, 0))
+    try:
+        assert batch.tables == [] and batch.net.count() == 0 and (batch.start, batch.end) == (Position(5, 0),) * 2
+    finally:
+        batch.release()
+
+
+def test_ops_arriving_out_of_order_are_sorted(spark: Any) -> None:
+    """The fold's safety net: a key's ops that do not arrive sorted by position are sorted by the lambda sort."""
+    from pyspark.sql import functions as F
+
+    from mirrorline.compile.fold_sql import SORTED_OPS
+
+    op = "named_struct('lsn', CAST({} AS BIGINT), 'seq', CAST({} AS BIGINT), 'sub', {}, 'kind', '{}', " \
+         "'new', map('c', '{}'), 'unchanged', CAST(array() AS ARRAY<STRING>))"  # fmt: skip
+    ops = f"array({op.format(5, 1, 0, 'U', 'c')}, {op.format(5, 0, 1, 'I', 'b')}, {op.format(5, 0, 0, 'D', 'a')})"
+    got = spark.range(1).select(F.expr(ops).alias("ops")).select(F.expr(SORTED_OPS).alias("ops")).first()["ops"]
+    assert [(o["lsn"], o["seq"], o["sub"], o["kind"]) for o in got] == [(5, 0, 0, "D"), (5, 0, 1, "I"), (5, 1, 0, "U")]
+
+
+def test_reads_the_log_layout_from_parquet(spark: Any, tmp_path: Any) -> None:
+    """Segments written by pyarrow in ARROW_SCHEMA, read back by Spark with SPARK_DDL, compile like the reference."""
+    import pyarrow.parquet as pq
+
+    from mirrorline.compile import workload
+    from mirrorline.log.rows import SPARK_DDL, table_to_changes
+
+    table = workload.generate(6000, seed=7)
+    for i in range(3):
+        pq.write_table(table.slice(i * 2000, 2000), tmp_path / f"seg-{i}.parquet")
+    batch = compile_changes(spark.read.schema(SPARK_DDL).parquet(str(tmp_path)))
+    try:
+        expected = fold(table_to_changes(table))
+        got = collect_result(batch)
+        assert got.tables == expected.tables and got.rows() == expected.rows()
+        assert batch.changes == 6000
+    finally:
+        batch.release()
