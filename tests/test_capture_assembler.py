@@ -8,17 +8,7 @@ from dataclasses import replace
 import pyarrow as pa
 import pytest
 
-from mirrorline.capture.assembler import (
-    Assembler,
-    Committed,
-    Event,
-    SkippedTxn,
-    SpillAbort,
-    SpillBlockEnd,
-    SpillChanges,
-    SpillCommit,
-    TableInfo,
-)
+from mirrorline.capture.assembler import Assembler
 from mirrorline.capture.decoder import (
     PG_EPOCH_UNIX_US,
     UNCHANGED,
@@ -38,6 +28,16 @@ from mirrorline.capture.decoder import (
     Truncate,
     Type,
     Update,
+)
+from mirrorline.capture.events import (
+    Committed,
+    Event,
+    SkippedTxn,
+    SpillAbort,
+    SpillBlockEnd,
+    SpillChanges,
+    SpillCommit,
+    TableInfo,
 )
 from mirrorline.capture.rowbuf import to_changes
 from mirrorline.errors import DecodeError, SourceError

@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mirrorline.capture import assembler as assembler_module
-from mirrorline.capture.assembler import Assembler, Committed, Event, SpillChanges, TableInfo
+from mirrorline.capture import batching as batching_module
+from mirrorline.capture.batching import BatchAssembler
 from mirrorline.capture.decoder import (
     UNCHANGED,
     Begin,
@@ -30,6 +30,7 @@ from mirrorline.capture.decoder import (
     Truncate,
     Update,
 )
+from mirrorline.capture.events import Committed, Event, SpillChanges, TableInfo
 from mirrorline.capture.rowbuf import to_changes
 from mirrorline.errors import DecodeError
 from mirrorline.model import Change, TableSchema
@@ -149,7 +150,7 @@ def run(msgs: list[bytes | str], fast: bool, chunk: int = 1_000_000) -> tuple[li
         recorded.append(replace(s, version=len(same) + 1))
         return recorded[-1]
 
-    asm = Assembler(lambda o, m: "text", record, TABLES, chunk_changes=chunk)
+    asm = BatchAssembler(lambda o, m: "text", record, TABLES, chunk_changes=chunk)
     events: list[Event] = []
     changes: list[Change] = []
     for m in msgs:
@@ -219,13 +220,13 @@ def test_damaged_row_message_is_the_same_decode_error_on_both_paths(msgs: list[b
 
 def test_many_small_transactions_are_decoded_together(monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[int] = []
-    real = assembler_module.decode_rows
+    real = batching_module.decode_rows
 
     def counting(payloads: Any, *args: Any) -> Any:
         calls.append(len(payloads))
         return real(payloads, *args)
 
-    monkeypatch.setattr(assembler_module, "decode_rows", counting)
+    monkeypatch.setattr(batching_module, "decode_rows", counting)
     msgs: list[bytes | str] = [encode(RELS[1])]
     for t in range(100):
         msgs += [encode(Begin(100 + t, 0, t)), encode(Insert(None, 1, [str(t), "a", None])),

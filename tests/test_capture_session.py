@@ -110,15 +110,17 @@ def test_column_add_and_drop_are_new_schema_versions(pg: Any, tmp_path: Path) ->
     pg.execute("CREATE TABLE t (id int PRIMARY KEY, a text)")
     cfg = make_config(pg.dsn, tmp_path, {"public.t": {}})
     capture_once(cfg)
-    for sql in ("INSERT INTO t VALUES (1, 'x')", "ALTER TABLE t ADD COLUMN b int", "INSERT INTO t VALUES (2, 'y', 5)",
-                "ALTER TABLE t DROP COLUMN a", "INSERT INTO t VALUES (3, 6)"):
+    for sql in ("INSERT INTO t VALUES (1, 'x')", "ALTER TABLE t ADD COLUMN b numeric(5,1)",
+                "INSERT INTO t VALUES (2, 'y', 5)", "ALTER TABLE t DROP COLUMN a", "INSERT INTO t VALUES (3, 6)"):
         pg.execute(sql)
     capture_once(cfg)
     got = changes(cfg)
     assert [(c.new, c.schema_version) for c in got] == [
-        ({"id": "1", "a": "x"}, 1), ({"id": "2", "a": "y", "b": "5"}, 2), ({"id": "3", "b": "6"}, 3)]
+        ({"id": "1", "a": "x"}, 1), ({"id": "2", "a": "y", "b": "5.0"}, 2), ({"id": "3", "b": "6.0"}, 3)]
     log = ChangeLog(cfg.log.path)
     assert [c.name for c in log.schema("public.t", 3).columns] == ["id", "b"]
+    # a type first seen in a Relation message is named with format_type, looked up on the source
+    assert log.schema("public.t", 2).column("b").type_name == "numeric(5,1)"
 
 
 def test_restart_continues_from_the_slot_without_loss_or_duplicates(pg: Any, tmp_path: Path) -> None:

@@ -4,7 +4,9 @@ Pure: no server, no files. The two things it needs from outside come in as funct
 (PostgreSQL's ``format_type`` text, looked up by the caller) and ``record_schema(schema)`` (the log writer assigns the
 schema version). :meth:`Assembler.feed` takes one message and returns the events it completes:
 
-- :class:`CommittedTxn`: a whole (not streamed, not too large) committed transaction, its changes at their positions.
+- :class:`Committed`: a whole (not streamed, not too large) transaction committed; its changes wait for
+  :meth:`Assembler.take`, which returns every committed change gathered so far as one Arrow table in the log layout
+  (:data:`mirrorline.log.rows.ARROW_SCHEMA`; :func:`mirrorline.capture.rowbuf.to_changes` gives Change objects).
 - :class:`SpillChanges` / :class:`SpillBlockEnd` / :class:`SpillCommit` / :class:`SpillAbort`: the life of a spilled
   transaction: a streamed one (its commit LSN is unknown until Stream Commit, so its changes carry LSN 0 and their
   index in arrival order), or a non-streamed one too large to keep in memory.
@@ -16,16 +18,17 @@ the Unix epoch; ``table`` "schema.name"; ``key`` the key columns' values (config
 flags, else for REPLICA IDENTITY FULL the primary key known from the catalog, else every non-LOB column); an update
 whose key changed carries ``old_key``; unchanged TOAST columns are absent from ``new`` and named in ``unchanged``;
 TRUNCATE is one change per table with op T.
+
+This is the reference path, one message at a time. :class:`mirrorline.capture.batching.BatchAssembler` takes message
+bytes and decodes row messages column-wise a batch at a time, with the same results.
 """
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 import pyarrow as pa
 
 from mirrorline.capture.decoder import (
@@ -50,96 +53,22 @@ from mirrorline.capture.decoder import (
     TupleValue,
     Type,
     Update,
-    decode,
 )
-from mirrorline.capture.fastrows import Fallback, Segment, decode_rows
+from mirrorline.capture.events import (
+    Committed,
+    Event,
+    RelInfo,
+    SkippedTxn,
+    SpillAbort,
+    SpillBlockEnd,
+    SpillChanges,
+    SpillCommit,
+    TableInfo,
+)
 from mirrorline.capture.rowbuf import RowBuffer, Rows
 from mirrorline.errors import DecodeError, SourceError
 from mirrorline.model import Column, Key, TableSchema, default_key
 from mirrorline.position import Position, format_lsn
-
-# ----------------------------------------------------------------------------------------------------- events
-
-
-@dataclass(slots=True)
-class Committed:
-    """A whole non-streamed transaction committed; its ``rows`` changes wait in the assembler for :meth:`take`."""
-
-    xid: int
-    commit_lsn: int
-    end_lsn: int
-    commit_ts: int  # microseconds since the Unix epoch
-    rows: int
-
-
-@dataclass(slots=True)
-class SpillChanges:
-    """Changes of spilled transaction ``xid`` made by (sub)transaction ``subxid``, in arrival order (log layout)."""
-
-    xid: int
-    subxid: int
-    rows: pa.Table
-
-
-@dataclass(slots=True)
-class SpillBlockEnd:
-    """A stream block of ``xid`` ended (Stream Stop): what was added so far belongs on disk."""
-
-    xid: int
-
-
-@dataclass(slots=True)
-class SpillCommit:
-    """Spilled transaction ``xid`` committed. Take the committed rows before it (:meth:`Assembler.take`) first."""
-
-    xid: int
-    commit_lsn: int
-    end_lsn: int
-    commit_ts: int  # microseconds since the Unix epoch
-
-
-@dataclass(slots=True)
-class SpillAbort:
-    """Discard subtransaction ``subxid`` of spilled transaction ``xid``; the whole transaction when equal."""
-
-    xid: int
-    subxid: int
-
-
-@dataclass(slots=True)
-class SkippedTxn:
-    """A transaction at or before ``skip_through``: already in the log."""
-
-    xid: int
-    commit_lsn: int
-    end_lsn: int
-
-
-Event = Committed | SpillChanges | SpillBlockEnd | SpillCommit | SpillAbort | SkippedTxn
-
-# ----------------------------------------------------------------------------------------------------- tables
-
-
-@dataclass(frozen=True, slots=True)
-class TableInfo:
-    """What the catalog said about a configured table at start (see :mod:`mirrorline.capture.source`)."""
-
-    table: str
-    key: tuple[str, ...] = ()  # configured key (config.tables[...].key)
-    primary_key: tuple[str, ...] = ()
-    not_null: frozenset[str] = frozenset()
-
-
-@dataclass(slots=True)
-class RelInfo:
-    """A Relation message resolved: the table, its schema version and where its key columns sit in a tuple."""
-
-    relid: int
-    table: str
-    version: int
-    names: tuple[str, ...]
-    key_idx: tuple[int, ...]
-    captured: bool  # False: a published table that is not configured; its changes are dropped
 
 
 @dataclass(slots=True)
@@ -151,15 +80,9 @@ class _Stream:
     subxid: int = 0
     pending: RowBuffer = field(default_factory=RowBuffer)
     relations: dict[int, RelInfo] = field(default_factory=dict)
-    raw: list[bytes] = field(default_factory=list)  # row messages of the block not decoded yet
-    raw_bytes: int = 0
 
 
 _EMPTY: tuple[Event, ...] = ()
-_AFTER_RAW = frozenset({Relation, Insert, Update, Delete, Truncate, StreamCommit})  # wait for gathered rows
-_AFTER_STREAM_RAW = frozenset({Relation, Insert, Update, Delete, Truncate, StreamStop})
-RAW_ROWS = 8192  # row messages decoded column-wise together
-RAW_BYTES = 4 << 20  # ... or this many bytes of them
 
 
 class Assembler:
@@ -182,15 +105,9 @@ class Assembler:
         self.types: dict[int, str] = {}  # Type messages: oid -> "schema.name"
         self.relations: dict[int, RelInfo] = {}
         self.dropped = 0  # changes of tables that are not configured
-        self.decoder = Decoder()
+        self.decoder = Decoder()  # for callers that hand in bytes (see batching.BatchAssembler)
         self._out = Rows()  # committed transactions not taken yet, then the open transaction's rows
-        # row messages not decoded yet (see feed_bytes): committed transactions' first, then the open one's
-        self._raw: list[bytes] = []
-        self._raw_bytes = 0
-        self._raw_segs: list[Segment] = []  # each transaction's run in _raw
-        self._raw_committed = 0  # how many of _raw belong to committed transactions
-        self._raw_open = False  # the last run belongs to the open transaction
-        self._replaying = False
+        self._replaying = False  # no chunking (see _chunk)
         self._txn: Begin | None = None
         self._txn_mark = 0  # where the open transaction's rows start in _out
         self._txn_ts = 0
@@ -221,12 +138,10 @@ class Assembler:
     @property
     def buffered(self) -> int:
         """Rows of committed transactions waiting for :meth:`take` (rows of tables not captured may be counted)."""
-        return (self._txn_mark if self._txn is not None else len(self._out)) + self._raw_committed
+        return self._txn_mark if self._txn is not None else len(self._out)
 
     def take(self) -> pa.Table | None:
         """The committed transactions' rows gathered since the last call (log layout, commit order), or None."""
-        if self._raw_committed:
-            self._flush_raw(chunking=False)
         if self._txn is None:
             return self._out.take()
         if self._txn_mark == 0:
@@ -242,8 +157,6 @@ class Assembler:
         """A new replication connection: PostgreSQL sends Relation messages and in-progress transactions again.
         Drops the open transaction (committed rows stay for :meth:`take`); returns the aborts of every open spill."""
         events: list[Event] = [SpillAbort(xid, xid) for xid in self._streams]
-        if self._raw:
-            self._flush_raw(chunking=False)
         if self._txn is not None:
             if self._spilled:
                 events.append(SpillAbort(self._txn.xid, self._txn.xid))
@@ -257,131 +170,9 @@ class Assembler:
         self._skipping = False
         return events
 
-    def feed(self, msg: Message) -> Sequence[Event]:
-        """Take one decoded message; return the events it completes (mostly none)."""
-        st = self._stream
-        if st is not None and st.raw and type(msg) in _AFTER_STREAM_RAW:
-            events = self._flush_stream(st)
-            more = self.feed(msg)
-            return [*events, *more] if events else more
-        if self._raw and type(msg) in _AFTER_RAW:
-            events = self._flush_raw()
-            more = self._handlers[type(msg)](msg)
-            return [*events, *more] if events else more
-        return self._handlers[type(msg)](msg)
-
-    def feed_bytes(self, data: bytes) -> Sequence[Event]:
-        """Take one message as sent (the payload of an XLogData): the same as ``feed(decoder.decode(data))``, but
-        row messages of ordinary transactions are gathered and decoded a batch at a time, column-wise."""
-        k = data[0] if data else 0
-        txn = self._txn
-        if (k == 73 or k == 85 or k == 68) and self.decoder.in_stream:
-            st = self._stream
-            if st is not None:
-                st.raw.append(data)
-                st.raw_bytes += len(data)
-                if len(st.raw) >= RAW_ROWS or st.raw_bytes >= RAW_BYTES:
-                    return self._flush_stream(st)
-                return _EMPTY
-        elif (k == 73 or k == 85 or k == 68) and txn is not None:
-            if self._skipping:
-                return _EMPTY
-            raw = self._raw
-            if not self._raw_open:
-                self._raw_segs.append((len(raw), txn.final_lsn, self._txn_ts, txn.xid, self._seq))
-                self._raw_open = True
-            raw.append(data)
-            self._raw_bytes += len(data)
-            if len(raw) >= RAW_ROWS or self._raw_bytes >= RAW_BYTES:
-                events = self._flush_raw()
-                return [*events, *self._chunk()] if events else self._chunk()
-            return _EMPTY
-        return self.feed(self.decoder.decode(data))
-
-    def _flush_raw(self, chunking: bool = True) -> Sequence[Event]:
-        """Decode the gathered row messages into rows (column-wise; the reference path if need be). Events come only
-        from the reference path (a large transaction's chunk)."""
-        raw, segs, open_run = self._raw, self._raw_segs, self._raw_open
-        had_committed = len(segs) > 1 or not open_run
-        self._raw, self._raw_segs, self._raw_bytes, self._raw_committed, self._raw_open = [], [], 0, 0, False
-        if not raw:
-            return _EMPTY
-        try:
-            rows, kept, _ = decode_rows(raw, self.relations, segs)
-        except Fallback:
-            return self._replay(raw, segs, open_run, chunking)
-        self.dropped += len(raw) - sum(kept)
-        if not open_run:
-            self._out.append_table(rows)
-            if self._txn is not None:
-                self._txn_mark = len(self._out)
-            return _EMPTY
-        mine = kept[-1]
-        self._out.append_table(rows.slice(0, rows.num_rows - mine))
-        if had_committed:
-            self._txn_mark = len(self._out)
-        self._out.append_table(rows.slice(rows.num_rows - mine))
-        self._seq = segs[-1][4] + mine
-        return _EMPTY
-
-    def _replay(self, raw: list[bytes], segs: list[Segment], open_run: bool, chunking: bool) -> Sequence[Event]:
-        """The reference path for a batch: each transaction's messages through the per-message handlers."""
-        saved = (self._txn, self._txn_ts, self._skipping)
-        seq = self._seq
-        stream, self._stream = self._stream, None  # these rows belong to ordinary transactions
-        events: list[Event] = []
-        bounds = [sg[0] for sg in segs] + [len(raw)]
-        try:
-            for i, (first, lsn, ts, xid, seq0) in enumerate(segs):
-                mine = open_run and i == len(segs) - 1
-                if mine:
-                    self._txn, self._txn_ts, self._skipping = saved
-                    if i:
-                        self._txn_mark = len(self._out)
-                    self._replaying = not chunking
-                else:
-                    self._txn, self._txn_ts, self._skipping = Begin(lsn, ts - PG_EPOCH_UNIX_US, xid), ts, False
-                    self._replaying = True
-                self._seq = seq0
-                for data in raw[first:bounds[i + 1]]:
-                    m = decode(data, False)
-                    events.extend(self._handlers[type(m)](m))
-                self._replaying = False
-                if mine:
-                    seq = self._seq
-        finally:
-            self._replaying = False
-            self._txn, self._txn_ts, self._skipping = saved
-            self._seq = seq
-            self._stream = stream
-        if not open_run and self._txn is not None:
-            self._txn_mark = len(self._out)
-        return events
-
-    def _flush_stream(self, st: _Stream) -> Sequence[Event]:
-        """Decode a stream block's gathered row messages; one spill event per run of one subtransaction."""
-        raw, st.raw, st.raw_bytes = st.raw, [], 0
-        rels = {**self.relations, **st.relations} if st.relations else self.relations
-        try:
-            rows, _, subxids = decode_rows(raw, rels, [(0, 0, 0, st.xid, st.seq)], in_stream=True)
-        except Fallback:  # the reference path
-            events: list[Event] = []
-            for data in raw:
-                m = decode(data, True)
-                events.extend(self._handlers[type(m)](m))
-            return events
-        n = rows.num_rows
-        events = []
-        if len(st.pending):
-            events.append(SpillChanges(st.xid, st.subxid, st.pending.to_arrow()))
-            st.pending = RowBuffer()
-        if n:
-            cuts = [0, *(np.flatnonzero(subxids[1:] != subxids[:-1]) + 1).tolist(), n]
-            for a, b in itertools.pairwise(cuts):
-                st.subxid = int(subxids[a])
-                events.append(SpillChanges(st.xid, st.subxid, rows.slice(a, b - a)))
-            st.seq += n
-        return events
+    def _commit_rows(self) -> tuple[list[Event], int]:
+        """At a Commit: events to emit first, and how many rows the transaction has (at most)."""
+        return [], len(self._out) - self._txn_mark
 
     def _chunk(self) -> Sequence[Event]:
         """A non-streamed transaction too large to keep in memory goes to a spill, a chunk at a time."""
@@ -393,6 +184,10 @@ class Assembler:
             self._spilled = True
             return (SpillChanges(txn.xid, txn.xid, rows),)
         return _EMPTY
+
+    def feed(self, msg: Message) -> Sequence[Event]:
+        """Take one decoded message; return the events it completes (mostly none)."""
+        return self._handlers[type(msg)](msg)
 
     # -------------------------------------------------------------------------------------------- transactions
 
@@ -428,13 +223,7 @@ class Assembler:
             self._txn = None
             self._skipping = False
             return (SkippedTxn(txn.xid, msg.commit_lsn, msg.end_lsn),)
-        events: list[Event] = []
-        if self._spilled and self._raw:
-            events.extend(self._flush_raw())
-        pending = len(self._raw) - self._raw_segs[-1][0] if self._raw_open else 0
-        rows = len(self._out) - self._txn_mark + pending
-        self._raw_open = False
-        self._raw_committed = len(self._raw)
+        events, rows = self._commit_rows()
         self._txn = None
         if self._spilled:
             self._spilled = False

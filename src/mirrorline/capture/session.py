@@ -22,8 +22,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from mirrorline.capture.assembler import (
-    Assembler,
+from mirrorline.capture.batching import BatchAssembler
+from mirrorline.capture.events import (
     Committed,
     Event,
     SkippedTxn,
@@ -140,7 +140,7 @@ class Capture:
         self._writer = writer = LogWriter(lcfg.path, lcfg.segment_changes, lcfg.segment_seconds)
         try:
             assert self._types is not None
-            asm = Assembler(self._types, self._record_schema, {n: t.info for n, t in tables.items()})
+            asm = BatchAssembler(self._types, self._record_schema, {n: t.info for n, t in tables.items()})
             self._loop(asm, writer)
         finally:
             self._spills.clear()
@@ -160,7 +160,7 @@ class Capture:
 
     # ------------------------------------------------------------------------------------------------- streaming
 
-    def _loop(self, asm: Assembler, writer: LogWriter) -> None:
+    def _loop(self, asm: BatchAssembler, writer: LogWriter) -> None:
         down_since: float | None = None
         delay = 0.2
         while not self._stop:
@@ -180,14 +180,18 @@ class Capture:
                                       hint=e.hint) from None
                 if self._streaming:
                     self.stats.reconnects += 1
-                log.warning("replication connection lost (%s); reconnecting in %.1f s", e.message, delay)
+                if busy and not self._streaming:
+                    log.warning("replication slot %s is still in use (%s); retrying in %.1f s", self.source.slot,
+                                e.message, delay)
+                else:
+                    log.warning("replication connection lost (%s); reconnecting in %.1f s", e.message, delay)
                 time.sleep(delay)
                 delay = min(delay * 2, 5.0)
                 continue
             self._after_connection(asm, writer)
             return
 
-    def _after_connection(self, asm: Assembler, writer: LogWriter) -> None:
+    def _after_connection(self, asm: BatchAssembler, writer: LogWriter) -> None:
         """The connection ended: what was received whole becomes durable; open spills are dropped (resent)."""
         self._handle(asm.reset(), asm, writer, None)
         self._take(asm, writer)
@@ -199,7 +203,7 @@ class Capture:
         durable = writer.durable
         self.stats.durable = durable
 
-    def _stream(self, asm: Assembler, writer: LogWriter) -> None:
+    def _stream(self, asm: BatchAssembler, writer: LogWriter) -> None:
         import psycopg2
 
         dsn = self.source.dsn
@@ -231,7 +235,7 @@ class Capture:
             except Exception:  # the connection may be dead already
                 log.debug("closing the replication connection failed", exc_info=True)
 
-    def _consume(self, cur: Any, asm: Assembler, writer: LogWriter) -> None:
+    def _consume(self, cur: Any, asm: BatchAssembler, writer: LogWriter) -> None:
         stats = self.stats
         feed = asm.feed_bytes
         read = cur.read_message
@@ -280,14 +284,14 @@ class Capture:
         writer.flush()
         self._feedback(cur, asm, writer, force=True)
 
-    def _periodic(self, cur: Any, asm: Assembler, writer: LogWriter) -> None:
+    def _periodic(self, cur: Any, asm: BatchAssembler, writer: LogWriter) -> None:
         """Every ~0.2 s: committed rows to the writer, segments flushed by its time limit, feedback."""
         if asm.buffered:
             self._take(asm, writer)
         writer.tick()
         self._feedback(cur, asm, writer)
 
-    def _once_done(self, asm: Assembler, writer: LogWriter) -> bool:
+    def _once_done(self, asm: BatchAssembler, writer: LogWriter) -> bool:
         """Everything the source had committed when we started is durable: the server has sent past that point and
         nothing received is waiting."""
         if asm.in_transaction or asm.buffered or writer.pending or self._ends:
@@ -296,7 +300,7 @@ class Capture:
 
     # ------------------------------------------------------------------------------------------------- events
 
-    def _handle(self, events: Sequence[Event], asm: Assembler, writer: LogWriter, cur: Any) -> None:
+    def _handle(self, events: Sequence[Event], asm: BatchAssembler, writer: LogWriter, cur: Any) -> None:
         stats = self.stats
         for ev in events:
             cls = type(ev)
@@ -351,13 +355,13 @@ class Capture:
                 stats.received_lsn = ev.end_lsn
                 self._ends.append((ev.commit_lsn, ev.end_lsn, 0))
 
-    def _take(self, asm: Assembler, writer: LogWriter) -> None:
+    def _take(self, asm: BatchAssembler, writer: LogWriter) -> None:
         rows = asm.take()
         if rows is not None:
             writer.add_transactions(rows)
             self.stats.changes += rows.num_rows
 
-    def _feedback(self, cur: Any, asm: Assembler, writer: LogWriter, force: bool = False) -> None:
+    def _feedback(self, cur: Any, asm: BatchAssembler, writer: LogWriter, force: bool = False) -> None:
         """Report as flushed the end of the last transaction that is durable (and everything before it is)."""
         if cur is None:
             return
