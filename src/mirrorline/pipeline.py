@@ -105,11 +105,11 @@ class Applier:
         """Each target's applied position (every change up to it is applied)."""
         return {n: t.applied_positions().position for n, t in self.targets.items()}
 
-    def _unit_end_hint(self, name: str) -> Position | None:
-        """A unit interrupted under threads > 1 left some tables at its end: re-form exactly that unit."""
+    def _bounds(self, name: str) -> list[Position]:
+        """Positions a unit for this target must end at rather than straddle: per-table positions beyond the
+        target's position (a table snapshotted into a live target, or a unit interrupted under threads > 1)."""
         state = self.targets[name].applied_positions()
-        ahead = [p for p in state.tables.values() if p > state.position]
-        return max(ahead) if ahead else None
+        return sorted({p for p in state.tables.values() if p > state.position})
 
     # -- one unit ----------------------------------------------------------------------------------------------
 
@@ -127,21 +127,21 @@ class Applier:
             return None
         start = min(behind.values())
         group = sorted(n for n, p in behind.items() if p == start)
-        # cut at the next target's position so the one behind joins it
-        later = [p for p in positions.values() if start < p < limit]
-        end_cap = min([limit, *later])
-        hints = [h for h in (self._unit_end_hint(n) for n in group) if h is not None]
+        # end at the next target's position (the one behind joins it), and at per-table positions
+        caps = [p for p in positions.values() if start < p < limit]
+        caps += [b for n in group for b in self._bounds(n) if start < b < limit]
+        end_cap = min([limit, *caps])
         stored = self._store.starting_at(start)
-        if hints:
-            end, n_changes = min(hints), self.log.count(start, min(hints))
-        elif stored is not None and stored[1] <= end_cap:
+        if stored is not None and stored[1] <= end_cap:
             end, n_changes = stored[1], -1
         else:
             adv, n_changes = self.log.advance(start, self.config.apply.max_changes, end_cap)
-            if adv is None or adv <= start:
-                return None
-            end = adv
-            if wait_latency and n_changes < self.config.apply.max_changes:
+            if adv is None or adv <= start or n_changes == 0:
+                end, n_changes = end_cap, 0  # nothing to apply before the cap: the unit just moves the position
+            else:
+                end = adv
+            # a unit is open while it reaches the log's end and is not full: then it waits for the latency
+            if wait_latency and 0 < n_changes < self.config.apply.max_changes and end >= limit:
                 first_seen = self._pending_since.setdefault(start, time.monotonic())
                 if time.monotonic() - first_seen < self.config.apply.latency:
                     return None
@@ -149,7 +149,7 @@ class Applier:
         batch, compiled, compile_seconds = self._compile(start, end, stored is not None and stored[1] == end)
         report = UnitReport(start, end, batch.changes if n_changes < 0 else n_changes, group, compiled,
                             compile_seconds, {})
-        schemas = self._schemas(batch.tables + [t for t in batch.truncated if t not in batch.tables])
+        schemas = self._schemas(batch.tables + [t for t in batch.truncated if t not in batch.tables], end)
         try:
             for n in group:
                 t0 = time.monotonic()
@@ -168,6 +168,11 @@ class Applier:
         t0 = time.monotonic()
         if stored:
             return self._store.load(self.spark, start, end), False, time.monotonic() - t0
+        if self.log.count(start, end) == 0:  # a unit that only moves the position: no Spark job
+            from mirrorline.compile.batch import NET_DDL, NetBatch
+
+            empty = self.spark.createDataFrame([], NET_DDL)
+            return NetBatch(start=start, end=end, tables=[], net=empty), False, time.monotonic() - t0
         frame = read_spark(self.log, start, end, spark=self.spark)
         if self.config.tables:
             from pyspark.sql import functions as F
@@ -215,11 +220,12 @@ class Applier:
             if _kept(c, self.actions):
                 yield c
 
-    def _schemas(self, tables: list[str]) -> dict[str, TableSchema]:
-        self.log.schemas.refresh()
+    def _schemas(self, tables: list[str], end: Position) -> dict[str, TableSchema]:
+        from mirrorline.snapshot.catchup import schema_at
+
         out: dict[str, TableSchema] = {}
         for t in tables:
-            s = self.log.schemas.latest(t)
+            s = schema_at(self.log, t, end)
             if s is None:
                 raise MirrorlineError(f"the change log has no schema for {t}",
                                       hint="the log is damaged or was imported without [tables] columns", table=t)
@@ -296,7 +302,8 @@ class Runner:
         self.once = once
         self.on_unit = on_unit
         self.on_message = on_message or (lambda m: log.info("%s", m))
-        self.capture = Capture(config, once=once)
+        self._ready = threading.Event()
+        self.capture = Capture(config, once=once, on_ready=lambda _stats: self._ready.set())
         self.result = RunResult()
         self._stop = threading.Event()
         self._capture_error: BaseException | None = None
@@ -322,11 +329,24 @@ class Runner:
         if self.on_unit:
             self.on_unit(r)
 
+    def _reconcile(self) -> None:
+        """Once capture streams with the current configuration: load new targets and tables added to the
+        configuration (DESIGN §7), while the others go on."""
+        from mirrorline.snapshot import reconcile_targets
+
+        for r in reconcile_targets(self.config):
+            self.on_message(r.summary())
+
     def run(self) -> RunResult:
-        applier = Applier(self.config)
         thread = threading.Thread(target=self._capture_main, name="mirrorline-capture", daemon=True)
+        applier: Applier | None = None
         try:
             thread.start()
+            while not (self._ready.wait(0.1) or self._capture_done.is_set()):
+                pass
+            if self._capture_error is None and not self._stop.is_set():
+                self._reconcile()
+            applier = Applier(self.config)
             applier.follow(self._stop, on_unit=self._unit,
                            until=self._capture_done.is_set if self.once else None)
             if self.once and self._capture_error is None and not self._stop.is_set():
@@ -336,7 +356,8 @@ class Runner:
         finally:
             self.capture.stop()
             thread.join(timeout=30)
-            applier.close()
+            if applier is not None:
+                applier.close()
         if self._capture_error is not None:
             raise self._capture_error
         return self.result

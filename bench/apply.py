@@ -1,0 +1,173 @@
+"""Benchmark: catching a PostgreSQL target up, side by side in one run (issue 4).
+
+For each workload, on the same WAL:
+
+- (a) ``pg_logical``: PostgreSQL's own logical replication. The subscription is created disabled before the
+  workload, enabled after it, and timed until the subscriber has confirmed the workload's last change.
+- (b) ``mirrorline``: the same changes already captured in the change log (capture is not timed here: see
+  bench/capture.py), applied by a pipeline that is already running (Spark started and warmed up by one small
+  unit: its start-up time is reported separately as ``spark_startup_s``): compile + apply until the target's
+  applied position is the log's end.
+- (c) ``copy``: the resulting net rows loaded by plain COPY into an empty table (the physical limit).
+
+Workloads: ``update_heavy``: N/5 inserts then 4N/5 updates over the same keys; ``insert_only``: N inserts. Both in
+transactions of 1,000. Prints one JSON line: seconds of each, changes/s, and the ratios a/b (how many times faster
+mirrorline catches up than PostgreSQL's own) and b/c (how far from the physical limit).
+
+    .venv/bin/python bench/apply.py [--changes 1000000] [--workloads update_heavy,insert_only]
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import psycopg2
+
+from mirrorline.capture.session import Capture
+from mirrorline.config import parse as parse_config
+from mirrorline.pgcluster import PgCluster
+from mirrorline.pipeline import Applier
+from mirrorline.sparkenv import get_spark, startup_seconds
+
+TXN = 1000
+DDL = "CREATE TABLE bench (id bigint PRIMARY KEY, v bigint NOT NULL, pad text, at timestamptz)"
+
+
+def say(msg: str) -> None:
+    print(f"[bench/apply] {msg}", file=sys.stderr, flush=True)
+
+
+def run_workload(dsn: str, kind: str, changes: int) -> int:
+    conn = psycopg2.connect(dsn)
+    with conn.cursor() as cur:
+        inserts = changes // 5 if kind == "update_heavy" else changes
+        for lo in range(0, inserts, TXN):
+            cur.execute("INSERT INTO bench SELECT g, 0, md5(g::text), now() FROM generate_series(%s, %s) g",
+                        (lo + 1, min(lo + TXN, inserts)))
+            conn.commit()
+        if kind == "update_heavy":
+            rounds = (changes - inserts) // inserts
+            for r in range(rounds):
+                for lo in range(0, inserts, TXN):
+                    cur.execute("UPDATE bench SET v = %s, at = now() WHERE id BETWEEN %s AND %s",
+                                (r + 1, lo + 1, min(lo + TXN, inserts)))
+                    conn.commit()
+        cur.execute("SELECT pg_current_wal_lsn() - '0/0'::pg_lsn")
+        end = int(cur.fetchone()[0])
+    conn.close()
+    return end
+
+
+def wait_confirmed(source: PgCluster, db: str, slot: str, end_lsn: int, timeout: float = 1800) -> None:
+    conn = psycopg2.connect(source.dsn(db))
+    conn.autocommit = True
+    deadline = time.monotonic() + timeout
+    with conn.cursor() as cur:
+        while time.monotonic() < deadline:
+            cur.execute("SELECT confirmed_flush_lsn - '0/0'::pg_lsn FROM pg_replication_slots WHERE slot_name = %s",
+                        (slot,))
+            row = cur.fetchone()
+            if row and row[0] is not None and int(row[0]) >= end_lsn:
+                return
+            time.sleep(0.02)
+    raise TimeoutError(f"subscription did not catch up within {timeout}s")
+
+
+def one(kind: str, changes: int, source: PgCluster, target: PgCluster, work: Path) -> dict[str, float]:
+    db = f"src_{kind}"
+    source.create_database(db)
+    source.execute(DDL, db)
+    source.execute("CREATE PUBLICATION pgpub FOR TABLE bench", db)
+    for tdb in (f"sub_{kind}", f"ml_{kind}", f"copy_{kind}"):
+        target.create_database(tdb)
+        target.execute(DDL, tdb)
+    sub_slot = f"sub_{kind}"
+    target.execute(f"CREATE SUBSCRIPTION {sub_slot} CONNECTION '{source.dsn(db)}' PUBLICATION pgpub "
+                   f"WITH (enabled = false, copy_data = false, slot_name = '{sub_slot}')", f"sub_{kind}")
+    conf = parse_config({
+        "source": {"dsn": source.dsn(db), "slot": f"ml_{kind}"},
+        "log": {"path": str(work / f"log_{kind}")},
+        "apply": {"max_changes": changes * 2, "latency": "1s"},
+        "tables": {"public.bench": {}},
+        "targets": {"pg": {"url": target.url(f"ml_{kind}")}},
+    }, work / "bench.toml")
+    Capture(conf, once=True).run()  # slot + publication before the workload
+    say(f"{kind}: running the workload ({changes} changes)")
+    end_lsn = run_workload(source.dsn(db), kind, changes)
+
+    say(f"{kind}: capturing it into the log (not timed)")
+    Capture(conf, once=True).run()
+
+    say(f"{kind}: (a) PostgreSQL logical replication catching up")
+    t0 = time.monotonic()
+    target.execute(f"ALTER SUBSCRIPTION {sub_slot} ENABLE", f"sub_{kind}")
+    wait_confirmed(source, db, sub_slot, end_lsn)
+    a = time.monotonic() - t0
+    target.execute(f"ALTER SUBSCRIPTION {sub_slot} DISABLE", f"sub_{kind}")
+
+    say(f"{kind}: (b) mirrorline catching up from the log")
+    applier = Applier(conf, spark=get_spark())
+    applier.targets["pg"].applied_positions()  # connection open, state table ready: the pipeline is running
+    t0 = time.monotonic()
+    reports = applier.catch_up()
+    b = time.monotonic() - t0
+    compile_s = sum(r.compile_seconds for r in reports)
+    applier.close()
+    got = target.execute("SELECT count(*), sum(v) FROM bench", f"ml_{kind}")[0]
+    want = source.execute("SELECT count(*), sum(v) FROM bench", db)[0]
+    assert got == want, f"mirrorline target differs: {got} != {want}"
+
+    say(f"{kind}: (c) COPY of the net rows into an empty table")
+    buf = io.BytesIO()
+    sconn = psycopg2.connect(source.dsn(db))
+    with sconn.cursor() as cur:
+        cur.copy_expert("COPY bench TO STDOUT", buf)
+    sconn.close()
+    buf.seek(0)
+    tconn = psycopg2.connect(target.dsn(f"copy_{kind}"))
+    t0 = time.monotonic()
+    with tconn.cursor() as cur:
+        cur.copy_expert("COPY bench FROM STDIN", buf)
+    tconn.commit()
+    c = time.monotonic() - t0
+    tconn.close()
+    target.execute(f"ALTER SUBSCRIPTION {sub_slot} SET (slot_name = NONE)", f"sub_{kind}")
+    target.execute(f"DROP SUBSCRIPTION {sub_slot}", f"sub_{kind}")
+    return {
+        "changes": changes,
+        "net_rows": int(want[0]),
+        "pg_logical_s": round(a, 3),
+        "mirrorline_s": round(b, 3),
+        "mirrorline_compile_s": round(compile_s, 3),
+        "mirrorline_units": len(reports),
+        "copy_s": round(c, 3),
+        "pg_logical_changes_per_s": round(changes / a),
+        "mirrorline_changes_per_s": round(changes / b),
+        "a_over_b": round(a / b, 2),
+        "b_over_c": round(b / c, 2),
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--changes", type=int, default=1_000_000)
+    p.add_argument("--workloads", default="update_heavy,insert_only")
+    args = p.parse_args()
+    t0 = time.monotonic()
+    spark = get_spark()
+    spark.range(1000).selectExpr("sum(id)").collect()  # first job: class loading, code generation
+    out: dict[str, object] = {"spark_startup_s": round(startup_seconds() or (time.monotonic() - t0), 2)}
+    with tempfile.TemporaryDirectory(prefix="mirrorline-bench-") as tmp, PgCluster() as source, PgCluster() as target:
+        for kind in args.workloads.split(","):
+            out[kind] = one(kind, args.changes, source, target, Path(tmp))
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()
