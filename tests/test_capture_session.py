@@ -235,3 +235,30 @@ def test_once_with_nothing_to_do_returns(pg: Any, tmp_path: Path) -> None:
     assert stats.changes == 0 and time.monotonic() - t0 < 30
     assert changes(cfg) == []
     assert slot_flushed(pg) >= stats.target_lsn  # the slot moved on past the unpublished WAL
+
+
+def test_keepalives_are_answered_while_idle(pg_cluster_factory: Any, tmp_path: Path) -> None:
+    """With wal_sender_timeout = 1s the server drops a client that does not answer its keepalives within a second."""
+    cluster = pg_cluster_factory(wal_sender_timeout="1s")
+    cluster.execute("CREATE TABLE t (id int PRIMARY KEY)")
+    cfg = make_config(cluster.dsn(), tmp_path, {"public.t": {}})
+    cap = Capture(cfg)
+    ready = threading.Event()
+    cap.on_ready = lambda stats: ready.set()
+    th = threading.Thread(target=cap.run)
+    th.start()
+    try:
+        assert ready.wait(30)
+        pid_sql = "SELECT active_pid FROM pg_replication_slots WHERE slot_name = 'mirrorline'"
+        before = cluster.execute(pid_sql)
+        time.sleep(4)
+        assert cluster.execute(pid_sql) == before  # the same walsender: never dropped for a missed keepalive
+        cluster.execute("INSERT INTO t VALUES (1)")
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and ChangeLog(cfg.log.path).count() < 1:
+            time.sleep(0.1)
+    finally:
+        cap.stop()
+        th.join(60)
+    assert cap.stats.reconnects == 0
+    assert [c.key for c in changes(cfg)] == [("1",)]
