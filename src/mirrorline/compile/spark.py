@@ -37,14 +37,14 @@ if TYPE_CHECKING:
 
 
 def _by_table(values: Mapping[str, Column], default: Column) -> Column:
-    """A column that takes ``values[table]`` for the tables listed, ``default`` for the others."""
+    """A column that takes ``values[table]`` for the tables listed, ``default`` for the others: one map literal
+    lookup, so that the plan stays the same size however many tables the unit holds."""
     from pyspark.sql import functions as F
 
-    out: Any = None
-    for table, value in values.items():
-        cond = F.col("table") == F.lit(table)
-        out = F.when(cond, value) if out is None else out.when(cond, value)
-    return default if out is None else out.otherwise(default)
+    if not values:
+        return default
+    lookup = F.create_map(*[x for t, v in values.items() for x in (F.lit(t), v)])
+    return F.coalesce(F.try_element_at(lookup, F.col("table")), default)
 
 
 def _acts(actions: Actions | None) -> dict[str, frozenset[str]]:
@@ -61,7 +61,8 @@ def _kept(kinds: Column, acts: Mapping[str, frozenset[str]]) -> Column:
     """Is ``kinds`` (a string column holding one of I, U, D, T) kept by the table's actions? T goes with D."""
     from pyspark.sql import functions as F
 
-    return _by_table({t: kinds.isin(sorted(a | ({"T"} if "D" in a else set()))) for t, a in acts.items()}, F.lit(True))
+    kept = {t: F.array(*[F.lit(k) for k in sorted(a | ({"T"} if "D" in a else set()))]) for t, a in acts.items()}
+    return F.array_contains(_by_table(kept, F.array(*[F.lit(k) for k in "DITU"])), kinds)
 
 
 _POS_SCALE = 10**19
@@ -153,12 +154,12 @@ def _plan(changes: DataFrame, actions: Actions | None, start: Position | None, e
         .select("table", "lsn", "seq", "new", "unchanged", F.inline(parts))
         .where(_kept(F.col("kind"), acts))
     )
-    epoch = _by_table(
-        {
-            t: F.size(F.filter(F.array(*[_pos_struct(p) for p in ps]), lambda tp: tp < F.struct("lsn", "seq")))
-            for t, ps in truncs.items()
-        },
-        F.lit(0),
+    trunc_arrays = {t: F.array(*map(_pos_struct, ps)) for t, ps in truncs.items()}
+    no_truncs = F.array().cast("array<struct<lsn: bigint, seq: bigint>>")
+    epoch = (
+        F.size(F.filter(_by_table(trunc_arrays, no_truncs), lambda tp: tp < F.struct("lsn", "seq")))
+        if truncs
+        else F.lit(0)
     )
     # a column both sent and marked unchanged (not something pgoutput does) counts as sent
     unchanged = F.when(F.size("unchanged") == 0, F.col("unchanged")).otherwise(
@@ -181,9 +182,7 @@ def _plan(changes: DataFrame, actions: Actions | None, start: Position | None, e
         .agg(F.collect_list("op").alias("ops"))
         .select("table", "epoch", "key", F.expr(SORTED_OPS).alias("ops"))
     )
-    trunc_pos = {
-        t: F.element_at(F.array(*map(_pos_struct, ps)), F.greatest("epoch", F.lit(1))) for t, ps in truncs.items()
-    }
+    trunc_pos = F.try_element_at(_by_table(trunc_arrays, no_truncs), F.greatest("epoch", F.lit(1)))
     folded = grouped.select(
         "table",
         "key",
@@ -192,7 +191,7 @@ def _plan(changes: DataFrame, actions: Actions | None, start: Position | None, e
         _by_table({t: F.lit("I" in a) for t, a in acts.items()}, F.lit(True)).alias("su"),
         (F.col("epoch") > 0).alias("e"),
         (F.col("epoch") == _by_table({t: F.lit(len(ps)) for t, ps in truncs.items()}, F.lit(0))).alias("last_epoch"),
-        _by_table(trunc_pos, F.lit(None).cast("struct<lsn: bigint, seq: bigint>")).alias("tpos"),
+        (trunc_pos if truncs else F.lit(None).cast("struct<lsn: bigint, seq: bigint>")).alias("tpos"),
     ).select("*", F.col("tpos.lsn").alias("tlsn"), F.col("tpos.seq").alias("tseq"))
     for name, sql in FOLD_STEPS:
         folded = folded.withColumn(name, F.expr(sql))
