@@ -192,6 +192,19 @@ class Workload:
         self.accounts.update(range(first, first + rows))
 
 
+    def mark(self) -> int:
+        """Commit one small transaction and return an LSN below its commit record: once the log holds a change at
+        or past it, the log holds everything committed before this call."""
+        with self._conn() as conn, conn.cursor() as cur:
+            k = (0, self.rng.randint(1, 10**9))
+            cur.execute("INSERT INTO public.events VALUES (%s, %s, 'mark')", k)
+            cur.execute("SELECT pg_current_wal_insert_lsn() - '0/0'::pg_lsn")
+            lsn = int(cur.fetchone()[0])
+            conn.commit()
+        self.events.add(k)
+        return lsn
+
+
 def source_rows(dsn: str, table: str) -> list[tuple[Any, ...]]:
     """A table's rows from PostgreSQL, every value as PostgreSQL's text (None for NULL), sorted."""
     import psycopg2

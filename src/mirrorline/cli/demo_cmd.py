@@ -1,5 +1,6 @@
-"""The embedded default: start a throwaway PostgreSQL, run a generated workload, and show what mirrorline does with
-it. Until the apply stage exists, this compiles the workload into net row changes on Spark and prints the figures."""
+"""The embedded default: start a throwaway PostgreSQL with a generated workload, replicate it live into a SQLite file
+and a DuckDB file (capture, initial snapshot, compile on Spark, bulk apply), then show status and verify. Exit status
+1 if verify finds a difference."""
 
 from __future__ import annotations
 
@@ -7,11 +8,13 @@ import argparse
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--changes", type=int, default=200_000, help="size of the generated workload (default 200000)")
-    p.add_argument("--keep", metavar="DIR", help="keep the demo's files in DIR (default: a temporary folder)")
+    p.add_argument("--transactions", type=int, default=2000, help="random transactions to run (default 2000)")
+    p.add_argument("--large", type=int, default=100_000,
+                   help="rows of the one large (streamed) transaction (default 100000)")
+    p.add_argument("--keep", metavar="DIR", help="keep the demo's files (config, log, targets) in DIR")
 
 
 def run(args: argparse.Namespace) -> int:
     from mirrorline.demo import run_demo
 
-    return run_demo(changes=args.changes, keep=args.keep)
+    return run_demo(transactions=args.transactions, large=args.large, keep=args.keep)
