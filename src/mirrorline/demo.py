@@ -125,8 +125,9 @@ def _wait_applied(config: cfg.Config, lsn: int, thread: threading.Thread, errors
             if errors or not thread.is_alive():
                 return
             durable = log.durable() if log.layout.exists() else None
-            captured = durable is not None and durable.lsn >= lsn
-            if captured and all(t.applied_positions().position >= durable for t in targets.values()):
+            if durable is not None and durable.lsn >= lsn and all(
+                t.applied_positions().position >= durable for t in targets.values()
+            ):
                 return
             time.sleep(0.5)
         print("demo: the targets did not catch up in time", file=sys.stderr)
