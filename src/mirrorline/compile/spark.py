@@ -117,7 +117,6 @@ def _plan(changes: DataFrame, actions: Actions | None, start: Position | None, e
     if end is not None:
         changes = changes.where(~_after(end))
     acts = _acts(actions)
-    pos = F.struct(F.col("lsn"), F.col("seq"))
 
     # 1. per table: first kept change, TRUNCATEs, count (small: one row per table)
     key_change = (F.col("op") == "U") & F.col("old_key").isNotNull() & ~F.col("old_key").eqNullSafe(F.col("key"))
@@ -132,28 +131,43 @@ def _plan(changes: DataFrame, actions: Actions | None, start: Position | None, e
             F.count(F.lit(1)).alias("n"),
             F.min(F.when(kept_row, pos_dec)).alias("first"),
             F.max(pos_dec).alias("last"),
-            F.collect_list(F.when((F.col("op") == "T") & kept_row, pos)).alias("truncs"),
+            F.count_if((F.col("op") == "T") & kept_row).alias("truncs"),
+            F.count_if(key_change).alias("key_changes"),
         )
         .collect()
     )
     first_seen = sorted((_dec_pos(r["first"]), r["table"]) for r in meta if r["first"] is not None)
-    truncs = {r["table"]: sorted(Position(p["lsn"], p["seq"]) for p in r["truncs"]) for r in meta if r["truncs"]}
     n_changes = sum(int(r["n"]) for r in meta)
     last = max((_dec_pos(r["last"]) for r in meta), default=None)
+    truncs: dict[str, list[Position]] = {}
+    if any(r["truncs"] for r in meta):  # rare: a second small query for their positions
+        for r in changes.where((F.col("op") == "T") & kept_row).select("table", "lsn", "seq").collect():
+            truncs.setdefault(r["table"], []).append(Position(r["lsn"], r["seq"]))
+        truncs = {t: sorted(ps) for t, ps in truncs.items()}
 
-    # 2. effective ops: key changes split, kinds filtered, epochs
-    parts = F.when(
-        key_change,
-        F.array(
-            F.struct(F.lit("D").alias("kind"), F.col("old_key").alias("k"), F.lit(0).alias("sub")),
-            F.struct(F.lit("I").alias("kind"), F.col("key").alias("k"), F.lit(1).alias("sub")),
-        ),
-    ).otherwise(F.array(F.struct(F.col("op").alias("kind"), F.col("key").alias("k"), F.lit(0).alias("sub"))))
-    ops = (
-        changes.where(F.col("op") != "T")
-        .select("table", "lsn", "seq", "new", "unchanged", F.inline(parts))
-        .where(_kept(F.col("kind"), acts))
-    )
+    # 2. effective ops: key changes split (only when there are some), kinds filtered, epochs
+    if any(r["key_changes"] for r in meta):
+        parts = F.when(
+            key_change,
+            F.array(
+                F.struct(F.lit("D").alias("kind"), F.col("old_key").alias("k"), F.lit(0).alias("sub")),
+                F.struct(F.lit("I").alias("kind"), F.col("key").alias("k"), F.lit(1).alias("sub")),
+            ),
+        ).otherwise(F.array(F.struct(F.col("op").alias("kind"), F.col("key").alias("k"), F.lit(0).alias("sub"))))
+        ops = changes.where(F.col("op") != "T").select("table", "lsn", "seq", "new", "unchanged", F.inline(parts))
+    else:
+        ops = changes.where(F.col("op") != "T").select(
+            "table",
+            "lsn",
+            "seq",
+            "new",
+            "unchanged",
+            F.col("op").alias("kind"),
+            F.col("key").alias("k"),
+            F.lit(0).alias("sub"),
+        )
+    if acts:
+        ops = ops.where(_kept(F.col("kind"), acts))
     trunc_arrays = {t: F.array(*map(_pos_struct, ps)) for t, ps in truncs.items()}
     no_truncs = F.array().cast("array<struct<lsn: bigint, seq: bigint>>")
     epoch = (
@@ -170,17 +184,20 @@ def _plan(changes: DataFrame, actions: Actions | None, start: Position | None, e
         epoch.alias("epoch"),
         F.col("k").alias("key"),
         F.struct("lsn", "seq", "sub", "kind", "new", unchanged.alias("unchanged")).alias("op"),
-    )
+    ).withColumn("h", F.xxhash64("table", "epoch", "key"))
 
-    # 3. the fold, per (table, epoch, key): one shuffle, rows sorted by key and position inside each partition, so
-    # that a streaming sort aggregate builds each key's list (see _sort_aggregate)
+    # 3. the fold, per (table, epoch, key): one shuffle, partitioned by a hash of the group and sorted by it first
+    # (a cheap prefix sort, where sorting by the key arrays is not), then by position, so that a streaming sort
+    # aggregate builds each group's list in order (see _sort_aggregate). Without TRUNCATEs the epoch is a constant
+    # and stays out of the grouping (a constant grouping column would make Spark sort again).
+    group = ["h", "table", "epoch", "key"] if truncs else ["h", "table", "key"]
     partitions = max(2, min(400, n_changes // 250_000 + 1))
     grouped = (
-        ops.repartition(partitions, "table", "epoch", "key")
-        .sortWithinPartitions("table", "epoch", "key", "op.lsn", "op.seq", "op.sub")
-        .groupBy("table", "epoch", "key")
+        ops.repartition(partitions, "h")
+        .sortWithinPartitions(*group, "op.lsn", "op.seq", "op.sub")
+        .groupBy(*group)
         .agg(F.collect_list("op").alias("ops"))
-        .select("table", "epoch", "key", F.expr(SORTED_OPS).alias("ops"))
+        .select("table", F.col("epoch") if truncs else F.lit(0).alias("epoch"), "key", F.expr(SORTED_OPS).alias("ops"))
     )
     trunc_pos = F.try_element_at(_by_table(trunc_arrays, no_truncs), F.greatest("epoch", F.lit(1)))
     folded = grouped.select(
