@@ -6,6 +6,7 @@ and all invalid ones are diagnosed together with ``find_invalid``."""
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -143,9 +144,31 @@ def test_net_layout_is_the_contract(spark: Any) -> None:
         assert batch.changes == 3 and batch.tables == ["public.t"] and batch.truncated == {}
         assert batch.counts() == {"public.t": {"D": 1, "U": 1, "I": 1}}
         assert batch.end == pos(3)
+        scratch = batch.scratch
+        assert scratch is not None and Path(scratch).is_dir()
     finally:
         batch.release()
-    assert batch.cached is None
+    assert batch.scratch is None and not Path(scratch).exists()
+
+
+def test_out_keeps_the_net_rows_as_parquet(spark: Any, tmp_path: Path) -> None:
+    out = tmp_path / "net"
+    batch = compile_changes(changes_frame(spark, unit("I 1 c=1", "U 1 c=2", "D 2")), out=str(out))
+    batch.release()  # not a scratch folder: stays
+    net = spark.read.schema(NET_DDL).parquet(str(out))
+    assert sorted((r["kind"], r["key"][0], dict(r["new"] or {}).get("c")) for r in net.collect()) == [
+        ("D", "2", None), ("I", "1", "2")
+    ]
+
+
+def test_invalid_unit_leaves_no_scratch_files(spark: Any, tmp_path: Path, monkeypatch: Any) -> None:
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", None)
+    with pytest.raises(InvalidSequenceError):
+        compile_changes(changes_frame(spark, unit("D 1", "D 1")))
+    assert not any(p.name.startswith("mirrorline-net-") for p in tmp_path.iterdir())
 
 
 def test_start_and_end_bound_the_unit(spark: Any) -> None:

@@ -43,6 +43,7 @@ class NetBatch:
     truncated: dict[str, Position] = field(default_factory=dict)  # table -> position of its last TRUNCATE
     changes: int = 0  # how many log changes the unit held
     cached: DataFrame | None = field(default=None, repr=False)  # what ``net`` reads from, if it was cached
+    scratch: str | None = field(default=None, repr=False)  # a local folder holding ``net``'s files, if temporary
 
     def of(self, table: str, kind: str) -> DataFrame:
         from pyspark.sql import functions as F
@@ -57,7 +58,12 @@ class NetBatch:
         return out
 
     def release(self) -> None:
-        """Free the cached net rows once every target has applied them."""
+        """Free the net rows' cache or scratch files once every target has applied them (``net`` is unusable after)."""
         if self.cached is not None:
             self.cached.unpersist()
             self.cached = None
+        if self.scratch is not None:
+            import shutil
+
+            shutil.rmtree(self.scratch, ignore_errors=True)
+            self.scratch = None

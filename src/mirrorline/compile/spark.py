@@ -4,29 +4,36 @@ The rules are those of :mod:`mirrorline.compile.reference` (the oracle, whose do
 module computes the same result with Spark SQL expressions only (no Python on the executors, nothing but a few small
 lists on the driver):
 
-1. One small job collects, per table, its first kept change (for the table order), its TRUNCATEs and the count.
+1. One small job (hash aggregates over four columns) gives per table its first kept change (the table order), its
+   count, whether it has TRUNCATEs (then a second small query fetches their positions) and key changes.
 2. Key-changing updates become D(old key) then I(new key) (``sub`` 0 and 1 order them inside their position); kinds
    the table's actions exclude are dropped; each change gets its *epoch*, the number of the table's TRUNCATEs before
    it.
-3. One shuffle groups the ops per (table, epoch, key) into a list sorted by position. The fold reads that list as a
-   string of kinds (``"IUUD"``): validity is the absence of a forbidden pair (``II``, ``UI``, ``DU``, ``DD``, found
-   with ``regexp_instr``, which also gives both positions) or of a first U/D after a TRUNCATE; whether the row existed
+3. One shuffle groups the ops per (table, epoch, key) into a list sorted by position (see :func:`_plan` for how the
+   sort stays cheap). The fold (:mod:`mirrorline.compile.fold_sql`) reads that list as a string of kinds
+   (``"IUUD"``): validity is the absence of a forbidden pair (``II``, ``UI``, ``DU``, ``DD``, found with
+   ``regexp_instr``, which also gives both positions) or of a first U/D after a TRUNCATE; whether the row existed
    before the unit and after it, and whether it was replaced on the way, are read from the first and last kinds and
    from where the last I and the D's are. Only a last image that marks columns unchanged goes through the lambda
    that looks back for their latest values.
-4. The net rows of the last epoch of each table (plus one ``E`` row per invalid key) are cached; one job materializes
-   the cache and looks for the earliest error. The batch's ``net`` reads the cache: call ``NetBatch.release()`` once
-   applied.
+4. The net rows of the last epoch of each table (plus one ``E`` row per invalid key) are written once as Parquet;
+   reading back the E rows gives the earliest error. The batch's ``net`` reads that Parquet: call
+   ``NetBatch.release()`` once applied.
+
+Performance (bench/compile.py): the Parquet scan of the log rows (the ``new`` map dominates) and the one shuffle of
+the images are most of the time; everything else is a few string functions per key.
 """
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 from collections.abc import Collection, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from mirrorline.compile.batch import NetBatch
+from mirrorline.compile.batch import NET_DDL, NetBatch
 from mirrorline.compile.fold_sql import FOLD_STEPS, SORTED_OPS
 from mirrorline.compile.reference import ALL_ACTIONS, Actions, NetResult, from_rows
 from mirrorline.errors import InvalidSequenceError
@@ -66,6 +73,10 @@ def _kept(kinds: Column, acts: Mapping[str, frozenset[str]]) -> Column:
 
 
 _POS_SCALE = 10**19
+_ERR_DDL = (
+    "err STRUCT<first_op: STRING, first_lsn: BIGINT, first_seq: BIGINT, second_op: STRING, second_lsn: BIGINT, "
+    "second_seq: BIGINT, second_sub: INT>"
+)
 
 
 def _dec_pos(d: Any) -> Position:
@@ -250,30 +261,43 @@ def compile_changes(
     actions: Actions | None = None,
     start: Position | None = None,
     end: Position | None = None,
+    out: str | None = None,
 ) -> NetBatch:
     """Compile the changes (log row layout, :data:`mirrorline.log.rows.SPARK_DDL`) of one unit of work.
 
     ``start`` (exclusive) and ``end`` (inclusive) bound the unit when given; ``actions`` maps tables to the kinds
-    they replicate (default all). Raises :class:`InvalidSequenceError` for the earliest invalid op sequence. The
-    returned batch's ``net`` is cached: call ``release()`` on it when done.
-    """
-    from pyspark import StorageLevel
+    they replicate (default all). Raises :class:`InvalidSequenceError` for the earliest invalid op sequence.
 
+    The net rows are computed once and written as Parquet to ``out`` (any path or URL Spark writes to; it then holds
+    exactly the batch's ``net``, in the :data:`~mirrorline.compile.batch.NET_DDL` layout) or, without ``out``, to a
+    scratch folder that ``NetBatch.release()`` removes. Writing Parquet costs less than Spark's cache for these
+    nested rows, and keeps big units out of the JVM's memory.
+    """
+    spark = changes.sparkSession
     plan = _plan(changes, actions, start, end)
-    with _sort_aggregate(changes.sparkSession):
-        net_all = plan.net_all.persist(StorageLevel.MEMORY_AND_DISK)
-        errors = _errors(net_all, 1)  # materializes the cache
+    scratch = None
+    if out is None:
+        scratch = out = tempfile.mkdtemp(prefix="mirrorline-net-")
+    try:
+        with _sort_aggregate(spark):
+            plan.net_all.write.mode("overwrite").parquet(out)
+        errors = _errors(spark.read.schema(f"{NET_DDL}, {_ERR_DDL}").parquet(out), 1)
+    except BaseException:
+        if scratch:
+            shutil.rmtree(scratch, ignore_errors=True)
+        raise
     if errors:
-        net_all.unpersist()
+        if scratch:
+            shutil.rmtree(scratch, ignore_errors=True)
         raise errors[0]
     return NetBatch(
         start=start or ZERO,
         end=end or plan.last or start or ZERO,
         tables=plan.tables,
-        net=net_all.drop("err"),
+        net=spark.read.schema(NET_DDL).parquet(out),
         truncated={t: ps[-1] for t, ps in plan.truncs.items()},
         changes=plan.changes,
-        cached=net_all,
+        scratch=scratch,
     )
 
 
