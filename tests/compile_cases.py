@@ -4,7 +4,7 @@ A unit is written one change per line: ``[table:] OP KEY [col=value ...] [~col .
 no key); KEY is ``1`` or ``1,2`` (composite) or ``OLD>NEW`` for an update that changes the key; ``col=NULL`` is SQL
 NULL; ``~col`` marks the column unchanged (not sent). The change on line i is at position ``0/(base + i):0``. The
 expected net changes are written the same way, per table in apply order (TRUNCATE first, then deletes, updates,
-inserts by position), images without the key column.
+inserts by position), images without the key column, and ``<KEY`` for an insert's ``moved_from``.
 """
 
 from __future__ import annotations
@@ -71,6 +71,8 @@ def render(result: NetResult) -> list[str]:
                         continue
                     words.append(f"{col}={'NULL' if val is None else val}")
                 words += [f"~{c}" for c in sorted(r.unchanged)]
+                if r.moved_from is not None:
+                    words.append("<" + ",".join("NULL" if v is None else v for v in r.moved_from))
                 out.append(" ".join(words))
     return out
 
@@ -162,6 +164,52 @@ CASES: dict[str, Case] = {
     "key_change_of_inserted_row": Case(("I 1 c=1", "U 1>2 c=1"), ["t: I 2 c=1"]),
     "key_change_there_and_back": Case(("U 1>2 c=1", "U 2>1 c=2"), ["t: D 1", "t: I 1 c=2"]),
     "key_change_with_same_key_is_update": Case(("U 1>1 c=1",), ["t: U 1 c=1"]),
+    # key changes whose TOASTed columns were not sent (~d): the new key takes the old row's values
+    "key_change_unchanged_from_target": Case(("U 1>2 c=1 ~d",), ["t: D 1", "t: I 2 c=1 ~d <1"]),
+    "key_change_unchanged_resolved_from_insert": Case(("I 1 c=0 d=x", "U 1>2 c=1 ~d"), ["t: I 2 c=1 d=x"]),
+    "key_change_unchanged_resolved_from_update": Case(
+        ("U 1 c=0 d=x", "U 1>2 c=1 ~d"), ["t: D 1", "t: I 2 c=1 d=x"]
+    ),
+    "key_change_unchanged_partly_seen": Case(
+        ("U 1 d=x ~e", "U 1>2 c=1 ~d ~e"), ["t: D 1", "t: I 2 c=1 d=x ~e <1"]
+    ),
+    "key_change_unchanged_latest_value": Case(
+        ("U 1 d=x", "U 1 d=y", "U 1 c=0 ~d", "U 1>2 c=1 ~d"), ["t: D 1", "t: I 2 c=1 d=y"]
+    ),
+    "key_change_unchanged_then_update_sends_it": Case(
+        ("U 1>2 c=1 ~d", "U 2 c=2 d=y"), ["t: D 1", "t: I 2 c=2 d=y"]
+    ),
+    "key_change_unchanged_then_update_marks_it": Case(
+        ("U 1>2 c=1 ~d", "U 2 c=2 ~d"), ["t: D 1", "t: I 2 c=2 ~d <1"]
+    ),
+    "key_change_chain_from_target": Case(("U 1>2 c=1 ~d", "U 2>3 c=2 ~d"), ["t: D 1", "t: I 3 c=2 ~d <1"]),
+    "key_change_chain_of_three": Case(
+        ("U 1>2 ~d", "U 2>3 ~d", "U 3>4 c=3 ~d"), ["t: D 1", "t: I 4 c=3 ~d <1"]
+    ),
+    "key_change_chain_resolved": Case(
+        ("U 1 d=x", "U 1>2 c=1 ~d", "U 2>3 c=2 ~d"), ["t: D 1", "t: I 3 c=2 d=x"]
+    ),
+    "key_change_chain_resolved_midway": Case(
+        ("U 1>2 c=1 ~d", "U 2 d=y", "U 2>3 c=2 ~d"), ["t: D 1", "t: I 3 c=2 d=y"]
+    ),
+    "key_change_unchanged_there_and_back": Case(
+        ("U 1>2 c=1 ~d", "U 2>1 c=2 ~d"), ["t: D 1", "t: I 1 c=2 ~d <1"]
+    ),
+    "key_change_unchanged_swap": Case(
+        ("U 1>9 ~d", "U 2>1 ~d", "U 9>2 ~d"), ["t: D 1", "t: D 2", "t: I 1 ~d <2", "t: I 2 ~d <1"]
+    ),
+    "key_change_unchanged_onto_deleted_key_is_replace": Case(
+        ("D 2", "U 1>2 c=1 ~d"), ["t: D 2", "t: D 1", "t: I 2 c=1 ~d <1"]
+    ),
+    "key_change_unchanged_then_old_key_reinserted": Case(
+        ("U 1 d=x", "U 1>2 c=1 ~d", "I 1 c=5 d=z"), ["t: D 1", "t: I 2 c=1 d=x", "t: I 1 c=5 d=z"]
+    ),
+    "key_change_unchanged_after_insert_marking_it_has_no_source": Case(
+        ("I 1 c=1 ~d", "U 1>2 c=2 ~d"), ["t: I 2 c=2 ~d"]
+    ),
+    "key_change_unchanged_after_truncate": Case(
+        ("T", "I 1 c=1 d=x", "U 1>2 c=2 ~d"), ["t: T", "t: I 2 c=2 d=x"]
+    ),
     "key_change_onto_present_key_is_invalid": Case(
         ("U 2 c=0", "U 1>2 c=1"), error=("U", 1, "I", 2, ("2",), "public.t")
     ),
@@ -207,6 +255,14 @@ CASES: dict[str, Case] = {
     ),
     "actions_without_delete_key_change_only_inserts": Case(
         ("U 1>2 c=1",), ["t: D 2", "t: I 2 c=1"], actions={"public.t": "IU"}
+    ),
+    "actions_without_delete_key_change_unchanged": Case(
+        ("U 1 d=x", "U 1>2 c=1 ~d", "U 3>4 c=1 ~d"),
+        ["t: D 2", "t: D 4", "t: U 1 d=x", "t: I 2 c=1 d=x", "t: I 4 c=1 ~d <3"],
+        actions={"public.t": "IU"},
+    ),
+    "actions_without_update_key_change_unchanged": Case(
+        ("U 1 d=x", "U 1>2 c=1 ~d"), ["t: D 1", "t: I 2 c=1 ~d <1"], actions={"public.t": "ID"}
     ),
     "actions_without_insert_skip_after_delete": Case(
         ("U 1 c=1", "D 1", "I 1 c=2", "U 1 c=3", "D 1"), ["t: D 1"], actions={"public.t": "UD"}

@@ -102,11 +102,12 @@ def build_history(pick: Picker, max_ops: int = 24, with_actions: bool = False) -
             key = present[pick_key % len(present)]
             c = Change(p, 0, 1, t, Op.DELETE, key)
             del rows[key]
-        elif kind == "K":  # a key change: full image (see the reference's notes on unchanged columns)
+        elif kind == "K":  # a key change; with mark, b (TOASTed) not sent: the new row keeps the old row's b
             old, key = present[pick_key % len(present)], absent[pick_key % len(absent)]
-            c = Change(p, 0, 1, t, Op.UPDATE, key, _image(key, a, b), old_key=old)
-            del rows[old]
-            rows[key] = _image(key, a, b)
+            new = {"k": key[0], "a": a} if mark else _image(key, a, b)
+            c = Change(p, 0, 1, t, Op.UPDATE, key, new, frozenset({"b"}) if mark else frozenset(), old_key=old)
+            moved = rows.pop(old)
+            rows[key] = {**new, "b": moved.get("b")} if mark else new
         else:
             c = Change(p, 0, 1, t, Op.TRUNCATE)
             rows.clear()

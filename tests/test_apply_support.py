@@ -42,10 +42,12 @@ DEFAULT_POS = Position(0x100)
 
 
 def net(table: str, kind: str, key: Sequence[Any], new: dict[str, Any] | None = None,
-        unchanged: Iterable[str] = (), pos: Position = DEFAULT_POS) -> tuple[Any, ...]:
+        unchanged: Iterable[str] = (), pos: Position = DEFAULT_POS,
+        moved_from: Sequence[Any] | None = None) -> tuple[Any, ...]:
     """One net row in the compile -> apply layout."""
     str_new = None if new is None else {k: (None if v is None else str(v)) for k, v in new.items()}
-    return (table, kind, [str(k) for k in key], str_new, sorted(unchanged), pos.lsn, pos.seq)
+    moved = None if moved_from is None else [str(k) for k in moved_from]
+    return (table, kind, [str(k) for k in key], str_new, sorted(unchanged), pos.lsn, pos.seq, moved)
 
 
 def batch(spark: Any, rows: list[tuple[Any, ...]], start: Position, end: Position,

@@ -138,3 +138,29 @@ def test_invalid_histories_raise_naming_both_positions(inj) -> None:
     assert (e.value.table, e.value.key) == (inj.table, inj.key)
     assert (e.value.context["first_op"], e.value.first_pos) == inj.first
     assert (e.value.context["second_op"], e.value.second_pos) == inj.second
+
+
+def test_apply_net_takes_unchanged_columns_from_the_row_at_moved_from() -> None:
+    state = {"public.t": {("1",): {"k": "1", "c": "0", "d": "toast"}}}
+    changes = unit("U 1>2 c=1 ~d", "U 2>3 c=2 ~d")
+    want = {"public.t": {("3",): {"k": "3", "c": "2", "d": "toast"}}}
+    assert apply_net(state, fold(changes)) == replay(state, changes) == want
+    with pytest.raises(KeyError, match="no row"):  # the source row is missing: an error, never a NULL
+        apply_net({"public.t": {}}, fold(changes))
+
+
+def test_mirror_update_with_unchanged_columns_inserts_from_its_own_key() -> None:
+    result = mirror(fold(unit("U 1 c=1 ~d")))
+    assert render(result) == ["t: D 1", "t: I 1 c=1 ~d <1"]
+    state = {"public.t": {("1",): {"k": "1", "c": "0", "d": "x"}}}
+    assert apply_net(state, result) == {"public.t": {("1",): {"k": "1", "c": "1", "d": "x"}}}
+
+
+def test_generated_histories_hold_key_changes_with_unchanged_columns() -> None:
+    """The generator really exercises the case: key changes not sending b, resolved in the unit or from the target."""
+    from compile_histories import random_histories
+
+    rows = [r for h in random_histories(7, 300) for r in fold(h.changes).rows() if r[1] == "I"]
+    assert any(r[6] is not None for r in rows)  # still marked: moved_from names the source key
+    hs = [h for h in random_histories(7, 300) if any(c.old_key and c.unchanged for c in h.changes)]
+    assert len(hs) > 30

@@ -220,3 +220,33 @@ def test_reads_the_log_layout_from_parquet(spark: Any, tmp_path: Any) -> None:
         assert batch.changes == 6000
     finally:
         batch.release()
+
+
+def test_key_change_with_unchanged_columns_out_and_mirror_form(spark: Any, tmp_path: Path, monkeypatch: Any) -> None:
+    """A unit with key changes not sending a column: the net rows (written to ``out``, nothing left in the scratch
+    folder) carry moved_from; the mirror form of an update marking columns takes them from its own key."""
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", None)
+    out = tmp_path / "net"
+    changes = unit("U 1>2 c=1 ~d", "U 2>3 c=2 ~d", "U 5 c=5 ~d", "I 7 d=x", "U 7>8 ~d")
+    batch = compile_changes(changes_frame(spark, changes), out=str(out))
+    try:
+        assert render(collect_result(batch)) == ["t: D 1", "t: U 5 c=5 ~d", "t: I 3 c=2 ~d <1", "t: I 8 d=x"]
+        assert list(Path(tmp_path / "tmp").iterdir()) == []
+        net = spark.read.schema(NET_DDL).parquet(str(out))
+        assert net.count() == 4
+        got = {(r["kind"], r["key"][0]): r["moved_from"] for r in mirror(net).collect()}
+        assert got == {("D", "1"): None, ("D", "5"): None, ("I", "5"): ["5"], ("I", "3"): ["1"], ("I", "8"): None}
+    finally:
+        batch.release()
+
+
+def test_units_stored_without_moved_from_still_load(spark: Any, tmp_path: Path) -> None:
+    old_ddl = NET_DDL.replace(", moved_from ARRAY<STRING>", "")
+    assert old_ddl != NET_DDL
+    spark.createDataFrame([("public.t", "I", ["1"], {"k": "1"}, [], 1, 0)], old_ddl).write.parquet(str(tmp_path / "n"))
+    rows = spark.read.schema(NET_DDL).parquet(str(tmp_path / "n")).collect()
+    assert [(r["key"], r["moved_from"]) for r in rows] == [(["1"], None)]

@@ -10,12 +10,20 @@ table          string                "schema.name"
 kind           string                "D" (delete this key), "U" (update to this image), "I" (insert this image)
 key            array<string>         the key values, in the table's key-column order
 new            map<string,string>    the image for U and I (null for D); columns marked unchanged are absent
-unchanged      array<string>         for U: columns not sent and not seen in the unit (keep the target's value)
+unchanged      array<string>         columns not sent and not seen in the unit: for U, keep the target row's value;
+                                     for I, take it from the target's row at ``moved_from``
 lsn, seq       bigint, bigint        position of the last change folded into this net change
+moved_from     array<string>         for an I whose ``unchanged`` is not empty: the key of the row, at the target
+                                     as it is before the unit, that supplies those columns (a key-changing update
+                                     whose TOASTed columns were not sent; the first key of a chain a->b->c); else
+                                     null. Nullable: units stored before it existed read as null.
 =============  ====================  ===========================================================================
 
 A "replace" (delete then insert of one key) is two rows, kind D and kind I. Apply runs, per table in ``tables``
-order: TRUNCATE if the table is in ``truncated``, then the deletes, then the updates, then the inserts.
+order: TRUNCATE if the table is in ``truncated``, then the deletes, then the updates, then the inserts; the
+unchanged columns of the inserts are read from the rows at ``moved_from`` before the table's TRUNCATE and deletes (a
+missing row there is an error, never a NULL). The "mirror" form of an update is a D and an I with ``moved_from`` =
+its own key.
 """
 
 from __future__ import annotations
@@ -30,7 +38,7 @@ if TYPE_CHECKING:
 
 NET_DDL = (
     "`table` STRING NOT NULL, kind STRING NOT NULL, key ARRAY<STRING> NOT NULL, new MAP<STRING, STRING>, "
-    "unchanged ARRAY<STRING> NOT NULL, lsn BIGINT NOT NULL, seq BIGINT NOT NULL"
+    "unchanged ARRAY<STRING> NOT NULL, lsn BIGINT NOT NULL, seq BIGINT NOT NULL, moved_from ARRAY<STRING>"
 )
 
 

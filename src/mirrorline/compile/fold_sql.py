@@ -5,6 +5,15 @@ and the flags ``si`` (an I on a present row is an error: D is in the table's act
 row is an error: I is in the actions), ``e`` (a TRUNCATE emptied the table before these ops, at ``tlsn``/``tseq``)
 and ``last_epoch`` (no TRUNCATE after them). :data:`FOLD_STEPS` adds, in order, one column each; the last, ``rows``,
 is the key's net rows (kind D, U, I; or one E row carrying ``err`` when the sequence is invalid).
+
+:func:`fold_steps` with ``moves`` (the unit has key changes not sending some columns) adds what resolving those needs
+(see :mod:`mirrorline.compile.spark`): the group's ``allops`` may hold ``d`` ops (the D of such a key change when the
+table's actions drop D: not folded, but the new key still needs the old row's values); the net rows gain
+``moved_from``, ``plsn`` and ``pseq`` (for an I whose image came from a key change and still marks columns: that
+change's position), and each such key change's D adds one ``H`` row (a *handoff*, at the change's position): ``new``
+holds the latest values the old key's row had in the unit for the columns not sent, ``unchanged`` the columns it
+never saw, ``moved_from`` the old key when the row was there before the unit, or ``plsn``/``pseq`` the key change
+that brought the row to the old key (a chain: resolved later by joining handoffs), or neither (no source).
 """
 
 from __future__ import annotations
@@ -19,6 +28,88 @@ SORTED_OPS = (
     "ELSE array_sort(ops, (a, b) -> CASE WHEN a.lsn <> b.lsn THEN IF(a.lsn < b.lsn, -1, 1) "
     "WHEN a.seq <> b.seq THEN IF(a.seq < b.seq, -1, 1) ELSE a.sub - b.sub END) END"
 )
+
+_NET_ROW_MOVES = (
+    "STRUCT<kind: STRING, new: MAP<STRING, STRING>, unchanged: ARRAY<STRING>, lsn: BIGINT, seq: BIGINT, "
+    "moved_from: ARRAY<STRING>, plsn: BIGINT, pseq: BIGINT>"
+)
+_NULL_MOVE = "'moved_from', CAST(NULL AS ARRAY<STRING>), 'plsn', CAST(NULL AS BIGINT), 'pseq', CAST(NULL AS BIGINT)"
+# the last I when it came from a key change and the image still marks columns: the change whose handoff fills them
+_I_MOVE = (
+    "'moved_from', CAST(NULL AS ARRAY<STRING>), "
+    "'plsn', CASE WHEN size(image.unchanged) > 0 AND last_i > 0 AND get(ops, last_i - 1).sub = 1 "
+    "THEN get(ops, last_i - 1).lsn END, "
+    "'pseq', CASE WHEN size(image.unchanged) > 0 AND last_i > 0 AND get(ops, last_i - 1).sub = 1 "
+    "THEN get(ops, last_i - 1).seq END"
+)
+
+# The handoffs of the group's key changes (D of a change that marks columns, ``new`` set: a plain D has none), over
+# ``allops``: per such D at (1-based) index j, the last I before it (li, 0: none) and the I and U ops in between (a
+# valid history has no D there), then for each column not sent the nearest of those ops that sent it.
+_MOVE_STEPS: list[tuple[str, str]] = [
+    (
+        "hj",
+        "CASE WHEN err IS NULL AND last_epoch THEN filter(sequence(1, size(allops)), j -> "
+        "get(allops, j - 1).kind IN ('D', 'd') AND get(allops, j - 1).new IS NOT NULL "
+        "AND size(get(allops, j - 1).unchanged) > 0) END",
+    ),
+    (
+        "hw",
+        "transform(hj, j -> named_struct('j', j, 'li', coalesce(array_max(filter(sequence(1, j), "
+        "i -> i < j AND get(allops, i - 1).kind = 'I')), 0)))",
+    ),
+    (
+        "hf",
+        "transform(hw, p -> named_struct('o', get(allops, p.j - 1), 'li', p.li, 'found', "
+        "transform(get(allops, p.j - 1).unchanged, c -> named_struct('c', c, 'd', try_element_at(filter("
+        "slice(allops, greatest(p.li, 1), p.j - greatest(p.li, 1)), "
+        "x -> x.kind IN ('I', 'U') AND coalesce(map_contains_key(x.new, c), false)), -1)))))",
+    ),
+    (
+        "hand",
+        "transform(hf, h -> named_struct('kind', 'H', "
+        "'new', map_from_entries(transform(filter(h.found, f -> f.d IS NOT NULL), "
+        "f -> named_struct('key', f.c, 'value', try_element_at(f.d.new, f.c)))), "
+        "'unchanged', transform(filter(h.found, f -> f.d IS NULL), f -> f.c), "
+        "'lsn', h.o.lsn, 'seq', h.o.seq, "
+        "'moved_from', CASE WHEN h.li = 0 THEN key END, "
+        "'plsn', CASE WHEN h.li > 0 AND get(allops, h.li - 1).sub = 1 THEN get(allops, h.li - 1).lsn END, "
+        "'pseq', CASE WHEN h.li > 0 AND get(allops, h.li - 1).sub = 1 THEN get(allops, h.li - 1).seq END))",
+    ),
+]
+
+
+def fold_steps(moves: bool = False) -> list[tuple[str, str]]:
+    """The fold's steps; ``moves``: with the handoffs of key changes that mark columns (see the module's notes)."""
+    if not moves:
+        return FOLD_STEPS
+    steps = [("allops", "ops"), ("ops", "CASE WHEN si THEN allops ELSE filter(allops, x -> x.kind <> 'd') END")]
+    for name, sql in FOLD_STEPS[:-1]:
+        steps.append((name, sql))
+    steps += _MOVE_STEPS
+    rows = _rows(", " + _NULL_MOVE, ", " + _I_MOVE, _NET_ROW_MOVES)
+    none = f"CAST(array() AS ARRAY<{_NET_ROW_MOVES}>)"
+    steps.append(("rows", f"concat({rows}, coalesce(CAST(hand AS ARRAY<{_NET_ROW_MOVES}>), {none}))"))
+    return steps
+
+
+def _rows(null_move: str, i_move: str, row_type: str) -> str:
+    """The group's net rows; ``null_move`` and ``i_move`` add the fields of the moves layout (else empty)."""
+    none = f"CAST(array() AS ARRAY<{row_type}>)"
+    return (
+        "CASE WHEN err IS NOT NULL THEN array(named_struct('kind', 'E', 'new', CAST(NULL AS MAP<STRING, STRING>), "
+        f"'unchanged', CAST(array() AS ARRAY<STRING>), 'lsn', err.second_lsn, 'seq', err.second_seq{null_move})) "
+        f"WHEN NOT last_epoch OR outk = '' THEN {none} "
+        "WHEN outk = 'D' THEN array(named_struct('kind', 'D', 'new', CAST(NULL AS MAP<STRING, STRING>), "
+        f"'unchanged', CAST(array() AS ARRAY<STRING>), 'lsn', last.lsn, 'seq', last.seq{null_move})) "
+        "WHEN outk = 'R' THEN array(named_struct('kind', 'D', 'new', CAST(NULL AS MAP<STRING, STRING>), "
+        f"'unchanged', CAST(array() AS ARRAY<STRING>), 'lsn', rem.lsn, 'seq', rem.seq{null_move}), "
+        "named_struct('kind', 'I', 'new', image.new, 'unchanged', sort_array(image.unchanged), "
+        f"'lsn', last.lsn, 'seq', last.seq{i_move})) "
+        "ELSE array(named_struct('kind', outk, 'new', image.new, 'unchanged', sort_array(image.unchanged), "
+        f"'lsn', last.lsn, 'seq', last.seq{i_move})) END"
+    )
+
 
 # Per (table, epoch, key) group, in order: each step may use the columns of the steps before it.
 FOLD_STEPS: list[tuple[str, str]] = [
@@ -79,18 +170,5 @@ FOLD_STEPS: list[tuple[str, str]] = [
         "'unchanged', transform(filter(look, l -> NOT coalesce(map_contains_key(l.d.new, l.c), false)), l -> l.c)) "
         "END",
     ),
-    (
-        "rows",
-        "CASE WHEN err IS NOT NULL THEN array(named_struct('kind', 'E', 'new', CAST(NULL AS MAP<STRING, STRING>), "
-        "'unchanged', CAST(array() AS ARRAY<STRING>), 'lsn', err.second_lsn, 'seq', err.second_seq)) "
-        f"WHEN NOT last_epoch OR outk = '' THEN {_NO_ROWS} "
-        "WHEN outk = 'D' THEN array(named_struct('kind', 'D', 'new', CAST(NULL AS MAP<STRING, STRING>), "
-        "'unchanged', CAST(array() AS ARRAY<STRING>), 'lsn', last.lsn, 'seq', last.seq)) "
-        "WHEN outk = 'R' THEN array(named_struct('kind', 'D', 'new', CAST(NULL AS MAP<STRING, STRING>), "
-        "'unchanged', CAST(array() AS ARRAY<STRING>), 'lsn', rem.lsn, 'seq', rem.seq), "
-        "named_struct('kind', 'I', 'new', image.new, 'unchanged', sort_array(image.unchanged), "
-        "'lsn', last.lsn, 'seq', last.seq)) "
-        "ELSE array(named_struct('kind', outk, 'new', image.new, 'unchanged', sort_array(image.unchanged), "
-        "'lsn', last.lsn, 'seq', last.seq)) END",
-    ),
+    ("rows", _rows("", "", _NET_ROW)),
 ]

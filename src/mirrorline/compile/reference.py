@@ -22,6 +22,12 @@ row replaced on the way). Details:
 - **Unchanged columns.** A U's image is its sent columns; each column it marks unchanged takes the value the row had
   just before it in the unit (the latest value seen), and stays marked when the unit never saw one. The running image
   restarts at every I.
+- **Key changes with unchanged columns.** The I of a key change takes, for each column it marks unchanged, the latest
+  value the old key's row had in the unit before the change; the columns the unit never saw stay marked, and the net
+  I names in ``moved_from`` the key whose row *at the target, before the unit* holds them: the old key, or, when the
+  old key's row itself came from a key change in the unit (a chain a->b->c), that change's source (resolved in log
+  order). Apply reads them from there before the table's deletes. A plain I that marks columns (not something
+  pgoutput sends) has no source: they stay marked, ``moved_from`` None.
 - **TRUNCATE** discards the table's earlier net changes in the unit, marks the table truncated (applied first, before
   its deletes, updates and inserts) and folding restarts from an *empty* table: the first op on a key after it must be
   an I (a U or D names the TRUNCATE as the op it cannot follow). Ops before the last TRUNCATE are still checked.
@@ -69,6 +75,7 @@ class NetRow:
     new: Mapping[str, Value] | None  # None for D
     unchanged: frozenset[str]  # for U (and an I from a key change): columns still to keep from the target
     pos: Position
+    moved_from: Key | None = None  # for an I with unchanged columns: the key whose row at the target supplies them
 
 
 @dataclass
@@ -100,10 +107,20 @@ class NetResult:
                     out.append((t, kind, r.key, dict(r.new) if r.new is not None else None))
         return out
 
-    def rows(self) -> set[tuple[str, str, Key, tuple[tuple[str, Value], ...] | None, frozenset[str], Position]]:
+    def rows(
+        self,
+    ) -> set[tuple[str, str, Key, tuple[tuple[str, Value], ...] | None, frozenset[str], Position, Key | None]]:
         """Every net row as a hashable tuple (for comparisons)."""
         return {
-            (t, r.kind, r.key, tuple(sorted(r.new.items())) if r.new is not None else None, r.unchanged, r.pos)
+            (
+                t,
+                r.kind,
+                r.key,
+                tuple(sorted(r.new.items())) if r.new is not None else None,
+                r.unchanged,
+                r.pos,
+                r.moved_from,
+            )
             for t, net in self.nets.items()
             for kind in "DUI"
             for r in net.of(kind).values()
@@ -128,6 +145,9 @@ def marks(c: Change) -> frozenset[str]:
     return c.unchanged - frozenset(c.new or ()) if c.unchanged else c.unchanged
 
 
+Handoff = tuple[dict[str, Value], frozenset[str], Key | None]  # values found, columns left, their source key
+
+
 @dataclass
 class _KeyFold:
     before: str | None = None  # "absent", "present" or "maybe" (only without D: the row may survive on the replica)
@@ -136,9 +156,22 @@ class _KeyFold:
     removed_at: Position | None = None  # for the D of a replace
     image: dict[str, Value] | None = None
     unchanged: frozenset[str] = frozenset()
+    source: Key | None = None  # the key whose row at the target (before the unit) holds the unchanged columns
     pos: Position | None = None
 
-    def step(self, table: str, key: Key, kind: str, c: Change, acts: frozenset[str]) -> None:
+    def handoff(self, key: Key, cols: frozenset[str]) -> Handoff:
+        """What a key change moving this row away gives the new key for ``cols``: the latest values seen, the
+        columns left, and the key at the target that holds those."""
+        if not self.present:  # nothing seen in the unit (or a row the unit removed: the change is invalid anyway)
+            return {}, cols, key
+        image = self.image or {}
+        found = {col: image[col] for col in cols if col in image}
+        rest = cols - frozenset(found)
+        return found, rest, self.source if rest else None
+
+    def step(
+        self, table: str, key: Key, kind: str, c: Change, acts: frozenset[str], hand: Handoff | None = None
+    ) -> None:
         strict_insert = "D" in acts  # an I on a present row is an error (else it replaces the row)
         strict_update = "I" in acts  # a U or D on an absent row is an error (else it is skipped)
         if self.present is None:  # first op, nothing known: the op tells what was there before the unit
@@ -146,7 +179,7 @@ class _KeyFold:
                 self.before = "absent" if strict_insert else "maybe"
                 self.present = not strict_insert
             else:
-                self.before, self.present = "present", True
+                self.before, self.present, self.source = "present", True, key
         if kind == "I":
             if self.present and strict_insert:
                 self._fail(table, key, kind, c)
@@ -157,6 +190,10 @@ class _KeyFold:
             self.present = True
             self.image = dict(c.new or {})
             self.unchanged = marks(c)
+            self.source = None
+            if hand is not None:  # a key change: the old key's row supplies the columns not sent
+                found, self.unchanged, self.source = hand
+                self.image.update(found)
         elif not self.present:  # U or D on an absent row
             if strict_update:
                 self._fail(table, key, kind, c)
@@ -185,7 +222,8 @@ class _KeyFold:
             return []
         if not self.present:
             return [] if self.before == "absent" else [NetRow("D", key, None, frozenset(), self.pos)]
-        insert = NetRow("I", key, dict(self.image or {}), self.unchanged, self.pos)
+        moved_from = self.source if self.unchanged else None
+        insert = NetRow("I", key, dict(self.image or {}), self.unchanged, self.pos, moved_from)
         if self.before == "absent":
             return [insert]
         if self.before == "present" and self.removed_at is None:
@@ -209,7 +247,13 @@ def fold(changes: Iterable[Change], actions: Actions | None = None) -> NetResult
             if c.table not in tables:
                 tables.append(c.table)
             continue
-        for kind, key, ch in split_ops(c):
+        ops = split_ops(c)
+        hand: Handoff | None = None
+        if len(ops) == 2 and marks(c):  # a key change not sending some columns: the old key's row holds them
+            old = ops[0][1]
+            old_st = keys.get(c.table, {}).get(old)
+            hand = old_st.handoff(old, marks(c)) if old_st is not None else ({}, marks(c), old)
+        for kind, key, ch in ops:
             if kind not in acts:
                 continue
             if c.table not in tables:
@@ -220,7 +264,7 @@ def fold(changes: Iterable[Change], actions: Actions | None = None) -> NetResult
                 st = per_key[key] = _KeyFold()
                 if c.table in truncated:  # the table was emptied: the row is known absent
                     st.before, st.present, st.prev = "absent", False, ("T", truncated[c.table])
-            st.step(c.table, key, kind, ch, acts)
+            st.step(c.table, key, kind, ch, acts, hand if kind == "I" else None)
     nets: dict[str, TableNet] = {}
     for t in tables:
         net = nets[t] = TableNet()
@@ -289,12 +333,21 @@ def _refuse(
 
 
 def apply_net(state: State, result: NetResult) -> State:
-    """Apply a net result to a copy of ``state`` the way a set-based apply does: per table TRUNCATE, then deletes
-    (missing keys: nothing), updates (missing keys: nothing; unchanged columns keep the row's value), inserts (a key
-    that is present is a duplicate-key error, raised as KeyError)."""
+    """Apply a net result to a copy of ``state`` the way a set-based apply does: per table the inserts' unchanged
+    columns read from the rows at their ``moved_from`` (a missing row is a KeyError), TRUNCATE, then deletes (missing
+    keys: nothing), updates (missing keys: nothing; unchanged columns keep the row's value), inserts (a key that is
+    present is a duplicate-key error, raised as KeyError)."""
     out: State = {t: {k: dict(v) for k, v in rows.items()} for t, rows in state.items()}
     for t in result.tables:
         rows = out.setdefault(t, {})
+        images: dict[Key, dict[str, Value]] = {}
+        for key, r in result.nets.get(t, TableNet()).inserts.items():
+            images[key] = dict(r.new or {})
+            if r.unchanged and r.moved_from is not None:
+                src = rows.get(r.moved_from)
+                if src is None:
+                    raise KeyError(f"no row {r.moved_from} in {t} to take {sorted(r.unchanged)} of {key} from")
+                images[key].update({col: src[col] for col in r.unchanged if col in src})
         if t in result.truncated:
             rows.clear()
         net = result.nets.get(t, TableNet())
@@ -307,22 +360,30 @@ def apply_net(state: State, result: NetResult) -> State:
                     if col in rows[key]:
                         image[col] = rows[key][col]
                 rows[key] = image
-        for key, r in net.inserts.items():
+        for key in net.inserts:
             if key in rows:
                 raise KeyError(f"duplicate key {key} inserted into {t}")
-            rows[key] = dict(r.new or {})
+            rows[key] = images[key]
     return out
 
 
 def from_rows(tables: list[str], truncated: Mapping[str, Position], rows: Iterable[Mapping[str, Any]]) -> NetResult:
-    """A NetResult from net rows in the NetBatch layout (table, kind, key, new, unchanged, lsn, seq)."""
+    """A NetResult from net rows in the NetBatch layout (table, kind, key, new, unchanged, lsn, seq, moved_from)."""
     nets: dict[str, TableNet] = {t: TableNet() for t in tables}
     for r in rows:
         new = r["new"]
         if new is not None and not isinstance(new, dict):
             new = dict(new)
         key: Key = tuple(r["key"])
-        row = NetRow(str(r["kind"]), key, new, frozenset(r["unchanged"] or ()), Position(int(r["lsn"]), int(r["seq"])))
+        moved = r.get("moved_from")
+        row = NetRow(
+            str(r["kind"]),
+            key,
+            new,
+            frozenset(r["unchanged"] or ()),
+            Position(int(r["lsn"]), int(r["seq"])),
+            tuple(moved) if moved is not None else None,
+        )
         table = nets.setdefault(str(r["table"]), TableNet()).of(row.kind)
         if key in table:
             raise ValueError(f"two net {row.kind} rows for {r['table']} key {key}")
@@ -331,11 +392,12 @@ def from_rows(tables: list[str], truncated: Mapping[str, Position], rows: Iterab
 
 
 def mirror(result: NetResult) -> NetResult:
-    """The "mirror" form (DESIGN §6, 003_adea54c4fb31f98f.txt): every update becomes a delete and an insert."""
+    """The "mirror" form (DESIGN §6, 003_adea54c4fb31f98f.txt): every update becomes a delete and an insert (whose
+    unchanged columns come from the row's own key at the target: ``moved_from``)."""
     nets: dict[str, TableNet] = {}
     for t, net in result.nets.items():
         out = nets[t] = TableNet(dict(net.deletes), {}, dict(net.inserts))
         for key, r in net.updates.items():
             out.deletes[key] = NetRow("D", key, None, frozenset(), r.pos)
-            out.inserts[key] = NetRow("I", key, r.new, r.unchanged, r.pos)
+            out.inserts[key] = NetRow("I", key, r.new, r.unchanged, r.pos, key if r.unchanged else None)
     return NetResult(list(result.tables), dict(result.truncated), nets)

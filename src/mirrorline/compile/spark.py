@@ -19,6 +19,12 @@ lists on the driver):
 4. The net rows of the last epoch of each table (plus one ``E`` row per invalid key) are written once as Parquet;
    reading back the E rows gives the earliest error. The batch's ``net`` reads that Parquet: call
    ``NetBatch.release()`` once applied.
+5. Only when the unit has key changes that do not send some (TOASTed) columns: the fold also writes one handoff
+   (``H`` row) per such change (see :mod:`mirrorline.compile.fold_sql`) to a first scratch Parquet; handoffs that
+   come from an earlier key change of the old key (chains a->b->c) are resolved by joining them with the handoffs,
+   once per link of the longest chain; then each I whose image came from such a change takes the values its
+   handoff found and names in ``moved_from`` the key whose row at the target holds the rest, and the net rows are
+   written to the batch's Parquet.
 
 Performance (bench/compile.py): the Parquet scan of the log rows (the ``new`` map dominates) and the one shuffle of
 the images are most of the time; everything else is a few string functions per key.
@@ -34,7 +40,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from mirrorline.compile.batch import NET_DDL, NetBatch
-from mirrorline.compile.fold_sql import FOLD_STEPS, SORTED_OPS
+from mirrorline.compile.fold_sql import SORTED_OPS, fold_steps
 from mirrorline.compile.reference import ALL_ACTIONS, Actions, NetResult, from_rows
 from mirrorline.errors import InvalidSequenceError
 from mirrorline.position import ZERO, Position
@@ -79,6 +85,9 @@ _ERR_DDL = (
 )
 
 
+_MOVES_DDL = "plsn BIGINT, pseq BIGINT"
+
+
 def _dec_pos(d: Any) -> Position:
     lsn, seq = divmod(int(d), _POS_SCALE)
     return Position(lsn, seq)
@@ -118,6 +127,7 @@ class _Plan:
     changes: int
     last: Position | None
     net_all: DataFrame  # net rows plus one E row (with ``err``) per invalid key sequence
+    moves: bool  # key changes that do not send some columns: net_all also holds H rows, plsn and pseq
 
 
 def _plan(changes: DataFrame, actions: Actions | None, start: Position | None, end: Position | None) -> _Plan:
@@ -144,6 +154,7 @@ def _plan(changes: DataFrame, actions: Actions | None, start: Position | None, e
             F.max(pos_dec).alias("last"),
             F.count_if((F.col("op") == "T") & kept_row).alias("truncs"),
             F.count_if(key_change).alias("key_changes"),
+            F.count_if(key_change & (F.size("unchanged") > 0)).alias("moves"),
         )
         .collect()
     )
@@ -177,7 +188,14 @@ def _plan(changes: DataFrame, actions: Actions | None, start: Position | None, e
             F.col("key").alias("k"),
             F.lit(0).alias("sub"),
         )
-    if acts:
+    moves = any(r["moves"] for r in meta)
+    if acts and moves:  # the D of a key change marking columns stays as "d" when D is dropped: the I needs its values
+        marker = (F.col("kind") == "D") & (F.col("sub") == 0) & F.col("new").isNotNull() & (F.size("unchanged") > 0)
+        kept = _kept(F.col("kind"), acts)
+        ops = ops.where(kept | (marker & _kept(F.lit("I"), acts))).withColumn(
+            "kind", F.when(kept, F.col("kind")).otherwise(F.lit("d"))
+        )
+    elif acts:
         ops = ops.where(_kept(F.col("kind"), acts))
     trunc_arrays = {t: F.array(*map(_pos_struct, ps)) for t, ps in truncs.items()}
     no_truncs = F.array().cast("array<struct<lsn: bigint, seq: bigint>>")
@@ -221,16 +239,89 @@ def _plan(changes: DataFrame, actions: Actions | None, start: Position | None, e
         (F.col("epoch") == _by_table({t: F.lit(len(ps)) for t, ps in truncs.items()}, F.lit(0))).alias("last_epoch"),
         (trunc_pos if truncs else F.lit(None).cast("struct<lsn: bigint, seq: bigint>")).alias("tpos"),
     ).select("*", F.col("tpos.lsn").alias("tlsn"), F.col("tpos.seq").alias("tseq"))
-    for name, sql in FOLD_STEPS:
+    for name, sql in fold_steps(moves):
         folded = folded.withColumn(name, F.expr(sql))
     # inline_outer, not inline: with inline the optimizer infers a size(rows) > 0 filter and inlines the whole fold
     # into it, many times over
+    extra = ["moved_from", "plsn", "pseq"] if moves else [F.lit(None).cast("array<string>").alias("moved_from")]
     net_all = (
         folded.select("table", "key", "err", F.inline_outer("rows"))
         .where(F.col("kind").isNotNull())
-        .select("table", "kind", "key", "new", "unchanged", "lsn", "seq", "err")
+        .select("table", "kind", "key", "new", "unchanged", "lsn", "seq", *extra, "err")
     )
-    return _Plan([t for _, t in first_seen], truncs, n_changes, last, net_all)
+    return _Plan([t for _, t in first_seen], truncs, n_changes, last, net_all, moves)
+
+
+def _resolve_moves(first: DataFrame) -> DataFrame:
+    """The net rows (NET_DDL) from a first pass holding H rows (see step 5 of the module's notes)."""
+    from pyspark.sql import functions as F
+
+    no_vals = F.create_map().cast("map<string,string>")
+    hand = first.where(F.col("kind") == "H").select(
+        "table",
+        "lsn",
+        "seq",
+        F.col("new").alias("vals"),
+        F.col("unchanged").alias("rest"),
+        F.col("moved_from").alias("src"),
+        "plsn",
+        "pseq",
+    )
+    links = hand.select(*[F.col(c).alias(f"l_{c}") for c in hand.columns])
+    limit = 1 + int(hand.count())
+    pending = F.col("plsn").isNotNull() & (F.size("rest") > 0)
+    on = (F.col("table") == F.col("l_table")) & (F.col("plsn") == F.col("l_lsn")) & (F.col("pseq") == F.col("l_seq"))
+    lv = F.coalesce(F.col("l_vals"), no_vals)
+    for _ in range(limit):  # one more link of the chains per round
+        if hand.where(pending).limit(1).count() == 0:
+            break
+        hand = hand.join(links, on, "left").select(
+            "table",
+            "lsn",
+            "seq",
+            F.when(pending, F.map_concat("vals", F.map_filter(lv, lambda k, _v: F.array_contains("rest", k))))
+            .otherwise(F.col("vals"))
+            .alias("vals"),
+            F.when(pending, F.filter("rest", lambda c: ~F.map_contains_key(lv, c)))
+            .otherwise(F.col("rest"))
+            .alias("rest"),
+            F.when(pending, F.col("l_src")).otherwise(F.col("src")).alias("src"),
+            F.when(pending, F.col("l_plsn")).otherwise(F.col("plsn")).alias("plsn"),
+            F.when(pending, F.col("l_pseq")).otherwise(F.col("pseq")).alias("pseq"),
+        )
+    net = first.where(F.col("kind").isin("D", "U", "I"))
+    needs = F.coalesce((F.col("kind") == "I") & F.col("plsn").isNotNull() & (F.size("unchanged") > 0), F.lit(False))
+    found = hand.select(
+        F.col("table").alias("h_table"),
+        F.col("lsn").alias("h_lsn"),
+        F.col("seq").alias("h_seq"),
+        F.col("vals").alias("h_vals"),
+        F.col("src").alias("h_src"),
+    )
+    hv = F.coalesce(F.col("h_vals"), no_vals)
+    left = F.filter("unchanged", lambda c: ~F.map_contains_key(hv, c))
+    filled = (
+        net.where(needs)
+        .join(
+            found,
+            (F.col("table") == F.col("h_table"))
+            & (F.col("plsn") == F.col("h_lsn"))
+            & (F.col("pseq") == F.col("h_seq")),
+            "left",
+        )
+        .select(
+            "table",
+            "kind",
+            "key",
+            F.map_concat("new", F.map_filter(hv, lambda k, _v: F.array_contains("unchanged", k))).alias("new"),
+            left.alias("unchanged"),
+            "lsn",
+            "seq",
+            F.when(F.size(left) > 0, F.col("h_src")).alias("moved_from"),
+        )
+    )
+    rest = net.where(~needs).select("table", "kind", "key", "new", "unchanged", "lsn", "seq", "moved_from")
+    return rest.unionByName(filled)
 
 
 def _errors(net_all: DataFrame, limit: int) -> list[InvalidSequenceError]:
@@ -278,14 +369,21 @@ def compile_changes(
     scratch = None
     if out is None:
         scratch = out = tempfile.mkdtemp(prefix="mirrorline-net-")
+    first = tempfile.mkdtemp(prefix="mirrorline-moves-") if plan.moves else out
     try:
         with _sort_aggregate(spark):
-            plan.net_all.write.mode("overwrite").parquet(out)
-        errors = _errors(spark.read.schema(f"{NET_DDL}, {_ERR_DDL}").parquet(out), 1)
+            plan.net_all.write.mode("overwrite").parquet(first)
+        written = spark.read.schema(f"{NET_DDL}, {_MOVES_DDL + ', ' if plan.moves else ''}{_ERR_DDL}").parquet(first)
+        errors = _errors(written, 1)
+        if plan.moves and not errors:
+            _resolve_moves(written).write.mode("overwrite").parquet(out)
     except BaseException:
         if scratch:
             shutil.rmtree(scratch, ignore_errors=True)
         raise
+    finally:
+        if plan.moves:
+            shutil.rmtree(first, ignore_errors=True)
     if errors:
         if scratch:
             shutil.rmtree(scratch, ignore_errors=True)
@@ -323,8 +421,8 @@ def collect_result(batch: NetBatch) -> NetResult:
 
 def mirror(net: DataFrame) -> DataFrame:
     """The "mirror" form of a net DataFrame (DESIGN §6, 003_adea54c4fb31f98f.txt): each update becomes a delete and
-    an insert of its image. An update that still marks columns unchanged cannot be an insert: the apply must take
-    those columns from the target's row (the I row keeps them in ``unchanged``)."""
+    an insert of its image. An update that still marks columns unchanged cannot be a plain insert: the I row keeps
+    them in ``unchanged`` with ``moved_from`` = its own key, read from the target's row before the deletes."""
     from pyspark.sql import functions as F
 
     kinds = F.when(F.col("kind") == "U", F.array(F.lit("D"), F.lit("I"))).otherwise(F.array(F.col("kind")))
@@ -337,6 +435,9 @@ def mirror(net: DataFrame) -> DataFrame:
         F.when(F.col("_k") == "D", F.array().cast("array<string>")).otherwise(F.col("unchanged")).alias("unchanged"),
         "lsn",
         "seq",
+        F.when((F.col("kind") == "U") & (F.col("_k") == "I") & (F.size("unchanged") > 0), F.col("key"))
+        .otherwise(F.col("moved_from"))
+        .alias("moved_from"),
     )
 
 
