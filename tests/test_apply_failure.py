@@ -143,3 +143,26 @@ def test_values_arrive_as_postgresql_text_and_land_typed(kind: str, spark: Any, 
         assert flag is True and at.isoformat().startswith("2024-01-02T03:04:05.5")
         assert tags in ([1, 2], "{1,2}")
     assert base64.b16encode(bytes(blob)) == b"00FF41"
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("kind", KINDS)
+def test_serial_path_key_change_keeps_the_old_rows_unsent_columns(kind: str, mode: str, spark: Any, request: Any,
+                                                                  tmp_path: Path) -> None:
+    """The failure path replays a key-changing update that did not send note: the new key keeps the old row's note."""
+    t = open_target(kind, request, tmp_path, mode, on_error="reject")
+    items_with_check(t)
+    t.apply(batch(spark, [net("public.items", "I", [i], {"id": i, "name": f"n{i}", "qty": 1, "note": f"toast{i}"})
+                          for i in (10, 11)], P(0), P(0x100)), SCHEMAS)
+    changes = [
+        change("public.items", "U", [12], {"id": 12, "name": "moved", "qty": 2}, pos=P(0x200, 0),
+               unchanged=["note"], old_key=[10]),
+        change("public.items", "U", [11], {"id": 11, "name": "bad", "qty": -1}, pos=P(0x200, 1), unchanged=["note"]),
+    ]
+    rows = [net("public.items", "D", [10], pos=P(0x200, 0)),
+            net("public.items", "I", [12], {"id": 12, "name": "moved", "qty": 2}, ["note"], P(0x200, 0),
+                moved_from=[10]),
+            net("public.items", "U", [11], {"id": 11, "name": "bad", "qty": -1}, ["note"], P(0x200, 1))]
+    res = t.apply(batch(spark, rows, P(0x100), P(0x200, 1), changes=2), SCHEMAS, changes)
+    assert res.serial == ["public.items"] and res.rejects == 1
+    assert fetch(t, "public.items", COLS) == [(11, "n11", 1, "toast11"), (12, "moved", 2, "toast10")]

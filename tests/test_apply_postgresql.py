@@ -54,3 +54,19 @@ def test_parallel_path_failure_goes_serial_and_cleans_up(spark: Any, request: An
         t.apply(batch(spark, rows, P(0), P(0x10, 4)), {ITEMS.table: ITEMS}, changes)
     assert e.value.context["key"] == ["3"] and e.value.context["position"] == "0/10:3"
     assert fetch(t, "public.items", ["id"]) == [] and leftover_worktables(t) == []
+
+
+@pytest.mark.parametrize("mode", ["update", "mirror"])
+def test_spark_task_staging_keeps_columns_not_sent(mode: str, spark: Any, request: Any, tmp_path: Path) -> None:
+    t = open_target("postgresql", request, tmp_path, mode, parallel_rows=0)
+    seed = [net("public.items", "I", [i], {"id": i, "name": f"n{i}", "qty": i, "note": f"toast{i}"}) for i in range(20)]
+    t.apply(batch(spark, seed, P(0), P(0x100)), {ITEMS.table: ITEMS})
+    unit = [net("public.items", "D", [i], pos=P(0x110, i)) for i in range(10)]
+    unit += [net("public.items", "I", [100 + i], {"id": 100 + i, "name": "moved", "qty": i}, ["note"], P(0x110, i),
+                 moved_from=[i]) for i in range(10)]
+    b = batch(spark, unit, P(0x100), P(0x200))
+    b.net = b.net.repartition(3)
+    t.apply(b, {ITEMS.table: ITEMS})
+    items = fetch(t, "public.items", ["id", "name", "note"])
+    assert len(items) == 20 and (105, "moved", "toast5") in items and (15, "n15", "toast15") in items
+    assert not [r for r in items if r[2] is None] and leftover_worktables(t) == []

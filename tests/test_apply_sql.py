@@ -148,5 +148,9 @@ def test_flatten_net_rows_to_worktable_rows() -> None:
     assert w.column_names == ["_ml_k0", "a", "b", "_ml_unchanged"]
     assert w.to_pylist() == [{"_ml_k0": "1", "a": "x", "b": None, "_ml_unchanged": "b"},
                              {"_ml_k0": "2", "a": None, "b": "y", "_ml_unchanged": ""}]
-    assert R.flatten(net, s, "I").column_names == ["id", "a", "b"]
+    assert R.flatten(net, s, "I").column_names == ["id", "a", "b", "_ml_unchanged", "_ml_m0", "_ml_lsn", "_ml_seq"]
+    moved = net.append_column("moved_from", pa.array([["7"], None], pa.list_(pa.string())))
+    assert R.flatten(moved, s, "I").select(["_ml_unchanged", "_ml_m0", "_ml_lsn", "_ml_seq"]).to_pylist() == [
+        {"_ml_unchanged": "b", "_ml_m0": "7", "_ml_lsn": "1", "_ml_seq": "0"},
+        {"_ml_unchanged": "", "_ml_m0": None, "_ml_lsn": "1", "_ml_seq": "1"}]
     assert mask_of(["x", "y"]) == f"x{MASK_SEP}y"

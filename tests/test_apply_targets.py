@@ -243,3 +243,63 @@ def test_a_unit_that_would_skip_or_repeat_changes_is_refused(spark: Any, request
     with pytest.raises(TargetError, match="twice"):
         t.apply(both, SCHEMAS)
     assert len(fetch(t, "public.items", COLS)) == 5
+
+
+# driver Arrow staging of the whole unit, or table by table flattened by Spark (driver_rows=1)
+PATHS = [pytest.param({}, id="whole"), pytest.param({"driver_rows": 1}, id="by-table")]
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("kind", KINDS)
+def test_key_change_keeps_columns_not_sent(kind: str, mode: str, path: dict[str, Any], spark: Any, request: Any,
+                                           tmp_path: Path) -> None:
+    """Inserts marking columns unchanged (a key-changing update of TOASTed values) take them from the target's rows
+    at moved_from, read before the deletes: moved keys, two column sets, a swap of two keys, an update too."""
+    t = open_target(kind, request, tmp_path, mode, **path)
+    seed(spark, t)
+    rows = [
+        net("public.items", "D", [1], pos=P(0x110)),
+        net("public.items", "I", [11], {"id": 11, "name": "m11", "qty": 110}, ["note"], P(0x110), moved_from=[1]),
+        net("public.items", "D", [2], pos=P(0x120)),
+        net("public.items", "I", [12], {"id": 12, "qty": 120}, ["name", "note"], P(0x120), moved_from=[2]),
+        net("public.items", "D", [3], pos=P(0x130)),  # 3 and 4 swap keys: each takes the other's note
+        net("public.items", "D", [4], pos=P(0x140)),
+        net("public.items", "I", [3], {"id": 3, "name": "s3", "qty": 3}, ["note"], P(0x150), moved_from=[4]),
+        net("public.items", "I", [4], {"id": 4, "name": "s4", "qty": 4}, ["note"], P(0x150, 1), moved_from=[3]),
+        net("public.items", "U", [5], {"id": 5, "qty": 55}, ["name", "note"], P(0x160)),
+        net("public.items", "I", [13], {"id": 13, "name": "n13", "qty": 13, "note": "plain"}, pos=P(0x170)),
+    ]
+    res = t.apply(batch(spark, rows, P(0x100), P(0x200)), SCHEMAS)
+    assert res.rows["public.items"] == {"D": 4, "U": 1, "I": 5}
+    assert fetch(t, "public.items", COLS) == [
+        (11, "m11", 110, "note1"), (12, "n2", 120, "note2"), (13, "n13", 13, "plain"), (3, "s3", 3, "note4"),
+        (4, "s4", 4, "note3"), (5, "n5", 55, "note5")]
+    assert t.applied_position() == P(0x200)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("kind", KINDS)
+def test_key_change_from_a_missing_row_is_an_error(kind: str, mode: str, spark: Any, request: Any,
+                                                   tmp_path: Path) -> None:
+    from mirrorline.errors import ApplyError
+
+    t = open_target(kind, request, tmp_path, mode)
+    seed(spark, t)
+    rows = [
+        net("public.items", "D", [1], pos=P(0x110)),
+        net("public.items", "I", [11], {"id": 11, "name": "m", "qty": 1}, ["note"], P(0x110), moved_from=[1]),
+        net("public.items", "I", [20], {"id": 20, "name": "m", "qty": 1}, ["note"], P(0x120, 2), moved_from=[99]),
+    ]
+    with pytest.raises(ApplyError) as e:
+        t.apply(batch(spark, rows, P(0x100), P(0x200)), SCHEMAS)
+    ctx = e.value.context
+    assert (ctx["table"], ctx["key"], ctx["moved_from"], ctx["position"]) == (
+        "public.items", ["20"], ["99"], str(P(0x120, 2)))
+    assert "note" in str(e.value) and "99" in str(e.value)
+    assert len(fetch(t, "public.items", COLS)) == 5 and t.applied_position() == P(0x100)
+    # no moved_from at all (a unit stored before moved_from existed): an error too, never a NULL
+    rows = [net("public.items", "I", [21], {"id": 21, "name": "m", "qty": 1}, ["note"], P(0x130))]
+    with pytest.raises(ApplyError, match="names no row"):
+        t.apply(batch(spark, rows, P(0x100), P(0x200)), SCHEMAS)
+    assert len(fetch(t, "public.items", COLS)) == 5

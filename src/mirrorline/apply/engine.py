@@ -1,9 +1,11 @@
 """The apply engine, the same for every target (DESIGN §6): a compiled unit of work (:class:`NetBatch`) applied
 exactly once with set-based statements, the target's applied position written in the same transaction.
 
-Per table, in the unit's first-seen order: TRUNCATE if truncated, then the net deletes (join-delete), updates
-(join-update of only the columns not marked unchanged; "mirror" mode: delete + insert, unchanged columns kept from
-the existing row), inserts (insert-select), each from a bulk-loaded worktable.
+Per table, in the unit's first-seen order: the images of the inserts whose columns were not sent (a key-changing
+update of TOASTed values) completed from the target's rows at their ``moved_from`` (read first: those rows are about
+to be deleted; a missing one is an :class:`ApplyError`), TRUNCATE if truncated, then the net deletes (join-delete),
+updates (join-update of only the columns not marked unchanged; "mirror" mode: delete + insert, unchanged columns kept
+from the existing row), inserts (insert-select), each from a bulk-loaded worktable.
 
 - threads = 1: the whole unit is one transaction, with every table's position and the unit end.
 - threads = N > 1: tables dealt round-robin (first-seen order) to N connections; each table is one transaction with
@@ -322,6 +324,11 @@ class Target(ABC):
         d = self.dialect
         counts = {"D": 0, "U": 0, "I": 0}
         t0 = time.monotonic()
+        inserts = stager.stage(s, ts, "I")  # first: their moved_from rows are read before the deletes
+        t0 = result.timed("stage", t0)
+        images = self._moved_images(s, ts, inserts[0]) if inserts else []
+        if images:
+            t0 = result.timed("moved", t0)
         if ts.table in batch.truncated:
             s.execute(d.truncate(ts.table))
             t0 = result.timed("truncate", t0)
@@ -341,11 +348,15 @@ class Target(ABC):
             self._bulk_updates(s, ts, name, n)
             counts["U"] = n
             t0 = result.timed("update", t0)
-        staged = stager.stage(s, ts, "I")
-        t0 = result.timed("stage", t0)
-        if staged:
-            name, n = staged
-            got = s.dml(d.insert_select(ts, name, ts.column_names))
+        if inserts:
+            name, n = inserts
+            if images:  # the rows sending every column, then the completed images
+                got = s.dml(d.insert_select(ts, name, ts.column_names, [""]))
+                for image in images:
+                    got += s.dml(d.insert_typed(ts, image, list(ts.column_names)))
+                    s.execute(d.drop_table(image))
+            else:
+                got = s.dml(d.insert_select(ts, name, ts.column_names))
             if got != n:
                 raise _Mismatch(ts.table, "I", n, got)
             counts["I"] = n
@@ -353,6 +364,49 @@ class Target(ABC):
         stager.finish(s, ts.table)
         result.timed("stage", t0)
         return counts
+
+    def _moved_images(self, s: Session, ts: TableSchema, work: str) -> list[str]:
+        """For the inserts marking columns unchanged: typed temp tables of their full images, those columns read from
+        the target's rows at ``moved_from`` (one statement per distinct set of columns). A missing row (or no
+        ``moved_from``) is an ApplyError: the value cannot be had, and a NULL would lose it silently."""
+        d = self.dialect
+        if not s.query(d.has_masks(work)):
+            return []
+        groups: dict[frozenset[str], tuple[list[str], int]] = {}
+        for raw, cnt in s.query(d.mask_counts(work)):
+            kept = parse_mask(raw)
+            if kept:
+                masks, total = groups.get(kept, ([], 0))
+                groups[kept] = ([*masks, raw], total + int(cnt))
+        images: list[str] = []
+        try:
+            for kept, (raw_masks, cnt) in groups.items():
+                image = f"mirrorline_image_{next(_images)}"
+                s.execute(d.moved_image(ts, work, image, kept, raw_masks))
+                images.append(image)
+                if int(s.query(d.count(image))[0][0]) != cnt:
+                    raise self._moved_error(ts, s.query(d.moved_missing(ts, work, raw_masks))[0], kept)
+        except BaseException:
+            for image in images:
+                with contextlib.suppress(Exception):
+                    s.execute(d.drop_table(image))
+            raise
+        return images
+
+    def _moved_error(self, ts: TableSchema, row: Sequence[Any], kept: frozenset[str]) -> ApplyError:
+        nk = len(ts.key)
+        key, moved = list(row[:nk]), list(row[nk:2 * nk])
+        pos = Position(int(row[2 * nk]), int(row[2 * nk + 1]))
+        cols = ", ".join(sorted(kept))
+        if all(v is None for v in moved):
+            what = "names no row to take them from"
+        else:
+            what = f"takes them from the row with key {moved}, which is not at the target"
+        return ApplyError(
+            f"target {self.name}: insert on {ts.table} key {key} at {pos}: the columns {cols} were not sent (a "
+            f"key-changing update of unchanged TOASTed values) and the net change {what}",
+            hint="the target lost that row or was changed by hand: restore it, or re-snapshot the table",
+            target=self.name, table=ts.table, key=key, moved_from=moved, position=str(pos), columns=sorted(kept))
 
     def _bulk_updates(self, s: Session, ts: TableSchema, work: str, n: int) -> None:
         d = self.dialect

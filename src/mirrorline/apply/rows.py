@@ -6,7 +6,7 @@ from __future__ import annotations
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from mirrorline.apply.sql import MASK_COL, MASK_SEP, key_col
+from mirrorline.apply.sql import MASK_COL, MASK_SEP, POS_COLS, key_col, moved_col
 from mirrorline.model import TableSchema
 
 KINDS = ("D", "U", "I")
@@ -19,7 +19,7 @@ def work_columns(s: TableSchema, kind: str) -> list[str]:
     if kind == "U":
         return keys + value_columns(s) + [MASK_COL]
     if kind == "I":
-        return list(s.column_names)
+        return list(s.column_names) + [MASK_COL] + [moved_col(i) for i in range(len(s.key))] + list(POS_COLS)
     raise ValueError(f"unknown net kind {kind!r}")
 
 
@@ -49,9 +49,14 @@ def flatten(net: pa.Table, s: TableSchema, kind: str) -> pa.Table:
         cols = value_columns(s) if kind == "U" else list(s.column_names)
         for c in cols:
             out[c] = pc.map_lookup(new, pa.scalar(c, pa.string()), "first") if n else pa.array([], pa.string())
-    if kind == "U":
+    if kind in ("U", "I"):
         out[MASK_COL] = (pc.fill_null(pc.binary_join(net["unchanged"], MASK_SEP), "") if n
                          else pa.array([], pa.string()))
+    if kind == "I":
+        moved = net["moved_from"] if "moved_from" in net.column_names else pa.nulls(n, pa.list_(pa.string()))
+        for i in range(len(s.key)):
+            out[moved_col(i)] = pc.list_element(moved, i) if n else pa.array([], pa.string())
+        out[POS_COLS[0]], out[POS_COLS[1]] = net["lsn"], net["seq"]
     names = work_columns(s, kind)
     return pa.table([_as_string(out[c]) for c in names], names=names)
 

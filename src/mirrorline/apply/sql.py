@@ -7,7 +7,9 @@ Worktables hold text exactly as PostgreSQL sent it; the set-based statements con
 - deletes ``D``: the key, as ``_ml_k0 .. _ml_kN`` (the table's key-column order);
 - updates ``U``: the key as above, then every non-key column by its own name, then ``_ml_unchanged``: the names of the
   columns marked unchanged, joined by :data:`MASK_SEP` ('' when none);
-- inserts ``I``: every column by its own name.
+- inserts ``I``: every column by its own name, then ``_ml_unchanged`` (as above: the columns to take from the target's
+  row at ``moved_from``), ``moved_from`` as ``_ml_m0 .. _ml_mN`` and the net row's position as ``_ml_lsn``,
+  ``_ml_seq`` (for the error when that row is missing).
 
 Rows with different unchanged sets are updated one statement per distinct set (in practice one or two sets per
 table), each statement writing only the columns that changed.
@@ -28,8 +30,15 @@ REJECTS_TABLE = "mirrorline_rejects"
 GLOBAL_SCOPE = ""  # the state row holding the unit end every table has reached
 
 
+POS_COLS = ("_ml_lsn", "_ml_seq")
+
+
 def key_col(i: int) -> str:
     return f"_ml_k{i}"
+
+
+def moved_col(i: int) -> str:
+    return f"_ml_m{i}"
 
 
 def lit(text: str) -> str:
@@ -165,12 +174,14 @@ class Dialect:
         return f"DELETE FROM {self.table(table)}"
 
     # -- set-based statements ---------------------------------------------------------------------------------------
-    def _key_match(self, s: TableSchema, t: str, w: str) -> str:
+    def _key_match(self, s: TableSchema, t: str, w: str, moved: bool = False) -> str:
+        """``t``'s key equals the worktable ``w``'s key (or, ``moved``, its ``moved_from`` key)."""
         parts = []
         for i, k in enumerate(s.key):
             col = s.column(k)
             info = self.type_info(s.table, col)
-            parts.append(self.eq(f"{t}.{quote_ident(k)}", self.conv(f"{w}.{key_col(i)}", info, s.table, k),
+            src = moved_col(i) if moved else key_col(i)
+            parts.append(self.eq(f"{t}.{quote_ident(k)}", self.conv(f"{w}.{src}", info, s.table, k),
                                  col.nullable))
         return " AND ".join(parts)
 
@@ -227,6 +238,33 @@ class Dialect:
         match = self._key_match(s, "t", "w") + self._mask_filter("w", masks)
         return (f"CREATE TEMP TABLE {into} AS SELECT {', '.join(exprs)} FROM {work} AS w "
                 f"JOIN {self.table(s.table)} AS t ON {match}")
+
+    def moved_image(self, s: TableSchema, work: str, into: str, kept: frozenset[str], masks: Sequence[str]) -> str:
+        """Inserts whose ``kept`` columns were not sent (a key-changing update): the full images into a typed temp
+        table ``into``, those columns read from the target's row at ``moved_from`` (before the table's deletes)."""
+        exprs = []
+        for c in s.column_names:
+            if c in kept:
+                exprs.append(f"t.{quote_ident(c)} AS {quote_ident(c)}")
+            else:
+                info = self.type_info(s.table, s.column(c))
+                exprs.append(f"{self.conv(f'w.{quote_ident(c)}', info, s.table, c)} AS {quote_ident(c)}")
+        match = self._key_match(s, "t", "w", moved=True) + self._mask_filter("w", masks)
+        return (f"CREATE TEMP TABLE {into} AS SELECT {', '.join(exprs)} FROM {work} AS w "
+                f"JOIN {self.table(s.table)} AS t ON {match}")
+
+    def moved_missing(self, s: TableSchema, work: str, masks: Sequence[str]) -> str:
+        """The first insert (by position) whose ``moved_from`` row is not at the target: key, moved_from, lsn, seq."""
+        match = self._key_match(s, "t", "w", moved=True)
+        keys = ", ".join(f"w.{quote_ident(k)}" for k in s.key)
+        moved = ", ".join(f"w.{moved_col(i)}" for i in range(len(s.key)))
+        order = ", ".join(f"CAST(w.{c} AS BIGINT)" for c in POS_COLS)
+        return (f"SELECT {keys}, {moved}, w.{POS_COLS[0]}, w.{POS_COLS[1]} FROM {work} AS w "
+                f"WHERE 1 = 1{self._mask_filter('w', masks)} AND NOT EXISTS "
+                f"(SELECT 1 FROM {self.table(s.table)} AS t WHERE {match}) ORDER BY {order} LIMIT 1")
+
+    def has_masks(self, work: str) -> str:
+        return f"SELECT 1 FROM {work} WHERE COALESCE({MASK_COL}, '') <> '' LIMIT 1"
 
     def insert_typed(self, s: TableSchema, work: str, cols: Sequence[str]) -> str:
         names = ", ".join(quote_ident(c) for c in cols)

@@ -14,7 +14,7 @@ import pyarrow.compute as pc
 
 from mirrorline.apply import rows as R
 from mirrorline.apply.session import Session
-from mirrorline.apply.sql import MASK_COL, MASK_SEP, key_col
+from mirrorline.apply.sql import MASK_COL, MASK_SEP, POS_COLS, key_col, moved_col
 from mirrorline.model import TableSchema
 
 if TYPE_CHECKING:
@@ -81,13 +81,16 @@ class ArrowStager(Stager):
 
 
 def spark_flatten(net: Any, ts: TableSchema) -> Any:
-    """One table's net rows flattened by Spark: kind, the key as _ml_k*, every column, the unchanged mask."""
+    """One table's net rows flattened by Spark: kind, the key as _ml_k*, every column, the unchanged mask, the
+    moved_from key as _ml_m*, the position."""
     from pyspark.sql import functions as F
 
     cols = [F.col("kind")]
     cols += [F.col("key")[i].alias(key_col(i)) for i in range(len(ts.key))]
     cols += [F.col("new")[c].alias(f"_ml_c{j}") for j, c in enumerate(ts.column_names)]
     cols.append(F.coalesce(F.array_join("unchanged", MASK_SEP), F.lit("")).alias(MASK_COL))
+    cols += [F.col("moved_from")[i].alias(moved_col(i)) for i in range(len(ts.key))]
+    cols += [F.col(c).cast("string").alias(name) for c, name in zip(("lsn", "seq"), POS_COLS, strict=True)]
     return net.where(F.col("table") == ts.table).select(*cols)
 
 
