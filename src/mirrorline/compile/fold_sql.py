@@ -19,7 +19,6 @@ that brought the row to the old key (a chain: resolved later by joining handoffs
 from __future__ import annotations
 
 _NET_ROW = "STRUCT<kind: STRING, new: MAP<STRING, STRING>, unchanged: ARRAY<STRING>, lsn: BIGINT, seq: BIGINT>"
-_NO_ROWS = f"CAST(array() AS ARRAY<{_NET_ROW}>)"
 
 # The ops of a key sorted by position. They arrive sorted (the aggregate streams over rows sorted by key and position),
 # which a native comparison confirms cheaply; the lambda sort (maps are not orderable, so no plain sort) is a safety.
