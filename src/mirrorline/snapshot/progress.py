@@ -20,6 +20,7 @@ class Progress:
         self.total_chunks = total_chunks
         self.est_rows = est_rows
         self.rows = 0
+        self.exact = False  # rows is the count the tasks reported, no longer the estimate ``poll`` makes
         self.chunks = 0
         self.table = ""
         self.stream = stream if stream is not None else sys.stderr

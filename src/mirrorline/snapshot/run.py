@@ -16,7 +16,7 @@ import shutil
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -122,12 +122,47 @@ def _spark_poll(group: str, total_rows: int, total_chunks: int) -> Callable[[Pro
                 if stage:
                     done += stage.numCompletedTasks
         p.chunks = done
-        p.rows = total_rows * done // max(total_chunks, 1)  # an estimate until the tasks report
+        if not p.exact:
+            p.rows = total_rows * done // max(total_chunks, 1)  # an estimate until the tasks report
 
     return poll
 
 
 # ------------------------------------------------------------------------------------------------------ over the wire
+
+
+ATTEMPTS = 5  # consistent points tried when a table is rewritten between one and the read of its chunks
+
+
+class _Rewritten(Exception):
+    """A table was rewritten (TRUNCATE, ...) after the consistent point and before a task read it: the chunks read
+    under that snapshot are wrong (see :mod:`mirrorline.snapshot.tasks`); take a new consistent point."""
+
+    def __init__(self, tables: list[str]) -> None:
+        super().__init__(", ".join(tables))
+        self.tables = tables
+
+
+def _check_rewritten(results: Iterable[dict[str, Any]]) -> None:
+    bad = sorted({str(r["table"]) for r in results if r.get("rewritten")})
+    if bad:
+        raise _Rewritten(bad)
+
+
+def _attempts(what: str) -> Iterator[int]:
+    """Attempt numbers for an operation that a table rewritten under its snapshot restarts (the caller breaks out
+    when an attempt succeeds); an error once they are used up."""
+    yield from range(1, ATTEMPTS + 1)
+    raise SnapshotError(f"{what}: the source rewrote a table (TRUNCATE, VACUUM FULL, CLUSTER or a rewriting ALTER "
+                        f"TABLE) after each of {ATTEMPTS} consistent points, before it was read; nothing was marked "
+                        "loaded",
+                        hint="run it again when the source is not truncating or rewriting the configured tables "
+                             "continually")
+
+
+def _retrying(e: _Rewritten, what: str, attempt: int) -> None:
+    log.info("%s: %s rewritten (TRUNCATE?) after the consistent point, before it was read; taking a new consistent "
+             "point (attempt %d of %d)", what, ", ".join(e.tables), attempt, ATTEMPTS)
 
 
 def _register(log_root: Path, name: str, position: Position) -> None:
@@ -156,18 +191,23 @@ def snapshot_target(config: Config, name: str, *, tables: Iterable[str] | None =
     only = set(tables) if tables is not None else None
     t0 = time.monotonic()
     try:
-        with consistent_point(config) as cp:
-            stats = _describe(config, cp, only)
-            schemas = [s.schema for s in stats.values()]
-            target.ensure_schema(schemas)
-            _register(config.log.path, name, cp.position)
-            whole = only is None
-            if target.kind == "postgresql":
-                chunks = plan_chunks(stats.values(), _chunk_blocks(opts), _parallelism())
-                rows = _wire_postgres(config, target, cp, stats, chunks, whole, opts)
-            else:  # smaller chunks: the driver starts loading as soon as the first one is there
-                chunks = plan_chunks(stats.values(), _chunk_blocks(opts, STAGED_CHUNK_MB), _parallelism())
-                rows = _wire_staged(config, target, cp, stats, chunks, whole, opts)
+        for attempt in _attempts(f"snapshot of {name}"):
+            try:
+                with consistent_point(config) as cp:
+                    stats = _describe(config, cp, only)
+                    schemas = [s.schema for s in stats.values()]
+                    target.ensure_schema(schemas)
+                    _register(config.log.path, name, cp.position)
+                    whole = only is None
+                    if target.kind == "postgresql":
+                        chunks = plan_chunks(stats.values(), _chunk_blocks(opts), _parallelism())
+                        rows = _wire_postgres(config, target, cp, stats, chunks, whole, opts)
+                    else:  # smaller chunks: the driver starts loading as soon as the first one is there
+                        chunks = plan_chunks(stats.values(), _chunk_blocks(opts, STAGED_CHUNK_MB), _parallelism())
+                        rows = _wire_staged(config, target, cp, stats, chunks, whole, opts)
+                break
+            except _Rewritten as e:
+                _retrying(e, f"snapshot of {name}", attempt)
     finally:
         target.close()
     if only is None:
@@ -241,12 +281,30 @@ def _wire_postgres(config: Config, target: Target, cp: ConsistentPoint, stats: d
                 "copy_in": copy_in_sql(d.table(c.table), stats[c.table].schema.column_names, fmt[c.table]),
                 "load_id": load_id, "chunk_id": chunks.index(c),
             } for c in grp]
-            for r in run_tasks(pipe_chunk, specs, group, f"snapshot of {target.name} (group {i + 1})"):
+            results = run_tasks(pipe_chunk, specs, group, f"snapshot of {target.name} (group {i + 1})")
+            try:
+                _check_rewritten(results)
+            except _Rewritten:
+                _forget_load(target, load_id)
+                raise
+            for r in results:
                 rows[r["table"]] += int(r["rows"])
         prog.rows = sum(rows.values())
+        prog.exact = True
     end_lsn = current_wal_lsn(config.source.dsn)
     finish_loading(target, rows, cp.position, end_lsn, "wire", whole, load_id)
     return rows
+
+
+def _forget_load(target: Target, load_id: str) -> None:
+    """Drop the chunk records of a load that is started again (its rows go with the next load's truncation)."""
+    s = target.session()
+    try:
+        s.begin()
+        s.execute(f"DELETE FROM {target.dialect.own(S.CHUNKS_TABLE)} WHERE load_id = %s", (load_id,))
+        s.commit()
+    finally:
+        s.close()
 
 
 class _null:
@@ -311,6 +369,7 @@ def _wire_staged(config: Config, target: Target, cp: ConsistentPoint, stats: dic
         runner.join()
         if failed:
             raise failed[0]
+        _check_rewritten(done)
         end_lsn = current_wal_lsn(config.source.dsn)
         loader.finish(rows, cp.position, end_lsn, "wire", whole)
         ok = True
@@ -339,19 +398,28 @@ def export_snapshot(config: Config, directory: str | Path, *, options: Options |
     export_id = uuid.uuid4().hex
     t0 = time.monotonic()
     try:
-        with consistent_point(config) as cp:
-            stats = _describe(config, cp, None)
-            _register(config.log.path, f"export-{folder.name}", cp.position)
-            chunks = plan_chunks(stats.values(), _chunk_blocks(opts), _parallelism())
-            specs = _chunk_specs(config, cp, stats, chunks, folder, export_id)
-            group = f"mirrorline-export-{export_id}"
-            est = sum(s.rows for s in stats.values())
-            prog = Progress(f"export {folder.name}", len(chunks), est, every=opts.progress_every,
-                            poll=_spark_poll(group, est, len(chunks)))
-            with prog if opts.progress else _null():
-                results = run_tasks(write_chunk, specs, group, f"export to {folder}")
-                prog.rows = sum(int(r["rows"]) for r in results)
-            end_lsn = current_wal_lsn(config.source.dsn)
+        for attempt in _attempts(f"export to {folder}"):
+            try:
+                with consistent_point(config) as cp:
+                    stats = _describe(config, cp, None)
+                    _register(config.log.path, f"export-{folder.name}", cp.position)
+                    chunks = plan_chunks(stats.values(), _chunk_blocks(opts), _parallelism())
+                    specs = _chunk_specs(config, cp, stats, chunks, folder, export_id)
+                    group = f"mirrorline-export-{export_id}-{attempt}"
+                    est = sum(s.rows for s in stats.values())
+                    prog = Progress(f"export {folder.name}", len(chunks), est, every=opts.progress_every,
+                                    poll=_spark_poll(group, est, len(chunks)))
+                    with prog if opts.progress else _null():
+                        results = run_tasks(write_chunk, specs, group, f"export to {folder}")
+                        prog.rows = sum(int(r["rows"]) for r in results)
+                        prog.exact = True
+                    _check_rewritten(results)
+                    end_lsn = current_wal_lsn(config.source.dsn)
+                break
+            except _Rewritten as e:
+                _retrying(e, f"export to {folder}", attempt)
+                for p in folder.iterdir():
+                    p.unlink()
     except BaseException:
         shutil.rmtree(folder, ignore_errors=True)
         raise

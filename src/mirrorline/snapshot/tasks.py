@@ -7,6 +7,12 @@ snapshot (``BEGIN ISOLATION LEVEL REPEATABLE READ; SET TRANSACTION SNAPSHOT ...`
 - :func:`write_chunk`: into a chunk file (CSV after a one-line header naming export, table and chunk), written to a
   hidden name and renamed when complete, with its size and SHA-256.
 
+Both report ``rewritten``: the table was rewritten (TRUNCATE, VACUUM FULL, CLUSTER, a rewriting ALTER TABLE) after the
+snapshot and before the task read it. None of those is MVCC-safe: a snapshot reading such a table finds it empty (or
+holding only what the rewrite kept), so the chunk is wrong and the snapshot must be taken again. The check runs in the
+task's own transaction after its COPY, while the COPY's lock still keeps the table from being rewritten, so it is
+exact: under the snapshot ``pg_class`` still names the file the snapshot saw, ``pg_relation_filenode`` the current one.
+
 Specs are plain dicts so that they travel to executors as they are.
 """
 
@@ -18,10 +24,26 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from mirrorline.model import quote_table
 from mirrorline.snapshot.source import snapshot_connection
 
 PIPE_BUFFER = 1 << 20
 CHUNKS_TABLE = "mirrorline_snapshot_chunks"
+
+# the table's relations (itself, its partitions) whose file is no longer the one the snapshot knows
+REWRITTEN_SQL = """
+SELECT count(*) FROM (SELECT t.relid FROM pg_partition_tree(to_regclass(%(t)s)) t
+                      UNION SELECT to_regclass(%(t)s)) p
+JOIN pg_class c ON c.oid = p.relid
+WHERE c.relkind IN ('r', 'm', 't') AND c.relfilenode IS DISTINCT FROM pg_relation_filenode(c.oid)
+"""
+
+
+def rewritten(cur: Any, table: str) -> bool:
+    """In the transaction that read ``table`` under the snapshot (so holding its lock): was it rewritten after the
+    snapshot?"""
+    cur.execute(REWRITTEN_SQL, {"t": quote_table(table)})
+    return int(cur.fetchone()[0]) > 0
 
 
 def file_sha256(path: str | os.PathLike[str]) -> str:
@@ -49,7 +71,7 @@ def pipe_chunk(spec: dict[str, Any]) -> dict[str, Any]:
                 tcur.execute(f'SELECT rows FROM "public".{CHUNKS_TABLE} WHERE load_id = %s AND chunk = %s',
                              (spec["load_id"], spec["chunk_id"]))
                 return {"table": spec["table"], "chunk": spec["chunk_id"], "rows": int(tcur.fetchone()[0]),
-                        "again": True}
+                        "again": True, "rewritten": False}  # committed: it passed the check
             rfd, wfd = os.pipe()
             reader = os.fdopen(rfd, "rb", buffering=PIPE_BUFFER)
             writer = os.fdopen(wfd, "wb", buffering=PIPE_BUFFER)
@@ -74,10 +96,16 @@ def pipe_chunk(spec: dict[str, Any]) -> dict[str, Any]:
             if failure:
                 raise failure[0]
             rows = tcur.rowcount
+            with src.cursor() as scur:
+                if rewritten(scur, spec["table"]):  # the rows are wrong: keep none of them
+                    tgt.rollback()
+                    return {"table": spec["table"], "chunk": spec["chunk_id"], "rows": 0, "again": False,
+                            "rewritten": True}
             tcur.execute(f'UPDATE "public".{CHUNKS_TABLE} SET rows = %s WHERE load_id = %s AND chunk = %s',
                          (rows, spec["load_id"], spec["chunk_id"]))
             tgt.commit()
-            return {"table": spec["table"], "chunk": spec["chunk_id"], "rows": rows, "again": False}
+            return {"table": spec["table"], "chunk": spec["chunk_id"], "rows": rows, "again": False,
+                    "rewritten": False}
         finally:
             tgt.close()
     finally:
@@ -95,6 +123,7 @@ def write_chunk(spec: dict[str, Any]) -> dict[str, Any]:
             with src.cursor() as cur:
                 cur.copy_expert(spec["copy_out"], f, size=PIPE_BUFFER)
                 rows = cur.rowcount
+                again = rewritten(cur, spec["table"])
             f.flush()
             os.fsync(f.fileno())
         sha = file_sha256(tmp)
@@ -106,4 +135,4 @@ def write_chunk(spec: dict[str, Any]) -> dict[str, Any]:
     finally:
         src.close()
     return {"table": spec["table"], "chunk": spec["chunk_id"], "file": final.name, "rows": rows, "bytes": size,
-            "sha256": sha}
+            "sha256": sha, "rewritten": again}
