@@ -71,6 +71,10 @@ def run_demo(transactions: int = 2000, large: int = 100_000, keep: str | None = 
         _say(f"  mirrorline run -c {conf_file}: capture, snapshot, compile on Spark, apply")
         thread = threading.Thread(target=pipeline, name="mirrorline-run", daemon=True)
         thread.start()
+        while not runner.loaded.wait(0.2):
+            if errors or not thread.is_alive():
+                raise errors[0] if errors else RuntimeError("mirrorline run stopped before the targets were loaded")
+        _say("  targets loaded; now changing the source while mirrorline runs")
         work.run(transactions=transactions // 2)
         work.large_transaction(large)
         done_lsn = work.mark()

@@ -308,6 +308,7 @@ class Runner:
         self._stop = threading.Event()
         self._capture_error: BaseException | None = None
         self._capture_done = threading.Event()
+        self.loaded = threading.Event()  # set once new targets and tables are loaded and applying begins
 
     def stop(self) -> None:
         self._stop.set()
@@ -347,6 +348,7 @@ class Runner:
             if self._capture_error is None and not self._stop.is_set():
                 self._reconcile()
             applier = Applier(self.config)
+            self.loaded.set()
             applier.follow(self._stop, on_unit=self._unit,
                            until=self._capture_done.is_set if self.once else None)
             if self.once and self._capture_error is None and not self._stop.is_set():
