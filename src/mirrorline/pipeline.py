@@ -24,7 +24,7 @@ from mirrorline.model import Change, Op, TableSchema
 from mirrorline.position import ZERO, Position
 
 if TYPE_CHECKING:
-    from mirrorline.apply import ApplyResult, Target
+    from mirrorline.apply import AppliedState, ApplyResult, Target
     from mirrorline.compile.batch import NetBatch
     from mirrorline.log.reader import ChangeLog
 
@@ -105,10 +105,10 @@ class Applier:
         """Each target's applied position (every change up to it is applied)."""
         return {n: t.applied_positions().position for n, t in self.targets.items()}
 
-    def _bounds(self, name: str) -> list[Position]:
+    @staticmethod
+    def _bounds(state: AppliedState) -> list[Position]:
         """Positions a unit for this target must end at rather than straddle: per-table positions beyond the
         target's position (a table snapshotted into a live target, or a unit interrupted under threads > 1)."""
-        state = self.targets[name].applied_positions()
         return sorted({p for p in state.tables.values() if p > state.position})
 
     # -- one unit ----------------------------------------------------------------------------------------------
@@ -120,7 +120,8 @@ class Applier:
         if durable is None:
             return None
         limit = min(durable, upto) if upto is not None else durable
-        positions = self.positions()
+        states = {n: t.applied_positions() for n, t in self.targets.items()}
+        positions = {n: st.position for n, st in states.items()}
         behind = {n: p for n, p in positions.items() if p < limit}
         if not behind:
             self._pending_since.clear()
@@ -129,7 +130,7 @@ class Applier:
         group = sorted(n for n, p in behind.items() if p == start)
         # end at the next target's position (the one behind joins it), and at per-table positions
         caps = [p for p in positions.values() if start < p < limit]
-        caps += [b for n in group for b in self._bounds(n) if start < b < limit]
+        caps += [b for n in group for b in self._bounds(states[n]) if start < b < limit]
         end_cap = min([limit, *caps])
         stored = self._store.starting_at(start)
         if stored is not None and stored[1] <= end_cap:
@@ -146,7 +147,8 @@ class Applier:
                 if time.monotonic() - first_seen < self.config.apply.latency:
                     return None
         self._pending_since.pop(start, None)
-        batch, compiled, compile_seconds = self._compile(start, end, stored is not None and stored[1] == end)
+        batch, compiled, compile_seconds = self._compile(start, end, stored is not None and stored[1] == end,
+                                                         empty=n_changes == 0)
         report = UnitReport(start, end, batch.changes if n_changes < 0 else n_changes, group, compiled,
                             compile_seconds, {})
         schemas = self._schemas(batch.tables + [t for t in batch.truncated if t not in batch.tables], end)
@@ -161,18 +163,19 @@ class Applier:
         log.info("unit %s..%s (%d changes) applied to %s", start, end, report.changes, ", ".join(group))
         return report
 
-    def _compile(self, start: Position, end: Position, stored: bool) -> tuple[NetBatch, bool, float]:
+    def _compile(self, start: Position, end: Position, stored: bool, empty: bool = False
+                 ) -> tuple[NetBatch, bool, float]:
         from mirrorline.compile.spark import compile_changes
         from mirrorline.log.spark import read_spark
 
         t0 = time.monotonic()
         if stored:
             return self._store.load(self.spark, start, end), False, time.monotonic() - t0
-        if self.log.count(start, end) == 0:  # a unit that only moves the position: no Spark job
+        if empty:  # a unit that only moves the position: no Spark job
             from mirrorline.compile.batch import NET_DDL, NetBatch
 
-            empty = self.spark.createDataFrame([], NET_DDL)
-            return NetBatch(start=start, end=end, tables=[], net=empty), False, time.monotonic() - t0
+            no_rows = self.spark.createDataFrame([], NET_DDL)
+            return NetBatch(start=start, end=end, tables=[], net=no_rows), False, time.monotonic() - t0
         frame = read_spark(self.log, start, end, spark=self.spark)
         if self.config.tables:
             from pyspark.sql import functions as F

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
 from mirrorline.config import Config
 from mirrorline.errors import NotBuiltError
+
+if TYPE_CHECKING:
+    from mirrorline.pipeline import UnitReport
 
 
 def load_config(args: argparse.Namespace) -> Config:
@@ -18,12 +22,11 @@ def not_built(command: str, issue: str) -> NotBuiltError:
     return NotBuiltError(f"'{command}' is not built yet", hint=f"it arrives with {issue}")
 
 
-def print_unit(report: object) -> None:
+def print_unit(r: UnitReport) -> None:
     """One stderr line per applied unit."""
     import sys
 
-    r = report  # a mirrorline.pipeline.UnitReport
-    secs = ", ".join(f"{n} {s:.2f}s" for n, s in r.apply_seconds.items())  # type: ignore[attr-defined]
-    how = "compiled" if r.compiled else "reused"  # type: ignore[attr-defined]
-    print(f"unit {r.start}..{r.end}: {r.changes} changes, {how} in {r.compile_seconds:.2f}s, "  # type: ignore[attr-defined]
-          f"applied: {secs}", file=sys.stderr)
+    secs = ", ".join(f"{n} {s:.2f}s" for n, s in r.apply_seconds.items())
+    how = "compiled" if r.compiled else "reused"
+    print(f"unit {r.start}..{r.end}: {r.changes} changes, {how} in {r.compile_seconds:.2f}s, applied: {secs}",
+          file=sys.stderr)
