@@ -26,6 +26,7 @@ from mirrorline.position import ZERO, Position
 if TYPE_CHECKING:
     from mirrorline.apply import AppliedState, ApplyResult, Target
     from mirrorline.compile.batch import NetBatch
+    from mirrorline.compile.warmup import WarmUp
     from mirrorline.log.reader import ChangeLog
 
 log = logging.getLogger(__name__)
@@ -58,7 +59,7 @@ class Applier:
     """Applies the change log to the configured targets (all, or the ones named)."""
 
     def __init__(self, config: Config, target_names: list[str] | None = None, *, spark: Any = None,
-                 open_targets: bool = True) -> None:
+                 open_targets: bool = True, warm_up: WarmUp | None = None) -> None:
         from mirrorline.log.reader import ChangeLog
 
         if not config.targets:
@@ -73,6 +74,7 @@ class Applier:
         self.names = names
         self.log: ChangeLog = ChangeLog(config.log.path)
         self._spark = spark
+        self._warm_up = warm_up  # the first compile waits for it (see mirrorline.compile.warmup)
         self.actions: dict[str, frozenset[str]] = {t.name: t.actions for t in config.tables.values()
                                                    if t.actions != frozenset("IDU")}
         self.targets: dict[str, Target] = {}
@@ -86,6 +88,17 @@ class Applier:
 
         self._store = UnitStore(config.log.path)  # stored units are always reused ...
         self._save_units = len(config.targets) > 1  # ... and saved when another target may need them
+
+    def start_warm_up(self) -> None:
+        """Warm Spark up in the background now; the first compile waits for it."""
+        from mirrorline.compile.warmup import WarmUp
+
+        self._warm_up = WarmUp(lambda: self.spark)
+
+    def _warmed(self) -> None:
+        if self._warm_up is not None:
+            self._warm_up.wait()
+            self._warm_up = None
 
     @property
     def spark(self) -> Any:
@@ -176,6 +189,7 @@ class Applier:
 
             no_rows = self.spark.createDataFrame([], NET_DDL)
             return NetBatch(start=start, end=end, tables=[], net=no_rows), False, time.monotonic() - t0
+        self._warmed()
         frame = read_spark(self.log, start, end, spark=self.spark)
         if self.config.tables:
             from pyspark.sql import functions as F
@@ -205,6 +219,7 @@ class Applier:
                 from mirrorline.compile.spark import compile_changes
                 from mirrorline.log.spark import read_spark
 
+                self._warmed()
                 batch = compile_changes(read_spark(self.log, start, end, spark=self.spark),
                                         actions=self.actions or None, start=start, end=end)
                 batch = self._store.save(self.spark, batch)
@@ -346,11 +361,16 @@ class Runner:
         applier: Applier | None = None
         try:
             thread.start()
+            # Spark warms up while capture connects and new targets load; the first unit waits for it
+            from mirrorline.compile.warmup import WarmUp
+            from mirrorline.sparkenv import get_spark
+
+            warm = WarmUp(get_spark)
             while not (self._ready.wait(0.1) or self._capture_done.is_set()):
                 pass
             if self._capture_error is None and not self._stop.is_set():
                 self._reconcile()
-            applier = Applier(self.config)
+            applier = Applier(self.config, warm_up=warm)
             self.loaded.set()
             applier.follow(self._stop, on_unit=self._unit,
                            until=self._capture_done.is_set if self.once else None)

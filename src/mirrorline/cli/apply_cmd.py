@@ -31,6 +31,7 @@ def run(args: argparse.Namespace) -> int:
         if args.once:
             reports = applier.catch_up(on_unit=print_unit)
         else:
+            applier.start_warm_up()
             stop = threading.Event()
             signal.signal(signal.SIGTERM, lambda *_: stop.set())
             reports = []

@@ -1,0 +1,44 @@
+"""The start-up warm-up: its synthetic unit is a valid unit whose Spark compile equals the reference fold, and a
+warm-up that fails only logs (the first real unit reports the cause)."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from mirrorline.compile import reference
+from mirrorline.compile.spark import collect_result, compile_changes
+from mirrorline.compile.warmup import WarmUp, synthetic_unit, warm_up
+from mirrorline.log.rows import table_to_changes
+
+pytestmark = pytest.mark.spark
+
+
+def test_synthetic_unit_compiles_to_what_the_reference_folds(spark):
+    frame = synthetic_unit(spark, 800)
+    changes = sorted(table_to_changes(frame.toArrow()), key=lambda c: c.pos)
+    assert len(changes) == 800 and {c.op.value for c in changes} == {"I", "U", "D"}
+    want = reference.fold(changes)
+    batch = compile_changes(frame)
+    try:
+        got = collect_result(batch)
+    finally:
+        batch.release()
+    assert got == want
+    assert sum(len(t.inserts) for t in want.nets.values()) == 100  # keys inserted then updated; the others deleted
+
+
+def test_warm_up_runs_and_times_itself(spark):
+    assert warm_up(spark, 2000) > 0
+
+
+def test_a_failing_warm_up_only_logs(caplog):
+    def no_spark():
+        raise RuntimeError("no Java here")
+
+    with caplog.at_level(logging.WARNING, logger="mirrorline.compile.warmup"):
+        w = WarmUp(no_spark)
+        w.wait(30)
+    assert w.seconds is None
+    assert "no Java here" in caplog.text
