@@ -24,7 +24,7 @@ from mirrorline.apply import rows as R
 from mirrorline.apply.engine import Target, check_unknown_types
 from mirrorline.apply.session import Session
 from mirrorline.apply.sql import POSTGRESQL
-from mirrorline.apply.stage import Stager
+from mirrorline.apply.stage import Stager, generic_columns, generic_flatten
 from mirrorline.config import redact_dsn
 from mirrorline.errors import TargetError, TransientTargetError
 from mirrorline.model import TableSchema, quote_ident
@@ -156,8 +156,13 @@ class SparkCopyStager(Stager):
             conn.close()
         self.counts: dict[tuple[str, str], int] = {}
         try:
-            load = _task_loader(dsn, {k: (v, schemas[k[0]]) for k, v in self.plan.items()})
-            out = batch.net.mapInArrow(load, "table STRING, kind STRING, n BIGINT")
+            layout = {}
+            for (t, kind), name in self.plan.items():
+                generic = generic_columns(schemas[t])
+                cols = R.work_columns(schemas[t], kind)
+                layout[(t, kind)] = (name, cols, [f"g{generic.index(c)}" for c in cols])
+            flat = generic_flatten(batch.net, schemas, tables)
+            out = flat.mapInArrow(_task_loader(dsn, layout), "table STRING, kind STRING, n BIGINT")
             for row in out.groupBy("table", "kind").sum("n").collect():
                 self.counts[(row[0], row[1])] = int(row[2])
         except Exception as e:
@@ -183,9 +188,10 @@ class SparkCopyStager(Stager):
             conn.close()
 
 
-def _task_loader(dsn: str, plan: dict[tuple[str, str], tuple[str, TableSchema]]) -> Any:
-    """The function each Spark task runs over its net rows: COPY each (table, kind) group into its worktable, commit
-    at the end of the partition, report the row counts."""
+def _task_loader(dsn: str, layout: dict[tuple[str, str], tuple[str, list[str], list[str]]]) -> Any:
+    """The function each Spark task runs over its flattened net rows (:func:`generic_flatten`): COPY each
+    (table, kind) group into its worktable (``layout``: its name, its columns, the generic columns holding them),
+    commit at the end of the partition, report the row counts."""
 
     def load(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         counts: dict[tuple[str, str], int] = {}
@@ -196,17 +202,17 @@ def _task_loader(dsn: str, plan: dict[tuple[str, str], tuple[str, TableSchema]])
                     continue
                 if conn is None:
                     conn = psycopg2.connect(dsn)
-                net = pa.Table.from_batches([b])
+                flat = pa.Table.from_batches([b])
                 with conn.cursor() as cur:
-                    for t in pc.unique(net["table"]).to_pylist():
-                        rows = R.select(net, t)
+                    for t in pc.unique(flat["table"]).to_pylist():
+                        rows = R.select(flat, t)
                         for kind in R.KINDS:
-                            if (t, kind) not in plan:
+                            if (t, kind) not in layout:
                                 continue
-                            name, ts = plan[(t, kind)]
+                            name, cols, generic = layout[(t, kind)]
                             part = R.select(rows, t, kind)
                             if part.num_rows:
-                                copy_in(cur, name, R.work_columns(ts, kind), R.flatten(part, ts, kind))
+                                copy_in(cur, name, cols, pa.table([part[g] for g in generic], names=cols))
                                 counts[(t, kind)] = counts.get((t, kind), 0) + part.num_rows
             if conn is not None:
                 conn.commit()

@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 import threading
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -92,6 +93,46 @@ def spark_flatten(net: Any, ts: TableSchema) -> Any:
     cols += [F.col("moved_from")[i].alias(moved_col(i)) for i in range(len(ts.key))]
     cols += [F.col(c).cast("string").alias(name) for c, name in zip(("lsn", "seq"), POS_COLS, strict=True)]
     return net.where(F.col("table") == ts.table).select(*cols)
+
+
+def generic_columns(ts: TableSchema) -> list[str]:
+    """Every worktable column a table's net rows can fill, in the order :func:`generic_flatten` puts them in ``g0``,
+    ``g1``, ...: the key (from ``key``), every column (from ``new``), the mask, the moved_from key, the position."""
+    k = len(ts.key)
+    return ([key_col(i) for i in range(k)] + list(ts.column_names) + [MASK_COL] + [moved_col(i) for i in range(k)]
+            + list(POS_COLS))
+
+
+def generic_flatten(net: Any, schemas: Mapping[str, TableSchema], tables: list[str]) -> Any:
+    """The unit's net rows of ``tables`` flattened by Spark into string columns ``table, kind, g0, g1, ...`` (see
+    :func:`generic_columns`; a narrower table leaves the last ones null): one scan for any number of tables, and
+    only flat strings cross to Arrow."""
+    from pyspark.sql import functions as F
+
+    def source(ts: TableSchema, name: str) -> Any:
+        if name == MASK_COL:
+            return F.coalesce(F.array_join("unchanged", MASK_SEP), F.lit(""))
+        if name in POS_COLS:
+            return F.col("lsn" if name == POS_COLS[0] else "seq").cast("string")
+        for i in range(len(ts.key)):
+            if name == key_col(i):
+                return F.col("key")[i]
+            if name == moved_col(i):
+                return F.col("moved_from")[i]
+        return F.col("new")[name]
+
+    layouts = {t: generic_columns(schemas[t]) for t in tables}
+    width = max((len(c) for c in layouts.values()), default=0)
+    cols = []
+    for j in range(width):
+        parts = [(t, source(schemas[t], names[j])) for t, names in layouts.items() if j < len(names)]
+        expr = parts[0][1]
+        if len(layouts) > 1:
+            expr = F.when(F.col("table") == parts[0][0], parts[0][1])
+            for t, v in parts[1:]:
+                expr = expr.when(F.col("table") == t, v)
+        cols.append(expr.alias(f"g{j}"))
+    return net.where(F.col("table").isin(tables)).select("table", "kind", *cols)
 
 
 def _split(flat: pa.Table, ts: TableSchema) -> dict[str, pa.Table]:
