@@ -24,7 +24,7 @@ from mirrorline.apply import rows as R
 from mirrorline.apply.engine import Target, check_unknown_types
 from mirrorline.apply.session import Session
 from mirrorline.apply.sql import POSTGRESQL
-from mirrorline.apply.stage import Stager, generic_columns, generic_flatten
+from mirrorline.apply.stage import Stager, generic_flatten, pick
 from mirrorline.config import redact_dsn
 from mirrorline.errors import TargetError, TransientTargetError
 from mirrorline.model import TableSchema, quote_ident
@@ -156,13 +156,9 @@ class SparkCopyStager(Stager):
             conn.close()
         self.counts: dict[tuple[str, str], int] = {}
         try:
-            layout = {}
-            for (t, kind), name in self.plan.items():
-                generic = generic_columns(schemas[t])
-                cols = R.work_columns(schemas[t], kind)
-                layout[(t, kind)] = (name, cols, [f"g{generic.index(c)}" for c in cols])
+            load = _task_loader(dsn, {k: (v, schemas[k[0]]) for k, v in self.plan.items()})
             flat = generic_flatten(batch.net, schemas, tables)
-            out = flat.mapInArrow(_task_loader(dsn, layout), "table STRING, kind STRING, n BIGINT")
+            out = flat.mapInArrow(load, "table STRING, kind STRING, n BIGINT")
             for row in out.groupBy("table", "kind").sum("n").collect():
                 self.counts[(row[0], row[1])] = int(row[2])
         except Exception as e:
@@ -188,10 +184,9 @@ class SparkCopyStager(Stager):
             conn.close()
 
 
-def _task_loader(dsn: str, layout: dict[tuple[str, str], tuple[str, list[str], list[str]]]) -> Any:
+def _task_loader(dsn: str, plan: dict[tuple[str, str], tuple[str, TableSchema]]) -> Any:
     """The function each Spark task runs over its flattened net rows (:func:`generic_flatten`): COPY each
-    (table, kind) group into its worktable (``layout``: its name, its columns, the generic columns holding them),
-    commit at the end of the partition, report the row counts."""
+    (table, kind) group into its worktable, commit at the end of the partition, report the row counts."""
 
     def load(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         counts: dict[tuple[str, str], int] = {}
@@ -207,12 +202,12 @@ def _task_loader(dsn: str, layout: dict[tuple[str, str], tuple[str, list[str], l
                     for t in pc.unique(flat["table"]).to_pylist():
                         rows = R.select(flat, t)
                         for kind in R.KINDS:
-                            if (t, kind) not in layout:
+                            if (t, kind) not in plan:
                                 continue
-                            name, cols, generic = layout[(t, kind)]
-                            part = R.select(rows, t, kind)
+                            name, ts = plan[(t, kind)]
+                            part = pick(rows, ts, kind)
                             if part.num_rows:
-                                copy_in(cur, name, cols, pa.table([part[g] for g in generic], names=cols))
+                                copy_in(cur, name, part.column_names, part)
                                 counts[(t, kind)] = counts.get((t, kind), 0) + part.num_rows
             if conn is not None:
                 conn.commit()

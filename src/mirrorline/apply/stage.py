@@ -62,7 +62,8 @@ class ArrowStager(Stager):
                     rows = R.select(self._whole, ts.table)
                     self._flat[ts.table] = {k: R.flatten(R.select(rows, ts.table, k), ts, k) for k in R.KINDS}
                 else:
-                    self._flat[ts.table] = _split(_to_arrow(spark_flatten(self.batch.net, ts)), ts)
+                    flat = _to_arrow(generic_flatten(self.batch.net, {ts.table: ts}, [ts.table]))
+                    self._flat[ts.table] = {k: pick(flat, ts, k) for k in R.KINDS}
             return self._flat[ts.table]
 
     def stage(self, s: Session, ts: TableSchema, kind: str) -> tuple[str, int] | None:
@@ -79,20 +80,6 @@ class ArrowStager(Stager):
             s.execute(s.dialect.drop_table(name))
         with self._lock:
             self._flat.pop(table, None)
-
-
-def spark_flatten(net: Any, ts: TableSchema) -> Any:
-    """One table's net rows flattened by Spark: kind, the key as _ml_k*, every column, the unchanged mask, the
-    moved_from key as _ml_m*, the position."""
-    from pyspark.sql import functions as F
-
-    cols = [F.col("kind")]
-    cols += [F.col("key")[i].alias(key_col(i)) for i in range(len(ts.key))]
-    cols += [F.col("new")[c].alias(f"_ml_c{j}") for j, c in enumerate(ts.column_names)]
-    cols.append(F.coalesce(F.array_join("unchanged", MASK_SEP), F.lit("")).alias(MASK_COL))
-    cols += [F.col("moved_from")[i].alias(moved_col(i)) for i in range(len(ts.key))]
-    cols += [F.col(c).cast("string").alias(name) for c, name in zip(("lsn", "seq"), POS_COLS, strict=True)]
-    return net.where(F.col("table") == ts.table).select(*cols)
 
 
 def generic_columns(ts: TableSchema) -> list[str]:
@@ -135,15 +122,12 @@ def generic_flatten(net: Any, schemas: Mapping[str, TableSchema], tables: list[s
     return net.where(F.col("table").isin(tables)).select("table", "kind", *cols)
 
 
-def _split(flat: pa.Table, ts: TableSchema) -> dict[str, pa.Table]:
-    by_name = {c: f"_ml_c{j}" for j, c in enumerate(ts.column_names)}
-    out = {}
-    for kind in R.KINDS:
-        part = flat.filter(pc.equal(flat["kind"], kind))
-        names = R.work_columns(ts, kind)
-        out[kind] = pa.table([part[by_name.get(c, c)] if c in by_name and not c.startswith("_ml_k")
-                              else part[c] for c in names], names=names)
-    return out
+def pick(flat: pa.Table, ts: TableSchema, kind: str) -> pa.Table:
+    """The worktable rows of one table and kind from :func:`generic_flatten`'s rows (already that table's)."""
+    generic = generic_columns(ts)
+    cols = R.work_columns(ts, kind)
+    part = flat.filter(pc.equal(flat["kind"], kind))
+    return pa.table([part[f"g{generic.index(c)}"] for c in cols], names=cols)
 
 
 def _to_arrow(df: object) -> pa.Table:
