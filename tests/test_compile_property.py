@@ -15,6 +15,8 @@ from compile_histories import Picker, inject, pack, prefixed, random_histories, 
 from mirrorline.compile.reference import apply_net, fold, replay
 from mirrorline.compile.spark import changes_frame, collect_result, compile_changes, find_invalid
 from mirrorline.errors import InvalidSequenceError
+from mirrorline.log.rows import changes_to_table
+from mirrorline.log.stats import table_stats
 
 pytestmark = pytest.mark.spark
 
@@ -28,10 +30,12 @@ def _describe(h: Any) -> str:
     return "\n".join(lines)
 
 
-def _check_batch(spark: Any, seed: int, with_actions: bool) -> None:
+def _check_batch(spark: Any, seed: int, with_actions: bool, with_stats: bool = False) -> None:
+    """``with_stats``: the tables' metadata from the log's statistics of the changes instead of a Spark job."""
     hs = random_histories(seed, PER_JOB, with_actions=with_actions)
     changes, actions = pack(hs)
-    batch = compile_changes(changes_frame(spark, changes), actions=actions)
+    stats = table_stats(changes_to_table(sorted(changes, key=lambda c: c.pos))) if with_stats else None
+    batch = compile_changes(changes_frame(spark, changes), actions=actions, stats=stats)
     try:
         result = collect_result(batch)
     finally:
@@ -54,6 +58,12 @@ def test_spark_equals_reference_and_invariant_holds(spark: Any, seed: int) -> No
 @given(seeds)
 def test_spark_equals_reference_with_actions(spark: Any, seed: int) -> None:
     _check_batch(spark, seed, with_actions=True)
+
+
+@settings(max_examples=2)
+@given(seeds)
+def test_spark_equals_reference_with_actions_and_log_statistics(spark: Any, seed: int) -> None:
+    _check_batch(spark, seed, with_actions=True, with_stats=True)
 
 
 @settings(max_examples=2)

@@ -16,6 +16,8 @@ from mirrorline.compile.batch import NET_DDL
 from mirrorline.compile.reference import NetResult, fold
 from mirrorline.compile.spark import changes_frame, collect_result, compile_changes, find_invalid, mirror
 from mirrorline.errors import InvalidSequenceError
+from mirrorline.log.rows import changes_to_table
+from mirrorline.log.stats import table_stats
 from mirrorline.model import Change
 from mirrorline.position import Position
 
@@ -47,15 +49,31 @@ def _case_part(result: NetResult, i: int) -> NetResult:
     )
 
 
+def _compiled(spark: Any, changes: list[Change], actions: dict[str, str], with_stats: bool) -> NetResult:
+    stats = table_stats(changes_to_table(sorted(changes, key=lambda c: c.pos))) if with_stats else None
+    batch = compile_changes(changes_frame(spark, changes), actions=actions, stats=stats)
+    try:
+        return collect_result(batch)
+    finally:
+        batch.release()
+
+
 @pytest.fixture(scope="module")
 def valid_results(spark: Any) -> dict[str, NetResult]:
     changes, actions = _packed(VALID)
-    batch = compile_changes(changes_frame(spark, changes), actions=actions)
-    try:
-        result = collect_result(batch)
-    finally:
-        batch.release()
+    result = _compiled(spark, changes, actions, with_stats=False)
     return {name: _case_part(result, i) for i, name in enumerate(VALID)}
+
+
+def test_log_statistics_give_the_same_result_as_the_metadata_job(spark: Any,
+                                                                  valid_results: dict[str, NetResult]) -> None:
+    """Every valid case again, the tables' metadata (order, TRUNCATEs, key changes) from the log's statistics of
+    the changes instead of a Spark job: the same result, table order included."""
+    changes, actions = _packed(VALID)
+    result = _compiled(spark, changes, actions, with_stats=True)
+    for i, name in enumerate(VALID):
+        got, want = _case_part(result, i), valid_results[name]
+        assert (got.tables, got.truncated, got.rows()) == (want.tables, want.truncated, want.rows()), name
 
 
 @pytest.fixture(scope="module")

@@ -178,9 +178,6 @@ class Applier:
 
     def _compile(self, start: Position, end: Position, stored: bool, empty: bool = False
                  ) -> tuple[NetBatch, bool, float]:
-        from mirrorline.compile.spark import compile_changes
-        from mirrorline.log.spark import read_spark
-
         t0 = time.monotonic()
         if stored:
             return self._store.load(self.spark, start, end), False, time.monotonic() - t0
@@ -190,15 +187,25 @@ class Applier:
             no_rows = self.spark.createDataFrame([], NET_DDL)
             return NetBatch(start=start, end=end, tables=[], net=no_rows), False, time.monotonic() - t0
         self._warmed()
-        frame = read_spark(self.log, start, end, spark=self.spark)
-        if self.config.tables:
-            from pyspark.sql import functions as F
-
-            frame = frame.where(F.col("table").isin(list(self.config.tables)))
-        batch = compile_changes(frame, actions=self.actions or None, start=start, end=end)
+        batch = self._compile_unit(start, end)
         if self._save_units:
             batch = self._store.save(self.spark, batch)
         return batch, True, time.monotonic() - t0
+
+    def _compile_unit(self, start: Position, end: Position) -> NetBatch:
+        """Compile ``(start, end]`` of the configured tables on Spark, the tables' metadata from the log's
+        statistics (segment footers) rather than a job."""
+        from pyspark.sql import functions as F
+
+        from mirrorline.compile.spark import compile_changes
+        from mirrorline.log.spark import read_spark
+
+        frame = read_spark(self.log, start, end, spark=self.spark)
+        stats = self.log.stats(start, end)
+        if self.config.tables:
+            frame = frame.where(F.col("table").isin(list(self.config.tables)))
+            stats = {t: s for t, s in stats.items() if t in self.config.tables}
+        return compile_changes(frame, actions=self.actions or None, start=start, end=end, stats=stats)
 
     def compile_ahead(self, on_unit: Callable[[NetBatch], None] | None = None) -> int:
         """The compile stage alone: compile and store the units that the targets will apply next, up to the log's
@@ -216,13 +223,8 @@ class Applier:
                 end, _ = self.log.advance(start, self.config.apply.max_changes, durable)
                 if end is None or end <= start:
                     break
-                from mirrorline.compile.spark import compile_changes
-                from mirrorline.log.spark import read_spark
-
                 self._warmed()
-                batch = compile_changes(read_spark(self.log, start, end, spark=self.spark),
-                                        actions=self.actions or None, start=start, end=end)
-                batch = self._store.save(self.spark, batch)
+                batch = self._store.save(self.spark, self._compile_unit(start, end))
                 if on_unit:
                     on_unit(batch)
                 batch.release()

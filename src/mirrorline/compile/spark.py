@@ -4,8 +4,9 @@ The rules are those of :mod:`mirrorline.compile.reference` (the oracle, whose do
 module computes the same result with Spark SQL expressions only (no Python on the executors, nothing but a few small
 lists on the driver):
 
-1. One small job (hash aggregates over four columns) gives per table its first kept change (the table order), its
-   count, whether it has TRUNCATEs (then a second small query fetches their positions) and key changes.
+1. Per table: its first kept change (the table order), its count, its TRUNCATEs' positions and whether it has key
+   changes. From the log's statistics of the unit when given (sums of segment footers: no job), else from one small
+   job (hash aggregates over four columns; a second small query fetches TRUNCATE positions when there are some).
 2. Key-changing updates become D(old key) then I(new key) (``sub`` 0 and 1 order them inside their position); kinds
    the table's actions exclude are dropped; each change gets its *epoch*, the number of the table's TRUNCATEs before
    it.
@@ -43,6 +44,7 @@ from mirrorline.compile.batch import NET_DDL, NetBatch
 from mirrorline.compile.fold_sql import SORTED_OPS, fold_steps
 from mirrorline.compile.reference import ALL_ACTIONS, Actions, NetResult, from_rows
 from mirrorline.errors import InvalidSequenceError
+from mirrorline.log.stats import Stats
 from mirrorline.position import ZERO, Position
 
 if TYPE_CHECKING:
@@ -130,7 +132,58 @@ class _Plan:
     moves: bool  # key changes that do not send some columns: net_all also holds H rows, plsn and pseq
 
 
-def _plan(changes: DataFrame, actions: Actions | None, start: Position | None, end: Position | None) -> _Plan:
+@dataclass
+class _TableMeta:
+    table: str
+    n: int
+    first: Position | None  # first kept change
+    last: Position
+    truncs: list[Position]  # kept TRUNCATEs
+    key_changes: int
+    moves: int
+
+
+def _meta_job(changes: DataFrame, kept_row: Column, key_change: Column) -> list[_TableMeta]:
+    """The per-table metadata from the rows themselves: one small job (and a second, rare, for TRUNCATEs)."""
+    from pyspark.sql import functions as F
+
+    # positions as one decimal (lsn * 10^19 + seq, exact: both are below 2^63) so that min/max stay hash aggregates
+    pos_dec = F.col("lsn").cast("decimal(38,0)") * F.expr(f"CAST({_POS_SCALE} AS DECIMAL(38,0))") + F.col("seq")
+    rows = (
+        changes.groupBy("table")
+        .agg(
+            F.count(F.lit(1)).alias("n"),
+            F.min(F.when(kept_row, pos_dec)).alias("first"),
+            F.max(pos_dec).alias("last"),
+            F.count_if((F.col("op") == "T") & kept_row).alias("truncs"),
+            F.count_if(key_change).alias("key_changes"),
+            F.count_if(key_change & (F.size("unchanged") > 0)).alias("moves"),
+        )
+        .collect()
+    )
+    truncs: dict[str, list[Position]] = {}
+    if any(r["truncs"] for r in rows):  # rare: a second small query for their positions
+        for r in changes.where((F.col("op") == "T") & kept_row).select("table", "lsn", "seq").collect():
+            truncs.setdefault(r["table"], []).append(Position(r["lsn"], r["seq"]))
+    return [
+        _TableMeta(r["table"], int(r["n"]), _dec_pos(r["first"]) if r["first"] is not None else None,
+                   _dec_pos(r["last"]), truncs.get(r["table"], []), int(r["key_changes"]), int(r["moves"]))
+        for r in rows
+    ]
+
+
+def _meta_from_stats(stats: Stats, acts: Mapping[str, frozenset[str]]) -> list[_TableMeta]:
+    """The same metadata from the log's statistics of the unit (:meth:`ChangeLog.stats`): no job."""
+    out = []
+    for table, st in stats.items():
+        kept = acts.get(table, ALL_ACTIONS)
+        out.append(_TableMeta(table, st.count, st.first_kept(kept), st.last,
+                              list(st.truncates) if "D" in kept else [], st.key_changes, st.moves))
+    return out
+
+
+def _plan(changes: DataFrame, actions: Actions | None, start: Position | None, end: Position | None,
+          stats: Stats | None = None) -> _Plan:
     from pyspark.sql import functions as F
 
     if start is not None:
@@ -144,31 +197,14 @@ def _plan(changes: DataFrame, actions: Actions | None, start: Position | None, e
     kept_row = _kept(F.col("op"), acts)
     if acts:  # a key change is kept when its D or its I is
         kept_row = F.when(key_change, _kept(F.lit("D"), acts) | _kept(F.lit("I"), acts)).otherwise(kept_row)
-    # positions as one decimal (lsn * 10^19 + seq, exact: both are below 2^63) so that min/max stay hash aggregates
-    pos_dec = F.col("lsn").cast("decimal(38,0)") * F.expr(f"CAST({_POS_SCALE} AS DECIMAL(38,0))") + F.col("seq")
-    meta = (
-        changes.groupBy("table")
-        .agg(
-            F.count(F.lit(1)).alias("n"),
-            F.min(F.when(kept_row, pos_dec)).alias("first"),
-            F.max(pos_dec).alias("last"),
-            F.count_if((F.col("op") == "T") & kept_row).alias("truncs"),
-            F.count_if(key_change).alias("key_changes"),
-            F.count_if(key_change & (F.size("unchanged") > 0)).alias("moves"),
-        )
-        .collect()
-    )
-    first_seen = sorted((_dec_pos(r["first"]), r["table"]) for r in meta if r["first"] is not None)
-    n_changes = sum(int(r["n"]) for r in meta)
-    last = max((_dec_pos(r["last"]) for r in meta), default=None)
-    truncs: dict[str, list[Position]] = {}
-    if any(r["truncs"] for r in meta):  # rare: a second small query for their positions
-        for r in changes.where((F.col("op") == "T") & kept_row).select("table", "lsn", "seq").collect():
-            truncs.setdefault(r["table"], []).append(Position(r["lsn"], r["seq"]))
-        truncs = {t: sorted(ps) for t, ps in truncs.items()}
+    meta = _meta_from_stats(stats, acts) if stats is not None else _meta_job(changes, kept_row, key_change)
+    first_seen = sorted((m.first, m.table) for m in meta if m.first is not None)
+    n_changes = sum(m.n for m in meta)
+    last = max((m.last for m in meta), default=None)
+    truncs = {m.table: sorted(m.truncs) for m in meta if m.truncs}
 
     # 2. effective ops: key changes split (only when there are some), kinds filtered, epochs
-    if any(r["key_changes"] for r in meta):
+    if any(m.key_changes for m in meta):
         parts = F.when(
             key_change,
             F.array(
@@ -188,7 +224,7 @@ def _plan(changes: DataFrame, actions: Actions | None, start: Position | None, e
             F.col("key").alias("k"),
             F.lit(0).alias("sub"),
         )
-    moves = any(r["moves"] for r in meta)
+    moves = any(m.moves for m in meta)
     if acts and moves:  # the D of a key change marking columns stays as "d" when D is dropped: the I needs its values
         marker = (F.col("kind") == "D") & (F.col("sub") == 0) & F.col("new").isNotNull() & (F.size("unchanged") > 0)
         kept = _kept(F.col("kind"), acts)
@@ -353,11 +389,14 @@ def compile_changes(
     start: Position | None = None,
     end: Position | None = None,
     out: str | None = None,
+    stats: Stats | None = None,
 ) -> NetBatch:
     """Compile the changes (log row layout, :data:`mirrorline.log.rows.SPARK_DDL`) of one unit of work.
 
     ``start`` (exclusive) and ``end`` (inclusive) bound the unit when given; ``actions`` maps tables to the kinds
     they replicate (default all). Raises :class:`InvalidSequenceError` for the earliest invalid op sequence.
+    ``stats``: the log's statistics of exactly these changes (:meth:`mirrorline.log.ChangeLog.stats` over the same
+    range, restricted to the same tables); they replace the job that would otherwise compute the tables' metadata.
 
     The net rows are computed once and written as Parquet to ``out`` (any path or URL Spark writes to; it then holds
     exactly the batch's ``net``, in the :data:`~mirrorline.compile.batch.NET_DDL` layout) or, without ``out``, to a
@@ -365,7 +404,7 @@ def compile_changes(
     nested rows, and keeps big units out of the JVM's memory.
     """
     spark = changes.sparkSession
-    plan = _plan(changes, actions, start, end)
+    plan = _plan(changes, actions, start, end, stats)
     scratch = None
     if out is None:
         scratch = out = tempfile.mkdtemp(prefix="mirrorline-net-")

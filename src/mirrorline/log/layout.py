@@ -20,11 +20,14 @@ import json
 import os
 import re
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from mirrorline.errors import LogError
+from mirrorline.log.stats import Stats
+from mirrorline.log.stats import from_meta as stats_from_meta
+from mirrorline.log.stats import to_meta as stats_to_meta
 from mirrorline.position import Position
 
 FORMAT = 1
@@ -60,6 +63,8 @@ class SegmentInfo:
     prev: Position | None  # last position of the segment before it when it was written (None: it was the first)
     parts: tuple[str, ...] = ()  # stream segments: the part files, in the order written
     xid: int = 0  # stream segments: the transaction id
+    # per-table statistics (mirrorline.log.stats); None in segments written before there were any
+    tables: Stats | None = field(default=None, compare=False)
 
     def meta(self) -> dict[str, Any]:
         return {
@@ -72,6 +77,7 @@ class SegmentInfo:
             "prev": [self.prev.lsn, self.prev.seq] if self.prev is not None else None,
             "parts": list(self.parts),
             "xid": self.xid,
+            **({"tables": stats_to_meta(self.tables)} if self.tables is not None else {}),
         }
 
     @classmethod
@@ -89,6 +95,7 @@ class SegmentInfo:
             prev=Position(*prev) if prev is not None else None,
             parts=tuple(meta.get("parts") or ()),
             xid=int(meta.get("xid") or 0),
+            tables=stats_from_meta(meta["tables"]) if meta.get("tables") is not None else None,
         )
 
 

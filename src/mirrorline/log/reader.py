@@ -21,6 +21,8 @@ from mirrorline.log.layout import Layout, SegmentInfo, parse_segment_name, read_
 from mirrorline.log.rows import table_to_changes
 from mirrorline.log.schemas import SchemaStore
 from mirrorline.log.segments import iter_batches, read_columns, read_info
+from mirrorline.log.stats import COLUMNS as STAT_COLUMNS
+from mirrorline.log.stats import Stats, merge, table_stats
 from mirrorline.model import Change, TableSchema
 from mirrorline.position import Position
 
@@ -131,6 +133,21 @@ class ChangeLog:
                 m = range_mask(t, after, upto)
                 total += t.num_rows if m is None else int(pc.sum(m).as_py() or 0)
         return total
+
+    def stats(self, after: Position | None = None, upto: Position | None = None) -> Stats:
+        """Per-table statistics of the changes in ``(after, upto]`` (:mod:`mirrorline.log.stats`): summed from
+        the footers of whole segments; only boundary segments (and segments written before footers carried them)
+        have their small columns read."""
+        parts = []
+        for s in self.select(after, upto):
+            whole = (after is None or s.first > after) and (upto is None or s.last <= upto)
+            if whole and s.tables is not None:
+                parts.append(s.tables)
+                continue
+            t = read_columns(s, STAT_COLUMNS)
+            m = range_mask(t, after, upto)
+            parts.append(table_stats(t if m is None else t.filter(m)))
+        return merge(parts)
 
     def advance(self, after: Position | None, max_changes: int, upto: Position | None = None
                 ) -> tuple[Position | None, int]:

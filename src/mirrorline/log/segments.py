@@ -30,6 +30,7 @@ from mirrorline.log.layout import (
     temp_path,
 )
 from mirrorline.log.rows import ARROW_SCHEMA
+from mirrorline.log.stats import Stats, merge, table_stats
 from mirrorline.position import Position
 
 ROW_GROUP_ROWS = 65_536
@@ -77,6 +78,7 @@ def write_segment_stream(folder: Path, batches: Iterable[pa.Table], prev: Positi
     writer = open_parquet(tmp)
     first = last = None
     count, min_ts, max_ts = 0, None, None
+    stats: Stats = {}
     try:
         try:
             for t in batches:
@@ -92,6 +94,7 @@ def write_segment_stream(folder: Path, batches: Iterable[pa.Table], prev: Positi
                 min_ts = lo if min_ts is None else min(min_ts, lo)
                 max_ts = hi if max_ts is None else max(max_ts, hi)
                 count += t.num_rows
+                stats = merge([stats, table_stats(t)])
                 writer.write_table(t.cast(ARROW_SCHEMA), row_group_size=ROW_GROUP_ROWS)
             if first is None or last is None or min_ts is None or max_ts is None:
                 writer.close()
@@ -99,7 +102,7 @@ def write_segment_stream(folder: Path, batches: Iterable[pa.Table], prev: Positi
                 return None
             name = segment_name(first.lsn, last.lsn)
             info = SegmentInfo(name=name, path=folder / name, stream=False, first=first, last=last, count=count,
-                               min_ts=min_ts, max_ts=max_ts, prev=prev)
+                               min_ts=min_ts, max_ts=max_ts, prev=prev, tables=stats)
             writer.add_key_value_metadata({META_KEY: json.dumps(info.meta()).encode()})
         finally:
             writer.close()

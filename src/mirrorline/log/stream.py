@@ -11,6 +11,7 @@ rows buffered per open part and ``MAX_BUFFERED_ROWS`` in all before they go to d
 
 from __future__ import annotations
 
+import dataclasses
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -23,7 +24,9 @@ import pyarrow.parquet as pq
 from mirrorline.errors import LogError
 from mirrorline.log.columns import changes_to_arrow, conform, with_constants, with_seq
 from mirrorline.log.layout import COMMIT_RECORD, SegmentInfo, publish, segment_name, write_json_atomic
-from mirrorline.log.segments import fsync_tree, open_parquet, remove_tree
+from mirrorline.log.segments import fsync_tree, open_parquet, read_columns, remove_tree
+from mirrorline.log.stats import COLUMNS as STAT_COLUMNS
+from mirrorline.log.stats import table_stats
 from mirrorline.model import Change
 from mirrorline.position import Position
 
@@ -188,6 +191,9 @@ class StreamSpill:
             parts=tuple(p.name for p in parts),
             xid=self.xid,
         )
+        # the statistics from the parts' small columns (the rows are not read again by any reader's planning)
+        info = dataclasses.replace(info, tables=table_stats(read_columns(dataclasses.replace(info, path=self.folder),
+                                                                         STAT_COLUMNS)))
         write_json_atomic(self.folder / COMMIT_RECORD, info.meta())
         fsync_tree(self.folder)  # every part and the folder itself
         publish(self.folder, info.path)

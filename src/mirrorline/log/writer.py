@@ -7,6 +7,7 @@ may report to PostgreSQL as flushed: every transaction handed in up to it is dur
 
 from __future__ import annotations
 
+import dataclasses
 import fcntl
 import os
 import time
@@ -22,6 +23,7 @@ from mirrorline.log.layout import Layout, SegmentInfo, parse_segment_name, read_
 from mirrorline.log.rows import ARROW_SCHEMA
 from mirrorline.log.schemas import SchemaStore
 from mirrorline.log.segments import read_info, remove_tree, write_segment, write_segment_stream
+from mirrorline.log.stats import table_stats
 from mirrorline.log.stream import StreamSpill
 from mirrorline.model import Change, TableSchema
 from mirrorline.position import Position, format_lsn
@@ -266,6 +268,7 @@ class LogWriter:
             self._future = self._executor.submit(self._write, table, info, empty)
 
     def _write(self, table: pa.Table, info: SegmentInfo, empty_lsn: int | None) -> None:
+        info = dataclasses.replace(info, tables=table_stats(table))
         write_segment(self.layout.segments, info.name, [table], info)
         self._appended(info)
         if empty_lsn is not None:

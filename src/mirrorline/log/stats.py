@@ -1,0 +1,147 @@
+"""Per-table statistics of log rows: what compiling a unit must know before it folds (DESIGN §5), kept in each
+segment's metadata so that a unit's statistics are a sum over footers instead of a job over its rows.
+
+Per table: how many changes, the first position of each kind of change (I, U, D, T, and K: an update that changes
+the key, counted under K and not U), the last position of any change, every TRUNCATE's position, how many updates
+change the key and how many of those mark columns unchanged. Compile takes the table order (first kept change), the
+TRUNCATE positions and whether key changes need splitting from these. Pure: Arrow in, values out.
+
+Rows must be in log order (as segments hold them): the first and last rows of a kind are its first and last
+positions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from mirrorline.position import Position
+
+KINDS = ("I", "U", "D", "T", "K")
+COLUMNS = ["lsn", "seq", "table", "op", "key", "old_key", "unchanged"]  # what table_stats reads
+
+
+@dataclass(frozen=True)
+class TableStats:
+    count: int
+    first: Mapping[str, Position]  # kind (I, U, D, T, K) -> its first position; kinds absent have none
+    last: Position
+    truncates: tuple[Position, ...] = ()
+    key_changes: int = 0
+    moves: int = 0  # key changes marking columns unchanged
+
+    def meta(self) -> dict[str, Any]:
+        return {
+            "count": self.count,
+            "first": {k: [p.lsn, p.seq] for k, p in sorted(self.first.items())},
+            "last": [self.last.lsn, self.last.seq],
+            "truncates": [[p.lsn, p.seq] for p in self.truncates],
+            "key_changes": self.key_changes,
+            "moves": self.moves,
+        }
+
+    @classmethod
+    def from_meta(cls, m: Mapping[str, Any]) -> TableStats:
+        first = {str(k): Position(*v) for k, v in m["first"].items()}
+        unknown = set(first) - set(KINDS)
+        if unknown:
+            raise ValueError(f"unknown change kinds {sorted(unknown)}")
+        return cls(count=int(m["count"]), first=first, last=Position(*m["last"]),
+                   truncates=tuple(Position(*p) for p in m.get("truncates") or ()),
+                   key_changes=int(m.get("key_changes") or 0), moves=int(m.get("moves") or 0))
+
+    def then(self, later: TableStats) -> TableStats:
+        """These statistics followed by those of rows after them."""
+        return TableStats(
+            count=self.count + later.count,
+            first={**later.first, **self.first},
+            last=max(self.last, later.last),
+            truncates=self.truncates + later.truncates,
+            key_changes=self.key_changes + later.key_changes,
+            moves=self.moves + later.moves,
+        )
+
+    def first_kept(self, kept: frozenset[str]) -> Position | None:
+        """The first position of a change the table's actions keep (``kept``: a subset of I, U, D). A TRUNCATE is
+        kept with D; a key change when its D or its I is."""
+        kinds = set(kept & {"I", "U", "D"})
+        if "D" in kept:
+            kinds.add("T")
+        if kept & {"D", "I"}:
+            kinds.add("K")
+        found = [self.first[k] for k in kinds if k in self.first]
+        return min(found) if found else None
+
+
+Stats = dict[str, TableStats]
+
+
+def table_stats(t: pa.Table) -> Stats:
+    """The statistics of rows in log order (at least the :data:`COLUMNS`)."""
+    n = t.num_rows
+    if n == 0:
+        return {}
+    op = t.column("op")
+    old = t.column("old_key")
+    key_change = np.zeros(n, dtype=bool)
+    if old.null_count < n:
+        cand = pc.and_(pc.is_valid(old), pc.equal(op, "U"))
+        idx = np.flatnonzero(cand.to_numpy(zero_copy_only=False))
+        if len(idx):
+            keys = t.column("key").take(pa.array(idx)).to_pylist()
+            olds = old.take(pa.array(idx)).to_pylist()
+            key_change[idx[[k != o for k, o in zip(keys, olds, strict=True)]]] = True
+    marks = pc.fill_null(pc.greater(pc.list_value_length(t.column("unchanged")), 0), False)
+    moves = np.logical_and(key_change, marks.to_numpy(zero_copy_only=False))
+    kind = pc.if_else(pa.array(key_change), "K", op)
+    g = pa.table({"table": t.column("table"), "kind": kind, "i": pa.array(np.arange(n, dtype=np.int64)),
+                  "mv": pa.array(moves.astype(np.int64))})
+    agg = g.group_by(["table", "kind"]).aggregate([("i", "min"), ("i", "max"), ("i", "count"), ("mv", "sum")])
+    lsn = t.column("lsn").to_numpy()
+    seq = t.column("seq").to_numpy()
+
+    def pos(i: int) -> Position:
+        return Position(int(lsn[i]), int(seq[i]))
+
+    acc: dict[str, dict[str, Any]] = {}
+    for r in agg.to_pylist():
+        a = acc.setdefault(r["table"], {"count": 0, "first": {}, "last": -1, "key_changes": 0, "moves": 0})
+        a["count"] += r["i_count"]
+        a["first"][r["kind"]] = pos(r["i_min"])
+        a["last"] = max(a["last"], r["i_max"])
+        if r["kind"] == "K":
+            a["key_changes"] += r["i_count"]
+            a["moves"] += r["mv_sum"]
+    truncs: dict[str, list[Position]] = {}
+    if any("T" in a["first"] for a in acc.values()):
+        ti = np.flatnonzero(pc.equal(op, "T").to_numpy(zero_copy_only=False))
+        tables = t.column("table").take(pa.array(ti)).to_pylist()
+        for i, name in zip(ti, tables, strict=True):
+            truncs.setdefault(name, []).append(pos(int(i)))
+    return {
+        name: TableStats(count=a["count"], first=a["first"], last=pos(a["last"]),
+                         truncates=tuple(truncs.get(name, ())), key_changes=a["key_changes"], moves=a["moves"])
+        for name, a in acc.items()
+    }
+
+
+def merge(parts: Iterable[Stats]) -> Stats:
+    """The statistics of consecutive row ranges, given in log order."""
+    out: Stats = {}
+    for p in parts:
+        for name, s in p.items():
+            out[name] = out[name].then(s) if name in out else s
+    return out
+
+
+def to_meta(stats: Stats) -> dict[str, Any]:
+    return {name: s.meta() for name, s in sorted(stats.items())}
+
+
+def from_meta(m: Mapping[str, Any]) -> Stats:
+    return {str(name): TableStats.from_meta(v) for name, v in m.items()}
