@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from compile_cases import CASES, pos, render, unit
+from mirrorline import scratch
 from mirrorline.compile.batch import NET_DDL
 from mirrorline.compile.reference import NetResult, fold
 from mirrorline.compile.spark import changes_frame, collect_result, compile_changes, find_invalid, mirror
@@ -179,14 +180,11 @@ def test_out_keeps_the_net_rows_as_parquet(spark: Any, tmp_path: Path) -> None:
     ]
 
 
-def test_invalid_unit_leaves_no_scratch_files(spark: Any, tmp_path: Path, monkeypatch: Any) -> None:
-    monkeypatch.setenv("TMPDIR", str(tmp_path))
-    import tempfile
-
-    monkeypatch.setattr(tempfile, "tempdir", None)
+def test_invalid_unit_leaves_no_scratch_files(spark: Any) -> None:
+    before = set(scratch.folder().iterdir())
     with pytest.raises(InvalidSequenceError):
         compile_changes(changes_frame(spark, unit("D 1", "D 1")))
-    assert not any(p.name.startswith("mirrorline-net-") for p in tmp_path.iterdir())
+    assert set(scratch.folder().iterdir()) == before
 
 
 def test_start_and_end_bound_the_unit(spark: Any) -> None:
@@ -240,20 +238,16 @@ def test_reads_the_log_layout_from_parquet(spark: Any, tmp_path: Any) -> None:
         batch.release()
 
 
-def test_key_change_with_unchanged_columns_out_and_mirror_form(spark: Any, tmp_path: Path, monkeypatch: Any) -> None:
+def test_key_change_with_unchanged_columns_out_and_mirror_form(spark: Any, tmp_path: Path) -> None:
     """A unit with key changes not sending a column: the net rows (written to ``out``, nothing left in the scratch
     folder) carry moved_from; the mirror form of an update marking columns takes them from its own key."""
-    monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))
-    (tmp_path / "tmp").mkdir()
-    import tempfile
-
-    monkeypatch.setattr(tempfile, "tempdir", None)
+    before = set(scratch.folder().iterdir())
     out = tmp_path / "net"
     changes = unit("U 1>2 c=1 ~d", "U 2>3 c=2 ~d", "U 5 c=5 ~d", "I 7 d=x", "U 7>8 ~d")
     batch = compile_changes(changes_frame(spark, changes), out=str(out))
     try:
         assert render(collect_result(batch)) == ["t: D 1", "t: U 5 c=5 ~d", "t: I 3 c=2 ~d <1", "t: I 8 d=x"]
-        assert list(Path(tmp_path / "tmp").iterdir()) == []
+        assert set(scratch.folder().iterdir()) == before
         net = spark.read.schema(NET_DDL).parquet(str(out))
         assert net.count() == 4
         got = {(r["kind"], r["key"][0]): r["moved_from"] for r in mirror(net).collect()}

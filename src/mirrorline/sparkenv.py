@@ -8,6 +8,8 @@ import time
 from importlib import resources
 from typing import TYPE_CHECKING
 
+from mirrorline import scratch
+
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
@@ -37,6 +39,8 @@ def get_spark(master: str | None = None, app: str = "mirrorline", conf: dict[str
         "spark.driver.extraJavaOptions": java_opts,
         "spark.executor.extraJavaOptions": java_opts,
         "spark.sql.warehouse.dir": os.path.join(os.environ.get("TMPDIR", "/tmp"), "mirrorline-spark-warehouse"),
+        # shuffle and spill files in the process's scratch folder: removed after a crash too (mirrorline.scratch)
+        "spark.local.dir": str(scratch.folder() / "spark"),
         **(conf or {}),
     }
     t0 = time.monotonic()

@@ -34,7 +34,6 @@ the images are most of the time; everything else is a few string functions per k
 from __future__ import annotations
 
 import shutil
-import tempfile
 from collections.abc import Collection, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -46,6 +45,7 @@ from mirrorline.compile.reference import ALL_ACTIONS, Actions, NetResult, from_r
 from mirrorline.errors import InvalidSequenceError
 from mirrorline.log.stats import Stats
 from mirrorline.position import ZERO, Position
+from mirrorline.scratch import mkdtemp as scratch_dir
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
@@ -407,8 +407,8 @@ def compile_changes(
     plan = _plan(changes, actions, start, end, stats)
     scratch = None
     if out is None:
-        scratch = out = tempfile.mkdtemp(prefix="mirrorline-net-")
-    first = tempfile.mkdtemp(prefix="mirrorline-moves-") if plan.moves else out
+        scratch = out = scratch_dir("net-")
+    first = scratch_dir("moves-") if plan.moves else out
     try:
         with _sort_aggregate(spark):
             plan.net_all.write.mode("overwrite").parquet(first)

@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import logging
 import shutil
-import tempfile
 import threading
 import time
 from collections.abc import Iterator
 from typing import Any
+
+from mirrorline import scratch
 
 log = logging.getLogger(__name__)
 
@@ -66,12 +67,12 @@ def warm_up(spark: Any, rows: int = WARM_UP_ROWS) -> float:
     from mirrorline.log.rows import SPARK_DDL
 
     t0 = time.monotonic()
-    scratch = tempfile.mkdtemp(prefix="mirrorline-warm-up-")
+    work = scratch.mkdtemp("warm-up-")
     try:
-        synthetic_unit(spark, rows).write.mode("overwrite").parquet(scratch)  # read back as the log is
-        batch = compile_changes(spark.read.schema(SPARK_DDL).parquet(scratch))
+        synthetic_unit(spark, rows).write.mode("overwrite").parquet(work)  # read back as the log is
+        batch = compile_changes(spark.read.schema(SPARK_DDL).parquet(work))
     finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+        shutil.rmtree(work, ignore_errors=True)
     try:
         got = batch.net.mapInArrow(_count, "n BIGINT").agg(F.sum("n")).collect()[0][0]
         expected = rows // 8  # per 8 ops: one key inserted then deleted (nothing), one inserted and updated (one I)

@@ -1,0 +1,88 @@
+"""Scratch space that a killed process does not leak.
+
+Everything a process writes as scratch (compiled units' net rows, warm-up files, Spark's shuffle and spill files)
+goes under one folder of its own, ``$TMPDIR/mirrorline-scratch/<pid>-<random>/``, which holds an exclusive lock
+(``fcntl``) on its ``.owner`` file for as long as the process lives. The kernel drops the lock when the process ends,
+however it ends (SIGKILL included), so the first scratch use of any later mirrorline process removes every folder
+whose lock it can take: what earlier processes left behind. Folders of live processes are never touched.
+"""
+
+from __future__ import annotations
+
+import atexit
+import fcntl
+import os
+import shutil
+import tempfile
+import threading
+from pathlib import Path
+
+_LOCK = ".owner"
+_lock = threading.Lock()
+_own: tuple[int, Path, int] | None = None  # (pid, folder, fd of the held lock)
+
+
+def base() -> Path:
+    return Path(os.environ.get("TMPDIR") or tempfile.gettempdir()) / "mirrorline-scratch"
+
+
+def sweep(root: Path | None = None, keep: Path | None = None) -> list[Path]:
+    """Remove the scratch folders of processes that have ended (their lock is free); returns what was removed."""
+    root = root or base()
+    removed = []
+    try:
+        entries = list(root.iterdir())
+    except FileNotFoundError:
+        return []
+    for d in entries:
+        if not d.is_dir() or d == keep:
+            continue
+        try:
+            fd = os.open(d / _LOCK, os.O_RDWR)
+        except FileNotFoundError:  # being created right now, or its owner died before locking: leave it
+            continue
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:  # held: its process is alive
+            os.close(fd)
+            continue
+        try:
+            shutil.rmtree(d, ignore_errors=True)
+            removed.append(d)
+        finally:
+            os.close(fd)
+    return removed
+
+
+def folder() -> Path:
+    """This process's scratch folder (made, locked and the leftovers of dead processes swept on first use; a
+    forked child gets its own)."""
+    global _own
+    with _lock:
+        if _own is not None and _own[0] == os.getpid():
+            return _own[1]
+        root = base()
+        while True:
+            root.mkdir(parents=True, exist_ok=True)
+            d = Path(tempfile.mkdtemp(prefix=f"{os.getpid()}-", dir=root))
+            fd = os.open(d / _LOCK, os.O_RDWR | os.O_CREAT, 0o600)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            if (d / _LOCK).exists():
+                break
+            os.close(fd)  # a sweep took the fresh folder for a dead one between its creation and the lock: again
+        _own = (os.getpid(), d, fd)
+        atexit.register(_remove_own, os.getpid())
+        sweep(root, keep=d)
+        return d
+
+
+def _remove_own(pid: int) -> None:
+    if _own is not None and _own[0] == pid == os.getpid():
+        shutil.rmtree(_own[1], ignore_errors=True)
+
+
+def mkdtemp(prefix: str) -> str:
+    """A new scratch folder inside this process's (``tempfile.mkdtemp`` with a leak-proof home)."""
+    return tempfile.mkdtemp(prefix=prefix, dir=folder())
