@@ -100,8 +100,12 @@ def test_every_segment_kind_carries_its_statistics_and_the_reader_sums_any_range
             w.add_transaction(lsn, lsn, [ch(lsn), ch(lsn + 1, Op.UPDATE, old_key=(str(lsn),)),
                                          ch(lsn + 2, table="s.o"), ch(lsn, Op.DELETE)])
         s = w.open_stream(900)
-        s.add(900, [ch(100), ch(0, Op.TRUNCATE, table="s.o"), ch(101, Op.UPDATE, unchanged=frozenset({"doc"}))])
+        s.add(900, [ch(100), ch(0, Op.TRUNCATE, table="s.o")])
+        s.add(901, [ch(101, Op.UPDATE, unchanged=frozenset({"doc"})), ch(300, Op.UPDATE, old_key=("30",))])
+        s.add(900, [ch(102, table="s.o"), ch(1, Op.TRUNCATE, table="s.o")])
+        s.add(902, [ch(103)])
         s.end_block()
+        s.abort_subxact(902)
         s.commit(70, 70)
         w.add_transaction(80, 80, [ch(200, Op.DELETE)])
         w.flush()
@@ -119,6 +123,9 @@ def test_every_segment_kind_carries_its_statistics_and_the_reader_sums_any_range
                 want = counted([c for c in everything if a < c.pos <= b])
                 assert log.stats(a, b) == want, (a, b)
     assert log.stats() == counted(everything)
+    stream = next(x for x in segs if x.stream)
+    assert len(stream.parts) == 2 and stream.tables is not None and stream.tables["s.o"].truncates == (
+        Position(70, 1), Position(70, 5))
 
 
 def test_segments_without_statistics_are_read_for_them(tmp_path: Path) -> None:

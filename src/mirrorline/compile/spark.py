@@ -132,6 +132,21 @@ class _Plan:
     moves: bool  # key changes that do not send some columns: net_all also holds H rows, plsn and pseq
 
 
+_ROWS_PER_FOLD_TASK = 250_000
+
+
+def spark_parallelism(spark: Any) -> int:
+    return max(1, int(spark.sparkContext.defaultParallelism))
+
+
+def _fold_partitions(n_changes: int, parallelism: int) -> int:
+    """Partitions of the fold's shuffle: about ``_ROWS_PER_FOLD_TASK`` changes each, in whole waves of
+    ``parallelism`` tasks (5 tasks on 2 cores would leave one core idle in the last wave), at most 400."""
+    tasks = max(2, -(-n_changes // _ROWS_PER_FOLD_TASK))
+    waves = -(-tasks // parallelism)
+    return min(400, max(2, waves * parallelism))
+
+
 @dataclass
 class _TableMeta:
     table: str
@@ -256,7 +271,7 @@ def _plan(changes: DataFrame, actions: Actions | None, start: Position | None, e
     # aggregate builds each group's list in order (see _sort_aggregate). Without TRUNCATEs the epoch is a constant
     # and stays out of the grouping (a constant grouping column would make Spark sort again).
     group = ["h", "table", "epoch", "key"] if truncs else ["h", "table", "key"]
-    partitions = max(2, min(400, n_changes // 250_000 + 1))
+    partitions = _fold_partitions(n_changes, spark_parallelism(changes.sparkSession))
     grouped = (
         ops.repartition(partitions, "h")
         .sortWithinPartitions(*group, "op.lsn", "op.seq", "op.sub")

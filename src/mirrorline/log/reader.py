@@ -144,9 +144,10 @@ class ChangeLog:
             if whole and s.tables is not None:
                 parts.append(s.tables)
                 continue
-            t = read_columns(s, STAT_COLUMNS)
-            m = range_mask(t, after, upto)
-            parts.append(table_stats(t if m is None else t.filter(m)))
+            # a stream (one transaction, maybe millions of rows) a bounded batch at a time
+            for t in iter_batches(s, 65_536) if s.stream else [read_columns(s, STAT_COLUMNS)]:
+                m = range_mask(t, after, upto)
+                parts.append(table_stats(t if m is None else t.filter(m)))
         return merge(parts)
 
     def advance(self, after: Position | None, max_changes: int, upto: Position | None = None

@@ -6,8 +6,8 @@ the key, counted under K and not U), the last position of any change, every TRUN
 change the key and how many of those mark columns unchanged. Compile takes the table order (first kept change), the
 TRUNCATE positions and whether key changes need splitting from these. Pure: Arrow in, values out.
 
-Rows must be in log order (as segments hold them): the first and last rows of a kind are its first and last
-positions.
+:func:`table_stats` takes rows in log order (as segments hold them: the first and last rows of a kind are its first
+and last positions); :func:`merge` sums the statistics of disjoint row sets, such as a stream's parts.
 """
 
 from __future__ import annotations
@@ -55,15 +55,16 @@ class TableStats:
                    truncates=tuple(Position(*p) for p in m.get("truncates") or ()),
                    key_changes=int(m.get("key_changes") or 0), moves=int(m.get("moves") or 0))
 
-    def then(self, later: TableStats) -> TableStats:
-        """These statistics followed by those of rows after them."""
+    def combine(self, other: TableStats) -> TableStats:
+        """The statistics of both sets of rows (disjoint, in any order)."""
+        kinds = self.first.keys() | other.first.keys()
         return TableStats(
-            count=self.count + later.count,
-            first={**later.first, **self.first},
-            last=max(self.last, later.last),
-            truncates=self.truncates + later.truncates,
-            key_changes=self.key_changes + later.key_changes,
-            moves=self.moves + later.moves,
+            count=self.count + other.count,
+            first={k: min(p for p in (self.first.get(k), other.first.get(k)) if p is not None) for k in kinds},
+            last=max(self.last, other.last),
+            truncates=tuple(sorted(self.truncates + other.truncates)),
+            key_changes=self.key_changes + other.key_changes,
+            moves=self.moves + other.moves,
         )
 
     def first_kept(self, kept: frozenset[str]) -> Position | None:
@@ -131,11 +132,11 @@ def table_stats(t: pa.Table) -> Stats:
 
 
 def merge(parts: Iterable[Stats]) -> Stats:
-    """The statistics of consecutive row ranges, given in log order."""
+    """The statistics of disjoint sets of rows (each computed from rows in log order), given in any order."""
     out: Stats = {}
     for p in parts:
         for name, s in p.items():
-            out[name] = out[name].then(s) if name in out else s
+            out[name] = out[name].combine(s) if name in out else s
     return out
 
 

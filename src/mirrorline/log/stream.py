@@ -24,9 +24,7 @@ import pyarrow.parquet as pq
 from mirrorline.errors import LogError
 from mirrorline.log.columns import changes_to_arrow, conform, with_constants, with_seq
 from mirrorline.log.layout import COMMIT_RECORD, SegmentInfo, publish, segment_name, write_json_atomic
-from mirrorline.log.segments import fsync_tree, open_parquet, read_columns, remove_tree
-from mirrorline.log.stats import COLUMNS as STAT_COLUMNS
-from mirrorline.log.stats import table_stats
+from mirrorline.log.segments import fsync_tree, open_parquet, remove_tree, stream_stats
 from mirrorline.model import Change
 from mirrorline.position import Position
 
@@ -191,9 +189,8 @@ class StreamSpill:
             parts=tuple(p.name for p in parts),
             xid=self.xid,
         )
-        # the statistics from the parts' small columns (the rows are not read again by any reader's planning)
-        info = dataclasses.replace(info, tables=table_stats(read_columns(dataclasses.replace(info, path=self.folder),
-                                                                         STAT_COLUMNS)))
+        # the statistics from the parts' small columns, a batch at a time (readers then plan from the record)
+        info = dataclasses.replace(info, tables=stream_stats(self.folder, info.parts, commit_lsn))
         write_json_atomic(self.folder / COMMIT_RECORD, info.meta())
         fsync_tree(self.folder)  # every part and the folder itself
         publish(self.folder, info.path)
