@@ -9,11 +9,14 @@ For each workload, on the same WAL:
   separately as ``spark_startup_s``) and warmed up as ``mirrorline run`` does at start
   (:func:`mirrorline.compile.warmup.warm_up`, reported as ``mirrorline_warm_up_s``); timed: compile + apply until
   the target's applied position is the log's end.
+- (b2) ``mirrorline_jit_warm``: (b) again on a copy of the log into a second empty target, in the same process: a
+  pipeline that has been running for a while, whose JVM has compiled units of this size before (the first large unit
+  after start-up pays several seconds of JIT compilation that the warm-up does not cover).
 - (c) ``copy``: the resulting net rows loaded by plain COPY into an empty table (the physical limit).
 
 Workloads: ``update_heavy``: N/5 inserts then 4N/5 updates over the same keys; ``insert_only``: N inserts. Both in
 transactions of 1,000. Prints one JSON line: seconds of each, changes/s, and the ratios a/b (how many times faster
-mirrorline catches up than PostgreSQL's own) and b/c (how far from the physical limit).
+mirrorline catches up than PostgreSQL's own) and b/c (how far from the physical limit), and the same for (b2).
 
     .venv/bin/python bench/apply.py [--changes 1000000] [--workloads update_heavy,insert_only]
 """
@@ -23,10 +26,12 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import shutil
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import psycopg2
 
@@ -81,24 +86,38 @@ def wait_confirmed(source: PgCluster, db: str, slot: str, end_lsn: int, timeout:
     raise TimeoutError(f"subscription did not catch up within {timeout}s")
 
 
+def catch_up(applier: Applier) -> tuple[float, float, int]:
+    """Seconds to catch the target up (the pipeline running: Spark started, connection open, state table ready),
+    of which compile, and how many units."""
+    applier.targets["pg"].applied_positions()
+    t0 = time.monotonic()
+    reports = applier.catch_up()
+    seconds = time.monotonic() - t0
+    applier.close()
+    return seconds, sum(r.compile_seconds for r in reports), len(reports)
+
+
 def one(kind: str, changes: int, source: PgCluster, target: PgCluster, work: Path) -> dict[str, float]:
     db = f"src_{kind}"
     source.create_database(db)
     source.execute(DDL, db)
     source.execute("CREATE PUBLICATION pgpub FOR TABLE bench", db)
-    for tdb in (f"sub_{kind}", f"ml_{kind}", f"copy_{kind}"):
+    for tdb in (f"sub_{kind}", f"ml_{kind}", f"mlw_{kind}", f"copy_{kind}"):
         target.create_database(tdb)
         target.execute(DDL, tdb)
     sub_slot = f"sub_{kind}"
     target.execute(f"CREATE SUBSCRIPTION {sub_slot} CONNECTION '{source.dsn(db)}' PUBLICATION pgpub "
                    f"WITH (enabled = false, copy_data = false, slot_name = '{sub_slot}')", f"sub_{kind}")
-    conf = parse_config({
-        "source": {"dsn": source.dsn(db), "slot": f"ml_{kind}"},
-        "log": {"path": str(work / f"log_{kind}")},
-        "apply": {"max_changes": changes * 2, "latency": "1s"},
-        "tables": {"public.bench": {}},
-        "targets": {"pg": {"url": target.url(f"ml_{kind}")}},
-    }, work / "bench.toml")
+    def config(log: str, tdb: str) -> Any:
+        return parse_config({
+            "source": {"dsn": source.dsn(db), "slot": f"ml_{kind}"},
+            "log": {"path": str(work / log)},
+            "apply": {"max_changes": changes * 2, "latency": "1s"},
+            "tables": {"public.bench": {}},
+            "targets": {"pg": {"url": target.url(tdb)}},
+        }, work / "bench.toml")
+
+    conf = config(f"log_{kind}", f"ml_{kind}")
     Capture(conf, once=True).run()  # slot + publication before the workload
     say(f"{kind}: running the workload ({changes} changes)")
     end_lsn = run_workload(source.dsn(db), kind, changes)
@@ -113,17 +132,22 @@ def one(kind: str, changes: int, source: PgCluster, target: PgCluster, work: Pat
     a = time.monotonic() - t0
     target.execute(f"ALTER SUBSCRIPTION {sub_slot} DISABLE", f"sub_{kind}")
 
+    # the same log for (b2): retention removes what (b)'s target applied
+    shutil.copytree(work / f"log_{kind}", work / f"log2_{kind}")
+    conf2 = config(f"log2_{kind}", f"mlw_{kind}")
+
     say(f"{kind}: (b) mirrorline catching up from the log")
     applier = Applier(conf, spark=get_spark())
     warm = warm_up(applier.spark)  # what a running pipeline did at its start
-    applier.targets["pg"].applied_positions()  # connection open, state table ready: the pipeline is running
-    t0 = time.monotonic()
-    reports = applier.catch_up()
-    b = time.monotonic() - t0
-    compile_s = sum(r.compile_seconds for r in reports)
-    applier.close()
-    got = target.execute("SELECT count(*), sum(v) FROM bench", f"ml_{kind}")[0]
+    b, compile_s, units = catch_up(applier)
     want = source.execute("SELECT count(*), sum(v) FROM bench", db)[0]
+    for tdb in (f"ml_{kind}",):
+        got = target.execute("SELECT count(*), sum(v) FROM bench", tdb)[0]
+        assert got == want, f"mirrorline target differs: {got} != {want}"
+
+    say(f"{kind}: (b2) again, into another target, now that the JVM has compiled units this size")
+    b2, compile2_s, _ = catch_up(Applier(conf2, spark=get_spark()))
+    got = target.execute("SELECT count(*), sum(v) FROM bench", f"mlw_{kind}")[0]
     assert got == want, f"mirrorline target differs: {got} != {want}"
 
     say(f"{kind}: (c) COPY of the net rows into an empty table")
@@ -148,13 +172,17 @@ def one(kind: str, changes: int, source: PgCluster, target: PgCluster, work: Pat
         "pg_logical_s": round(a, 3),
         "mirrorline_s": round(b, 3),
         "mirrorline_compile_s": round(compile_s, 3),
-        "mirrorline_units": len(reports),
+        "mirrorline_units": units,
         "mirrorline_warm_up_s": round(warm, 2),
+        "mirrorline_jit_warm_s": round(b2, 3),
+        "mirrorline_jit_warm_compile_s": round(compile2_s, 3),
         "copy_s": round(c, 3),
         "pg_logical_changes_per_s": round(changes / a),
         "mirrorline_changes_per_s": round(changes / b),
         "a_over_b": round(a / b, 2),
         "b_over_c": round(b / c, 2),
+        "a_over_b2": round(a / b2, 2),
+        "b2_over_c": round(b2 / c, 2),
     }
 
 
