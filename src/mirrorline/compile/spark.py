@@ -290,8 +290,15 @@ def _plan(changes: DataFrame, actions: Actions | None, start: Position | None, e
         (F.col("epoch") == _by_table({t: F.lit(len(ps)) for t, ps in truncs.items()}, F.lit(0))).alias("last_epoch"),
         (trunc_pos if truncs else F.lit(None).cast("struct<lsn: bigint, seq: bigint>")).alias("tpos"),
     ).select("*", F.col("tpos.lsn").alias("tlsn"), F.col("tpos.seq").alias("tseq"))
-    for name, sql in fold_steps(moves):
-        folded = folded.withColumn(name, F.expr(sql))
+    # the steps as one projection whose expressions name the columns of the steps before them (lateral column
+    # aliases): analysed once, where a withColumn per step analysed the growing plan again each time
+    steps = fold_steps(moves)
+    taken = set(folded.columns)
+    if taken.isdisjoint(name for name, _ in steps):
+        folded = folded.selectExpr("*", *[f"{sql} AS {name}" for name, sql in steps])
+    else:  # a step replaces an input column (the moves form replaces ops)
+        for name, sql in steps:
+            folded = folded.withColumn(name, F.expr(sql))
     # inline_outer, not inline: with inline the optimizer infers a size(rows) > 0 filter and inlines the whole fold
     # into it, many times over
     extra = ["moved_from", "plsn", "pseq"] if moves else [F.lit(None).cast("array<string>").alias("moved_from")]
