@@ -37,6 +37,13 @@ def test_join_delete_per_dialect() -> None:
     assert "mirrorline_bad(w._ml_k0, 'integer', 'public.T', 'k')" in sqlite
 
 
+def test_inserts_in_key_order_on_postgresql() -> None:
+    stmt = POSTGRESQL.insert_select(ODD, "w_i", ["v", *ODD.key], key_order=True)
+    assert stmt.endswith(" FROM w_i AS w ORDER BY 2")
+    assert "ORDER BY" not in POSTGRESQL.insert_select(ODD, "w_i", ODD.column_names)
+    assert "ORDER BY" not in SQLITE.insert_select(ODD, "w_i", ODD.column_names, key_order=True)
+
+
 def test_every_identifier_is_quoted() -> None:
     stmt = POSTGRESQL.insert_select(ODD, "w_i", ODD.column_names)
     assert stmt.startswith('INSERT INTO "sales"."we""ird" ("i""d", "v") SELECT CAST(w."i""d" AS bigint)')

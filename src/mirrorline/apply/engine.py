@@ -351,12 +351,12 @@ class Target(ABC):
         if inserts:
             name, n = inserts
             if images:  # the rows sending every column, then the completed images
-                got = s.dml(d.insert_select(ts, name, ts.column_names, [""]))
+                got = s.dml(d.insert_select(ts, name, ts.column_names, [""], key_order=True))
                 for image in images:
                     got += s.dml(d.insert_typed(ts, image, list(ts.column_names)))
                     s.execute(d.drop_table(image))
             else:
-                got = s.dml(d.insert_select(ts, name, ts.column_names))
+                got = s.dml(d.insert_select(ts, name, ts.column_names, key_order=True))
             if got != n:
                 raise _Mismatch(ts.table, "I", n, got)
             counts["I"] = n
@@ -428,7 +428,7 @@ class Target(ABC):
                     touched += int(s.query(d.count_matches(ts, work, flt))[0][0])
             elif not kept:  # mirror: delete + insert of the full image (an update of a missing row inserts it)
                 s.dml(d.join_delete(ts, work, flt))
-                s.dml(d.insert_select(ts, work, ts.column_names, flt, src=key_src))
+                s.dml(d.insert_select(ts, work, ts.column_names, flt, src=key_src, key_order=True))
                 touched += cnt
             else:  # mirror with unchanged columns: take them from the existing row before deleting it
                 image = f"mirrorline_image_{next(_images)}"

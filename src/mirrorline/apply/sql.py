@@ -211,9 +211,11 @@ class Dialect:
         return f"UPDATE {tgt} AS t SET {sets} FROM {work} AS w WHERE {match}"
 
     def insert_select(self, s: TableSchema, work: str, cols: Sequence[str], masks: Sequence[str] | None = None,
-                      src: Mapping[str, str] | None = None) -> str:
+                      src: Mapping[str, str] | None = None, key_order: bool = False) -> str:
         """Insert the worktable's rows, converted; ``src`` maps a column to the worktable column holding it (the
-        key columns of an update worktable)."""
+        key columns of an update worktable). ``key_order`` (PostgreSQL): in key order. Worktables hold net rows in
+        the compiler's hash order; inserted so, every row lands on a random page of the key's index (1M rows:
+        3.2 s, against 2.1 s sorted first)."""
         tgt = self.table(s.table)
         src = src or {}
         exprs = ", ".join(
@@ -221,7 +223,10 @@ class Dialect:
             for c in cols)
         where = f" WHERE 1 = 1{self._mask_filter('w', masks)}" if masks is not None else ""
         names = ", ".join(quote_ident(c) for c in cols)
-        return f"INSERT INTO {tgt} ({names}) SELECT {exprs} FROM {work} AS w{where}"
+        order = ""
+        if key_order and self.name == "postgresql" and all(k in cols for k in s.key):
+            order = " ORDER BY " + ", ".join(str(list(cols).index(k) + 1) for k in s.key)
+        return f"INSERT INTO {tgt} ({names}) SELECT {exprs} FROM {work} AS w{where}{order}"
 
     def mirror_image(self, s: TableSchema, work: str, into: str, value_cols: Sequence[str], kept: frozenset[str],
                      masks: Sequence[str]) -> str:
