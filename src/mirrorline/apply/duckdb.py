@@ -34,6 +34,8 @@ class DuckdbSession(Session):
     def __init__(self, conn: duckdb.DuckDBPyConnection) -> None:
         self.cur = conn.cursor()
 
+    savepoints = False  # DuckDB has none: a reject restarts the serial pass
+
     def begin(self) -> None:
         self.cur.execute("BEGIN TRANSACTION")
 

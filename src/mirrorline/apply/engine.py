@@ -447,12 +447,14 @@ class Target(ABC):
     def _serial(self, s: Session, tables: list[str], schemas: Mapping[str, TableSchema], changes: ChangeSource,
                 state: AppliedState, end: Position, unit: bool) -> int:
         """Re-apply the tables' changes one by one in log order. Stop: the first failing change is an ApplyError
-        (nothing applied). Reject: each failing change is set aside and the pass restarts without it; the passing
-        changes, the rejects and the position commit together. Returns the number of rejects."""
+        (nothing applied). Reject: each failing change is set aside (rolled back to a savepoint taken before it; on
+        an engine without savepoints the pass restarts without it); the passing changes, the rejects and the position
+        commit together. Returns the number of rejects."""
         scope = set(tables)
         src = changes() if callable(changes) else changes
         todo = [c for c in (src or ()) if c.table in scope and state.table(c.table) < c.pos <= end]
         rejected: dict[int, str] = {}
+        guarded = self.on_error == "reject" and s.savepoints
         while True:
             failed: tuple[int, Change, str] | None = None
             s.begin()
@@ -460,13 +462,21 @@ class Target(ABC):
                 for i, c in enumerate(todo):
                     if i in rejected:
                         continue
+                    if guarded:
+                        s.execute("SAVEPOINT mirrorline_change")
                     try:
                         self._apply_change(s, schemas[c.table], c)
                     except Exception as e:
                         if not (isinstance(e, RowMissing) or s.is_data_error(e)):
                             raise
+                        if guarded:
+                            rejected[i] = s.error_text(e)
+                            s.execute("ROLLBACK TO SAVEPOINT mirrorline_change")
+                            continue
                         failed = (i, c, s.error_text(e))
                         break
+                    if guarded:
+                        s.execute("RELEASE SAVEPOINT mirrorline_change")
                 if failed is None:
                     now = _now()
                     for i, msg in sorted(rejected.items()):

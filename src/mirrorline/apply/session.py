@@ -23,6 +23,7 @@ class RowMissing(Exception):
 class Session(ABC):
     dialect: Dialect
     db_errors: tuple[type[BaseException], ...] = ()  # what the engine's driver raises
+    savepoints = True  # SAVEPOINT / ROLLBACK TO / RELEASE inside a transaction (not DuckDB)
 
     @abstractmethod
     def begin(self) -> None: ...
