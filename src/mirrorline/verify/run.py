@@ -32,6 +32,7 @@ from mirrorline.position import ZERO, Position, format_lsn
 from mirrorline.snapshot import state as S
 from mirrorline.snapshot.plan import TableStat, plan_chunks, select_sql
 from mirrorline.snapshot.source import consistent_point, require_source, snapshot_connection
+from mirrorline.snapshot.tasks import rewritten
 from mirrorline.verify.canonical import MASK, Canon, checksum, combine, converter, select_text
 
 FETCH = 10_000
@@ -124,9 +125,11 @@ def checksum_chunk(spec: dict[str, Any]) -> dict[str, Any]:
             cur.itersize = FETCH
             cur.execute(spec["sql"])
             n, total = checksum(cur)
+        with conn.cursor() as cur:  # same transaction, the table's lock still held: see snapshot.tasks
+            again = rewritten(cur, spec["table"])
     finally:
         conn.close()
-    return {"table": spec["table"], "rows": n, "sum": total}
+    return {"table": spec["table"], "rows": n, "sum": total, "rewritten": again}
 
 
 def _text_select(schema: TableSchema, sql_from: str) -> str:
@@ -136,7 +139,7 @@ def _text_select(schema: TableSchema, sql_from: str) -> str:
 
 def source_checksums(config: Config, snapshot: str, stats: dict[str, TableStat], chunk_blocks: int = 16384
                      ) -> dict[str, tuple[int, int]]:
-    from mirrorline.snapshot.run import run_tasks
+    from mirrorline.snapshot.run import _check_rewritten, run_tasks
 
     src = require_source(config)
     chunks = plan_chunks(stats.values(), chunk_blocks, 1)
@@ -147,7 +150,9 @@ def source_checksums(config: Config, snapshot: str, stats: dict[str, TableStat],
         sql_from = base.split(" FROM ", 1)[1]
         specs.append({"dsn": src.dsn, "snapshot": snapshot, "table": c.table, "sql": _text_select(schema, sql_from)})
     out = {t: (0, 0) for t in stats}
-    for r in run_tasks(checksum_chunk, specs, f"mirrorline-verify-{os.getpid()}", "verify: reading the source"):
+    results = run_tasks(checksum_chunk, specs, f"mirrorline-verify-{os.getpid()}", "verify: reading the source")
+    _check_rewritten(results)
+    for r in results:
         out[r["table"]] = combine(out[r["table"]], (int(r["rows"]), int(r["sum"])))
     return out
 
@@ -310,7 +315,7 @@ def verify(config: Config, targets: Iterable[str] | None = None, *, attempts: in
            wait_seconds: float = 120.0) -> VerifyReport:
     """Compare the configured tables of each target (or of ``targets``) with the source at one position."""
     from mirrorline.snapshot.catchup import catch_up
-    from mirrorline.snapshot.run import _describe, target_config
+    from mirrorline.snapshot.run import ATTEMPTS, _describe, _retrying, _Rewritten, target_config
 
     names = list(targets) if targets is not None else sorted(n for n, t in config.targets.items()
                                                              if t.kind != "parquet")
@@ -319,9 +324,19 @@ def verify(config: Config, targets: Iterable[str] | None = None, *, attempts: in
     t0 = time.monotonic()
     last_moved = ""
     for _ in range(max(attempts, 1)):
-        with consistent_point(config, reconcile=False, create_main=False) as cp:
-            stats = _describe(config, cp, None)
-            source = source_checksums(config, cp.snapshot, stats)
+        for attempt in range(1, ATTEMPTS + 1):
+            with consistent_point(config, reconcile=False, create_main=False) as cp:
+                stats = _describe(config, cp, None)
+                try:
+                    source = source_checksums(config, cp.snapshot, stats)
+                    break
+                except _Rewritten as e:  # TRUNCATE is not MVCC-safe: the snapshot saw the table empty
+                    _retrying(e, "verify", attempt)
+        else:
+            raise VerifyError(f"the source rewrote a table (TRUNCATE, VACUUM FULL, CLUSTER or a rewriting ALTER "
+                              f"TABLE) after each of {ATTEMPTS} verification points, before it was read",
+                              hint="verify when the source is not truncating or rewriting the configured tables "
+                                   "continually")
         schemas = [s.schema for s in stats.values()]
         ensure_log(config, cp.lsn, wait_seconds)
         checks: list[TargetCheck] = []
