@@ -159,8 +159,9 @@ class SparkCopyStager(Stager):
             load = _task_loader(dsn, {k: (v, schemas[k[0]]) for k, v in self.plan.items()})
             flat = generic_flatten(batch.net, schemas, tables)
             out = flat.mapInArrow(load, "table STRING, kind STRING, n BIGINT")
-            for row in out.groupBy("table", "kind").sum("n").collect():
-                self.counts[(row[0], row[1])] = int(row[2])
+            for row in out.collect():  # a row per task and (table, kind): summed here, no shuffle for it
+                key = (row[0], row[1])
+                self.counts[key] = self.counts.get(key, 0) + int(row[2])
         except Exception as e:
             self.close()
             raise TargetError(f"loading worktables from Spark tasks failed: {str(e).strip()[:500]}") from e

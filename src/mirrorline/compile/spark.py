@@ -432,10 +432,17 @@ def compile_changes(
         scratch = out = scratch_dir("net-")
     first = scratch_dir("moves-") if plan.moves else out
     try:
+        # the write also counts the E rows (an observed metric: no second job), so that reading them back is only
+        # needed when there are some
+        from pyspark.sql import Observation
+        from pyspark.sql import functions as F
+
+        seen = Observation("mirrorline_compile")
         with _sort_aggregate(spark):
-            plan.net_all.write.mode("overwrite").parquet(first)
+            plan.net_all.observe(seen, F.count_if(F.col("kind") == "E").alias("errors")).write.mode(
+                "overwrite").parquet(first)
         written = spark.read.schema(f"{NET_DDL}, {_MOVES_DDL + ', ' if plan.moves else ''}{_ERR_DDL}").parquet(first)
-        errors = _errors(written, 1)
+        errors = _errors(written, 1) if seen.get.get("errors", 1) else []
         if plan.moves and not errors:
             _resolve_moves(written).write.mode("overwrite").parquet(out)
     except BaseException:
