@@ -95,8 +95,9 @@ def write_segment_stream(folder: Path, batches: Iterable[pa.Table], prev: Positi
                 min_ts = lo if min_ts is None else min(min_ts, lo)
                 max_ts = hi if max_ts is None else max(max_ts, hi)
                 count += t.num_rows
+                t = t.cast(ARROW_SCHEMA)
                 stats = merge([stats, table_stats(t)])
-                writer.write_table(t.cast(ARROW_SCHEMA), row_group_size=ROW_GROUP_ROWS)
+                writer.write_table(t, row_group_size=ROW_GROUP_ROWS)
             if first is None or last is None or min_ts is None or max_ts is None:
                 writer.close()
                 tmp.unlink(missing_ok=True)
