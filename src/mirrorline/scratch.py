@@ -17,6 +17,8 @@ import tempfile
 import threading
 from pathlib import Path
 
+from mirrorline.errors import MirrorlineError
+
 _LOCK = ".owner"
 _lock = threading.Lock()
 _own: tuple[int, Path, int] | None = None  # (pid, folder, fd of the held lock)
@@ -39,9 +41,7 @@ def sweep(root: Path | None = None, keep: Path | None = None) -> list[Path]:
             continue
         try:
             fd = os.open(d / _LOCK, os.O_RDWR)
-        except FileNotFoundError:  # being created right now, or its owner died before locking: leave it
-            continue
-        except OSError:
+        except OSError:  # no lock file: being created right now, or its owner died before locking; leave it
             continue
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -65,9 +65,13 @@ def folder() -> Path:
             return _own[1]
         root = base()
         while True:
-            root.mkdir(parents=True, exist_ok=True)
-            d = Path(tempfile.mkdtemp(prefix=f"{os.getpid()}-", dir=root))
-            fd = os.open(d / _LOCK, os.O_RDWR | os.O_CREAT, 0o600)
+            try:
+                root.mkdir(parents=True, exist_ok=True)
+                d = Path(tempfile.mkdtemp(prefix=f"{os.getpid()}-", dir=root))
+                fd = os.open(d / _LOCK, os.O_RDWR | os.O_CREAT, 0o600)
+            except OSError as e:
+                raise MirrorlineError(f"cannot make a scratch folder under {root}: {e.strerror or e}",
+                                      hint="set TMPDIR to a writable folder with free space", path=str(root)) from None
             fcntl.flock(fd, fcntl.LOCK_EX)
             if (d / _LOCK).exists():
                 break

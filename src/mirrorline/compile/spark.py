@@ -135,7 +135,7 @@ class _Plan:
 _ROWS_PER_FOLD_TASK = 250_000
 
 
-def spark_parallelism(spark: Any) -> int:
+def _parallelism(spark: Any) -> int:
     return max(1, int(spark.sparkContext.defaultParallelism))
 
 
@@ -158,9 +158,13 @@ class _TableMeta:
     moves: int
 
 
-def _meta_job(changes: DataFrame, kept_row: Column, key_change: Column) -> list[_TableMeta]:
+def _meta_job(changes: DataFrame, acts: Mapping[str, frozenset[str]], key_change: Column) -> list[_TableMeta]:
     """The per-table metadata from the rows themselves: one small job (and a second, rare, for TRUNCATEs)."""
     from pyspark.sql import functions as F
+
+    kept_row = _kept(F.col("op"), acts)
+    if acts:  # a key change is kept when its D or its I is
+        kept_row = F.when(key_change, _kept(F.lit("D"), acts) | _kept(F.lit("I"), acts)).otherwise(kept_row)
 
     # positions as one decimal (lsn * 10^19 + seq, exact: both are below 2^63) so that min/max stay hash aggregates
     pos_dec = F.col("lsn").cast("decimal(38,0)") * F.expr(f"CAST({_POS_SCALE} AS DECIMAL(38,0))") + F.col("seq")
@@ -209,10 +213,7 @@ def _plan(changes: DataFrame, actions: Actions | None, start: Position | None, e
 
     # 1. per table: first kept change, TRUNCATEs, count (small: one row per table)
     key_change = (F.col("op") == "U") & F.col("old_key").isNotNull() & ~F.col("old_key").eqNullSafe(F.col("key"))
-    kept_row = _kept(F.col("op"), acts)
-    if acts:  # a key change is kept when its D or its I is
-        kept_row = F.when(key_change, _kept(F.lit("D"), acts) | _kept(F.lit("I"), acts)).otherwise(kept_row)
-    meta = _meta_from_stats(stats, acts) if stats is not None else _meta_job(changes, kept_row, key_change)
+    meta = _meta_from_stats(stats, acts) if stats is not None else _meta_job(changes, acts, key_change)
     first_seen = sorted((m.first, m.table) for m in meta if m.first is not None)
     n_changes = sum(m.n for m in meta)
     last = max((m.last for m in meta), default=None)
@@ -271,7 +272,7 @@ def _plan(changes: DataFrame, actions: Actions | None, start: Position | None, e
     # aggregate builds each group's list in order (see _sort_aggregate). Without TRUNCATEs the epoch is a constant
     # and stays out of the grouping (a constant grouping column would make Spark sort again).
     group = ["h", "table", "epoch", "key"] if truncs else ["h", "table", "key"]
-    partitions = _fold_partitions(n_changes, spark_parallelism(changes.sparkSession))
+    partitions = _fold_partitions(n_changes, _parallelism(changes.sparkSession))
     grouped = (
         ops.repartition(partitions, "h")
         .sortWithinPartitions(*group, "op.lsn", "op.seq", "op.sub")
