@@ -13,6 +13,11 @@ For each workload, on the same WAL:
   pipeline that has been running for a while, whose JVM has compiled units of this size before (the first large unit
   after start-up pays several seconds of JIT compilation that the warm-up does not cover).
 - (c) ``copy``: the resulting net rows loaded by plain COPY into an empty table (the physical limit).
+- (f) ``floor``: the least the prescribed method can cost here, with no compile work at all: a Spark scan of the
+  unit's changes from the log (``floor_scan_s``: every column to a no-op sink, JIT-warm, median of 3) plus the net
+  rows COPYed by the driver into a text worktable and moved by INSERT ... SELECT into the empty table
+  (``floor_worktable_s``). ``a_over_floor`` is the best a/b that compiling with Spark and applying through
+  worktables could reach on this machine.
 
 Workloads: ``update_heavy``: N/5 inserts then 4N/5 updates over the same keys; ``insert_only``: N inserts. Both in
 transactions of 1,000. Prints one JSON line: seconds of each, changes/s, and the ratios a/b (how many times faster
@@ -97,12 +102,43 @@ def catch_up(applier: Applier) -> tuple[float, float, int]:
     return seconds, sum(r.compile_seconds for r in reports), len(reports)
 
 
+def scan_seconds(log_path: Path) -> float:
+    """Median of three Spark scans of every change in the log (all columns, to a no-op sink) with a JIT-warm JVM:
+    the least that compiling the unit with Spark can cost on this machine."""
+    from mirrorline.log.reader import ChangeLog
+    from mirrorline.log.spark import read_spark
+
+    log = ChangeLog(str(log_path))
+    times = []
+    for _ in range(3):
+        t0 = time.monotonic()
+        read_spark(log, None, log.durable(), spark=get_spark()).write.format("noop").mode("overwrite").save()
+        times.append(time.monotonic() - t0)
+    return sorted(times)[1]
+
+
+def worktable_seconds(dsn: str, rows: io.BytesIO) -> float:
+    """The prescribed apply of the net rows (all inserts here), from the driver, without compile: COPY into an
+    unlogged worktable, INSERT ... SELECT in key order into the empty target table, commit."""
+    conn = psycopg2.connect(dsn)
+    t0 = time.monotonic()
+    with conn.cursor() as cur:
+        cur.execute("CREATE UNLOGGED TABLE w (id text, v text, pad text, at text)")
+        cur.copy_expert("COPY w FROM STDIN", rows)
+        cur.execute("INSERT INTO bench SELECT id::bigint, v::bigint, pad, at::timestamptz FROM w ORDER BY 1")
+        cur.execute("DROP TABLE w")
+    conn.commit()
+    seconds = time.monotonic() - t0
+    conn.close()
+    return seconds
+
+
 def one(kind: str, changes: int, source: PgCluster, target: PgCluster, work: Path) -> dict[str, float]:
     db = f"src_{kind}"
     source.create_database(db)
     source.execute(DDL, db)
     source.execute("CREATE PUBLICATION pgpub FOR TABLE bench", db)
-    for tdb in (f"sub_{kind}", f"ml_{kind}", f"mlw_{kind}", f"copy_{kind}"):
+    for tdb in (f"sub_{kind}", f"ml_{kind}", f"mlw_{kind}", f"copy_{kind}", f"floor_{kind}"):
         target.create_database(tdb)
         target.execute(DDL, tdb)
     sub_slot = f"sub_{kind}"
@@ -134,6 +170,7 @@ def one(kind: str, changes: int, source: PgCluster, target: PgCluster, work: Pat
 
     # the same log for (b2): retention removes what (b)'s target applied
     shutil.copytree(work / f"log_{kind}", work / f"log2_{kind}")
+    shutil.copytree(work / f"log_{kind}", work / f"log3_{kind}")  # for the floor's scan
     conf2 = config(f"log2_{kind}", f"mlw_{kind}")
 
     say(f"{kind}: (b) mirrorline catching up from the log")
@@ -164,6 +201,10 @@ def one(kind: str, changes: int, source: PgCluster, target: PgCluster, work: Pat
     tconn.commit()
     c = time.monotonic() - t0
     tconn.close()
+    say(f"{kind}: (f) the method's floor: a Spark scan of the log + worktable COPY and INSERT ... SELECT")
+    scan = scan_seconds(work / f"log3_{kind}")
+    buf.seek(0)
+    worktable = worktable_seconds(target.dsn(f"floor_{kind}"), buf)
     target.execute(f"ALTER SUBSCRIPTION {sub_slot} SET (slot_name = NONE)", f"sub_{kind}")
     target.execute(f"DROP SUBSCRIPTION {sub_slot}", f"sub_{kind}")
     return {
@@ -177,6 +218,10 @@ def one(kind: str, changes: int, source: PgCluster, target: PgCluster, work: Pat
         "mirrorline_jit_warm_s": round(b2, 3),
         "mirrorline_jit_warm_compile_s": round(compile2_s, 3),
         "copy_s": round(c, 3),
+        "floor_scan_s": round(scan, 3),
+        "floor_worktable_s": round(worktable, 3),
+        "floor_s": round(scan + worktable, 3),
+        "a_over_floor": round(a / (scan + worktable), 2),
         "pg_logical_changes_per_s": round(changes / a),
         "mirrorline_changes_per_s": round(changes / b),
         "a_over_b": round(a / b, 2),
