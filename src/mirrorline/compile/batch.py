@@ -31,37 +31,76 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+import pyarrow as pa
+
 from mirrorline.position import Position
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame
+    from pyspark.sql import DataFrame, SparkSession
 
 NET_DDL = (
     "`table` STRING NOT NULL, kind STRING NOT NULL, key ARRAY<STRING> NOT NULL, new MAP<STRING, STRING>, "
     "unchanged ARRAY<STRING> NOT NULL, lsn BIGINT NOT NULL, seq BIGINT NOT NULL, moved_from ARRAY<STRING>"
 )
 
+NET_ARROW = pa.schema([
+    pa.field("table", pa.string(), nullable=False),
+    pa.field("kind", pa.string(), nullable=False),
+    pa.field("key", pa.list_(pa.string()), nullable=False),
+    pa.field("new", pa.map_(pa.string(), pa.string())),
+    pa.field("unchanged", pa.list_(pa.string()), nullable=False),
+    pa.field("lsn", pa.int64(), nullable=False),
+    pa.field("seq", pa.int64(), nullable=False),
+    pa.field("moved_from", pa.list_(pa.string())),
+])
+
 
 @dataclass
 class NetBatch:
+    """A compiled unit. Its net rows are a Spark DataFrame (``net``) or, for a unit compiled small enough to come
+    back to the driver (:mod:`mirrorline.compile.small`), an Arrow table (``rows``, the same layout); ``frame()``
+    gives a DataFrame either way."""
+
     start: Position  # exclusive: the unit holds the changes after this position ...
     end: Position  # ... up to and including this one
     tables: list[str]  # every table with a change in the unit, in the order of its first change
-    net: DataFrame
+    net: DataFrame | None = None
     truncated: dict[str, Position] = field(default_factory=dict)  # table -> position of its last TRUNCATE
     changes: int = 0  # how many log changes the unit held
     cached: DataFrame | None = field(default=None, repr=False)  # what ``net`` reads from, if it was cached
     scratch: str | None = field(default=None, repr=False)  # a local folder holding ``net``'s files, if temporary
+    rows: pa.Table | None = field(default=None, repr=False)  # the net rows on the driver, when compiled there
+
+    def __post_init__(self) -> None:
+        if self.net is None and self.rows is None:
+            raise ValueError("a NetBatch needs its net rows: net (a DataFrame) or rows (an Arrow table)")
+
+    def frame(self, spark: SparkSession | None = None) -> DataFrame:
+        """The net rows as a DataFrame (made from ``rows`` on first use when the unit came back to the driver)."""
+        if self.net is None:
+            if spark is None:
+                from mirrorline.sparkenv import get_spark
+
+                spark = get_spark()
+            assert self.rows is not None
+            self.net = spark.createDataFrame(self.rows, schema=NET_DDL)
+        return self.net
 
     def of(self, table: str, kind: str) -> DataFrame:
         from pyspark.sql import functions as F
 
-        return self.net.where((F.col("table") == table) & (F.col("kind") == kind))
+        return self.frame().where((F.col("table") == table) & (F.col("kind") == kind))
 
     def counts(self) -> dict[str, dict[str, int]]:
-        """``{table: {"D": n, "U": n, "I": n}}`` for every table in ``tables`` (one small Spark job)."""
+        """``{table: {"D": n, "U": n, "I": n}}`` for every table in ``tables`` (a small Spark job, unless the rows
+        are on the driver)."""
         out = {t: {"D": 0, "U": 0, "I": 0} for t in self.tables}
-        for r in self.net.groupBy("table", "kind").count().collect():
+        if self.rows is not None:
+            pairs = self.rows.group_by(["table", "kind"]).aggregate([([], "count_all")]).to_pylist()
+            for r in pairs:
+                out.setdefault(r["table"], {"D": 0, "U": 0, "I": 0})[r["kind"]] = int(r["count_all"])
+            return out
+        for r in self.frame().groupBy("table", "kind").count().collect():
             out.setdefault(r["table"], {"D": 0, "U": 0, "I": 0})[r["kind"]] = int(r["count"])
         return out
 
@@ -70,6 +109,7 @@ class NetBatch:
         if self.cached is not None:
             self.cached.unpersist()
             self.cached = None
+        self.rows = None
         if self.scratch is not None:
             import shutil
 

@@ -65,7 +65,7 @@ def run_demo(changes: int, keep: str | None, *, seed: int = 1, out: TextIO | Non
     t0 = time.monotonic()
     batch = compile_changes(spark.read.schema(SPARK_DDL).parquet(str(log_dir)))
     try:
-        batch.net.write.parquet(str(net_dir))
+        batch.frame().write.parquet(str(net_dir))
         seconds = time.monotonic() - t0
         counts = batch.counts()
     finally:

@@ -202,7 +202,9 @@ def _meta_from_stats(stats: Stats, acts: Mapping[str, frozenset[str]]) -> list[_
 
 
 def _plan(changes: DataFrame, actions: Actions | None, start: Position | None, end: Position | None,
-          stats: Stats | None = None) -> _Plan:
+          stats: Stats | None = None, meta: list[_TableMeta] | None = None, single: bool = False) -> _Plan:
+    """The unit's net rows as a plan. ``meta``: the tables' metadata as given (else from ``stats``, else from a
+    job). ``single``: group in one partition without a shuffle (a small unit whose rows are already in one)."""
     from pyspark.sql import functions as F
 
     if start is not None:
@@ -213,7 +215,8 @@ def _plan(changes: DataFrame, actions: Actions | None, start: Position | None, e
 
     # 1. per table: first kept change, TRUNCATEs, count (small: one row per table)
     key_change = (F.col("op") == "U") & F.col("old_key").isNotNull() & ~F.col("old_key").eqNullSafe(F.col("key"))
-    meta = _meta_from_stats(stats, acts) if stats is not None else _meta_job(changes, acts, key_change)
+    if meta is None:
+        meta = _meta_from_stats(stats, acts) if stats is not None else _meta_job(changes, acts, key_change)
     first_seen = sorted((m.first, m.table) for m in meta if m.first is not None)
     n_changes = sum(m.n for m in meta)
     last = max((m.last for m in meta), default=None)
@@ -272,10 +275,12 @@ def _plan(changes: DataFrame, actions: Actions | None, start: Position | None, e
     # aggregate builds each group's list in order (see _sort_aggregate). Without TRUNCATEs the epoch is a constant
     # and stays out of the grouping (a constant grouping column would make Spark sort again).
     group = ["h", "table", "epoch", "key"] if truncs else ["h", "table", "key"]
-    partitions = _fold_partitions(n_changes, _parallelism(changes.sparkSession))
+    if single:  # one partition satisfies the grouping's distribution: Spark plans no exchange
+        ops = ops.coalesce(1)
+    else:
+        ops = ops.repartition(_fold_partitions(n_changes, _parallelism(changes.sparkSession)), "h")
     grouped = (
-        ops.repartition(partitions, "h")
-        .sortWithinPartitions(*group, "op.lsn", "op.seq", "op.sub")
+        ops.sortWithinPartitions(*group, "op.lsn", "op.seq", "op.sub")
         .groupBy(*group)
         .agg(F.collect_list("op").alias("ops"))
         .select("table", F.col("epoch") if truncs else F.lit(0).alias("epoch"), "key", F.expr(SORTED_OPS).alias("ops"))
@@ -485,7 +490,9 @@ def find_invalid(
 
 def collect_result(batch: NetBatch) -> NetResult:
     """The whole batch on the driver as a reference NetResult (for tests and small units only)."""
-    return from_rows(batch.tables, batch.truncated, (r.asDict() for r in batch.net.collect()))
+    if batch.rows is not None:
+        return from_rows(batch.tables, batch.truncated, batch.rows.to_pylist())
+    return from_rows(batch.tables, batch.truncated, (r.asDict() for r in batch.frame().collect()))
 
 
 def mirror(net: DataFrame) -> DataFrame:

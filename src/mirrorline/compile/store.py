@@ -77,7 +77,7 @@ class UnitStore:
             return self.load(spark, batch.start, batch.end)
         self.root.mkdir(parents=True, exist_ok=True)
         tmp = self.root / f".tmp-{uuid.uuid4().hex}"
-        batch.net.write.mode("overwrite").parquet(str(tmp / "net"))
+        batch.frame(spark).write.mode("overwrite").parquet(str(tmp / "net"))
         meta = {
             "start": str(batch.start),
             "end": str(batch.end),

@@ -74,11 +74,11 @@ def warm_up(spark: Any, rows: int = WARM_UP_ROWS) -> float:
     finally:
         shutil.rmtree(work, ignore_errors=True)
     try:
-        got = batch.net.mapInArrow(_count, "n BIGINT").agg(F.sum("n")).collect()[0][0]
+        got = batch.frame().mapInArrow(_count, "n BIGINT").agg(F.sum("n")).collect()[0][0]
         expected = rows // 8  # per 8 ops: one key inserted then deleted (nothing), one inserted and updated (one I)
         if got is None or int(got) != expected:
             raise RuntimeError(f"warm-up unit compiled to {got} net rows, expected {expected}")
-        batch.net.where(F.col("table") == "warm_up.t0").limit(1000).toArrow()
+        batch.frame().where(F.col("table") == "warm_up.t0").limit(1000).toArrow()
     finally:
         batch.release()
     return time.monotonic() - t0
