@@ -111,6 +111,7 @@ class Target(ABC):
 
     kind: str
     dialect: Dialect
+    direct_inserts = False  # net inserts loaded straight into the table (Session.insert_rows), not via a worktable
 
     def __init__(self, name: str, location: str, *, mode: str = "update", on_error: str = "stop",
                  threads: int = 1, driver_rows: int = 200_000) -> None:
@@ -130,7 +131,8 @@ class Target(ABC):
 
     def stager(self, batch: NetBatch, schemas: Mapping[str, TableSchema], tables: list[str]) -> Stager:
         """How this unit's worktables get loaded; engines with a parallel path override it for large units."""
-        return ArrowStager(batch, whole=0 < batch.changes <= self.driver_rows or batch.changes == 0)
+        whole = batch.rows is not None or 0 < batch.changes <= self.driver_rows or batch.changes == 0
+        return ArrowStager(batch, whole=whole)
 
     def check_types(self, session: Session, schemas: Iterable[TableSchema]) -> None:
         """Raise TargetError (table, column, type) for a column type the target cannot hold."""
@@ -324,7 +326,14 @@ class Target(ABC):
         d = self.dialect
         counts = {"D": 0, "U": 0, "I": 0}
         t0 = time.monotonic()
-        inserts = stager.stage(s, ts, "I")  # first: their moved_from rows are read before the deletes
+        # net inserts go straight into the table by the bulk path (seed 000) where the engine's bulk path converts
+        # as the worktable's casts would; else, and when some must be completed from the target's rows, through a
+        # worktable staged first: their moved_from rows are read before the deletes
+        direct = None
+        if self.direct_inserts:
+            on_driver = stager.rows(ts, "I")
+            direct = R.direct_inserts(on_driver, ts) if on_driver is not None else None
+        inserts = stager.stage(s, ts, "I") if direct is None else None
         t0 = result.timed("stage", t0)
         images = self._moved_images(s, ts, inserts[0]) if inserts else []
         if images:
@@ -360,6 +369,12 @@ class Target(ABC):
             if got != n:
                 raise _Mismatch(ts.table, "I", n, got)
             counts["I"] = n
+            t0 = result.timed("insert", t0)
+        elif direct is not None and direct.num_rows:
+            got = s.insert_rows(ts.table, ts.column_names, direct)
+            if got != direct.num_rows:
+                raise _Mismatch(ts.table, "I", direct.num_rows, got)
+            counts["I"] = got
             t0 = result.timed("insert", t0)
         stager.finish(s, ts.table)
         result.timed("stage", t0)

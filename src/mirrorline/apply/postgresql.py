@@ -91,6 +91,10 @@ class PgSession(Session):
         self.execute(self.dialect.create_worktable(name, columns))
         copy_in(self.cur, name, columns, data)
 
+    def insert_rows(self, table: str, columns: Sequence[str], data: pa.Table) -> int:
+        copy_in(self.cur, self.dialect.table(table), columns, data)
+        return int(self.cur.rowcount)
+
     def table_columns(self, table: str) -> list[str] | None:
         rows = self.query("SELECT attname FROM pg_attribute WHERE attrelid = to_regclass(%s) AND attnum > 0 "
                           "AND NOT attisdropped ORDER BY attnum", (self.dialect.table(table),))
@@ -111,6 +115,7 @@ class PgSession(Session):
 
 class PostgresTarget(Target):
     kind = "postgresql"
+    direct_inserts = True  # COPY parses text with the column's input function, exactly as CAST(text AS type)
     dialect = POSTGRESQL
 
     def __init__(self, *args: Any, parallel_rows: int = 100_000, **kwargs: Any) -> None:
@@ -130,7 +135,7 @@ class PostgresTarget(Target):
         check_unknown_types(self.dialect, schemas, known)
 
     def stager(self, batch: NetBatch, schemas: Mapping[str, TableSchema], tables: list[str]) -> Stager:
-        if batch.changes >= self.parallel_rows > 0 or self.parallel_rows == 0:
+        if batch.rows is None and (batch.changes >= self.parallel_rows > 0 or self.parallel_rows == 0):
             return SparkCopyStager(self.location, batch, schemas, tables)
         return super().stager(batch, schemas, tables)
 
@@ -157,7 +162,7 @@ class SparkCopyStager(Stager):
         self.counts: dict[tuple[str, str], int] = {}
         try:
             load = _task_loader(dsn, {k: (v, schemas[k[0]]) for k, v in self.plan.items()})
-            flat = generic_flatten(batch.net, schemas, tables)
+            flat = generic_flatten(batch.frame(), schemas, tables)
             out = flat.mapInArrow(load, "table STRING, kind STRING, n BIGINT")
             for row in out.collect():  # a row per task and (table, kind): summed here, no shuffle for it
                 key = (row[0], row[1])

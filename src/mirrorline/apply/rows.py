@@ -63,3 +63,32 @@ def flatten(net: pa.Table, s: TableSchema, kind: str) -> pa.Table:
 
 def _as_string(a: pa.ChunkedArray | pa.Array) -> pa.ChunkedArray | pa.Array:
     return a if a.type == pa.string() else pc.cast(a, pa.string())
+
+
+_INTEGER_TYPES = frozenset({"smallint", "integer", "bigint", "int2", "int4", "int8"})
+
+
+def direct_inserts(rows: pa.Table, s: TableSchema) -> pa.Table | None:
+    """Insert worktable rows (:func:`flatten` ``"I"``) as the table's own columns in key order, ready to load
+    straight into the table; None when some row marks columns unchanged (its image must be completed from the
+    target first, through a worktable). Integer keys sort as numbers, others as text (what matters is that rows
+    close in the key's index arrive together)."""
+    if rows.num_rows and pc.any(pc.not_equal(rows[MASK_COL], "")).as_py():
+        return None
+    out = rows.select(list(s.column_names))
+    if out.num_rows > 1 and s.key:
+        sort_cols = []
+        for i, k in enumerate(s.key):
+            col = out[k]
+            if s.column(k).type_name.split("(")[0].strip().lower() in _INTEGER_TYPES:
+                col = pc.cast(col, pa.int64(), safe=False) if _all_ints(col) else col
+            sort_cols.append((f"_k{i}", col))
+        keyed = pa.table(dict(sort_cols))
+        order = pc.sort_indices(keyed, sort_keys=[(name, "ascending") for name, _ in sort_cols])
+        out = out.take(order)
+    return out
+
+
+def _all_ints(col: pa.ChunkedArray) -> bool:
+    """Is every value of a text column an integer literal (else it sorts as text, and the load reports it)?"""
+    return bool(pc.all(pc.match_substring_regex(col, r"^-?[0-9]{1,18}$")).as_py() is not False)

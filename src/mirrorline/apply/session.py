@@ -48,6 +48,11 @@ class Session(ABC):
     def load(self, name: str, columns: Sequence[str], data: pa.Table) -> None:
         """Create the temp worktable ``name`` (text columns) and bulk-load ``data`` into it."""
 
+    def insert_rows(self, table: str, columns: Sequence[str], data: pa.Table) -> int:
+        """Bulk-load text rows straight into the target table (engines whose bulk path converts text to the
+        column's type as a cast would: :attr:`Target.direct_inserts`). Returns the number of rows loaded."""
+        raise NotImplementedError(f"{type(self).__name__} has no direct bulk insert")
+
     @abstractmethod
     def table_columns(self, table: str) -> list[str] | None:
         """The columns of the target's table for the source table ``table``, or None when it does not exist."""

@@ -30,6 +30,10 @@ class Stager(ABC):
         """Have the worktable of ``ts``'s net rows of ``kind`` ready in ``s``: (its name, its row count), or None
         when the unit has no such rows."""
 
+    def rows(self, ts: TableSchema, kind: str) -> pa.Table | None:
+        """The worktable rows of ``ts``'s net rows of ``kind`` on the driver, when this stager has them there."""
+        return None
+
     @abstractmethod
     def finish(self, s: Session, table: str) -> None:
         """Drop the table's worktables (inside the session's transaction)."""
@@ -58,13 +62,17 @@ class ArrowStager(Stager):
             if ts.table not in self._flat:
                 if self._load_whole:
                     if self._whole is None:
-                        self._whole = _to_arrow(self.batch.net)
+                        rows = self.batch.rows
+                        self._whole = rows if rows is not None else _to_arrow(self.batch.frame())
                     rows = R.select(self._whole, ts.table)
                     self._flat[ts.table] = {k: R.flatten(R.select(rows, ts.table, k), ts, k) for k in R.KINDS}
                 else:
-                    flat = _to_arrow(generic_flatten(self.batch.net, {ts.table: ts}, [ts.table]))
+                    flat = _to_arrow(generic_flatten(self.batch.frame(), {ts.table: ts}, [ts.table]))
                     self._flat[ts.table] = {k: pick(flat, ts, k) for k in R.KINDS}
             return self._flat[ts.table]
+
+    def rows(self, ts: TableSchema, kind: str) -> pa.Table | None:
+        return self.flat(ts)[kind]
 
     def stage(self, s: Session, ts: TableSchema, kind: str) -> tuple[str, int] | None:
         data = self.flat(ts)[kind]
