@@ -15,6 +15,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -26,6 +27,7 @@ from mirrorline.position import ZERO, Position
 if TYPE_CHECKING:
     from mirrorline.apply import AppliedState, ApplyResult, Target
     from mirrorline.compile.batch import NetBatch
+    from mirrorline.compile.small import SmallUnits
     from mirrorline.compile.warmup import WarmUp
     from mirrorline.log.reader import ChangeLog
 
@@ -58,6 +60,9 @@ def _kept(change: Change, actions: Mapping[str, frozenset[str]]) -> bool:
 class Applier:
     """Applies the change log to the configured targets (all, or the ones named)."""
 
+    small_unit = 50_000  # units of at most this many changes compile on the driver's plan (compile/small.py)
+    overlap = True  # compile the next unit while the targets apply this one
+
     def __init__(self, config: Config, target_names: list[str] | None = None, *, spark: Any = None,
                  open_targets: bool = True, warm_up: WarmUp | None = None) -> None:
         from mirrorline.log.reader import ChangeLog
@@ -87,7 +92,10 @@ class Applier:
         from mirrorline.compile.store import UnitStore
 
         self._store = UnitStore(config.log.path)  # stored units are always reused ...
-        self._save_units = len(config.targets) > 1  # ... and saved when another target may need them
+        # ... and saved when a target that another process applies (``apply --target``) may need them
+        self._save_units = any(n not in names for n in config.targets)
+        self._small: SmallUnits | None = None
+        self._ahead: tuple[NetBatch, float] | None = None  # the next unit, compiled while this one applied
 
     def start_warm_up(self) -> None:
         """Warm Spark up in the background now; the first compile waits for it."""
@@ -109,6 +117,9 @@ class Applier:
         return self._spark
 
     def close(self) -> None:
+        if self._ahead is not None:
+            self._ahead[0].release()
+            self._ahead = None
         for t in self.targets.values():
             t.close()
 
@@ -160,21 +171,74 @@ class Applier:
                 if time.monotonic() - first_seen < self.config.apply.latency:
                     return None
         self._pending_since.pop(start, None)
-        batch, compiled, compile_seconds = self._compile(start, end, stored is not None and stored[1] == end,
-                                                         empty=n_changes == 0)
+        ahead = self._ahead
+        self._ahead = None
+        if ahead is not None and ahead[0].start == start and ahead[0].end <= end_cap:
+            batch, compile_seconds = ahead  # compiled while the previous unit was applied
+            end, n_changes, compiled = batch.end, batch.changes, True
+        else:
+            if ahead is not None:
+                ahead[0].release()
+            batch, compiled, compile_seconds = self._compile(start, end, stored is not None and stored[1] == end,
+                                                             empty=n_changes == 0)
         report = UnitReport(start, end, batch.changes if n_changes < 0 else n_changes, group, compiled,
                             compile_seconds, {})
         schemas = self._schemas(batch.tables + [t for t in batch.truncated if t not in batch.tables], end)
         try:
-            for n in group:
-                t0 = time.monotonic()
-                report.results[n] = self.targets[n].apply(batch, schemas, functools.partial(self._changes, start, end))
-                report.apply_seconds[n] = time.monotonic() - t0
-                self._registered(n)
+            self._apply_group(batch, schemas, group, report, next_unit=len(group) == len(self.targets)
+                              and not any(self._bounds(states[n]) for n in group) and end < limit)
         finally:
             batch.release()
         log.info("unit %s..%s (%d changes) applied to %s", start, end, report.changes, ", ".join(group))
         return report
+
+    def _apply_group(self, batch: NetBatch, schemas: dict[str, TableSchema], group: list[str], report: UnitReport,
+                     next_unit: bool) -> None:
+        """Apply the unit to every target of the group, each in a thread of its own (each target's position is
+        committed with its data, so they need not wait for each other). With ``next_unit``, the next unit is
+        compiled meanwhile (see :meth:`_compile_ahead`)."""
+        changes = functools.partial(self._changes, batch.start, batch.end)
+
+        def apply_one(n: str) -> None:
+            t0 = time.monotonic()
+            report.results[n] = self.targets[n].apply(batch, schemas, changes)
+            report.apply_seconds[n] = time.monotonic() - t0
+            self._registered(n)
+
+        if len(group) == 1 and not next_unit:
+            apply_one(group[0])
+            return
+        with ThreadPoolExecutor(len(group), thread_name_prefix="mirrorline-apply") as pool:
+            futures = [pool.submit(apply_one, n) for n in group]
+            if next_unit:
+                try:
+                    self._compile_ahead(batch.end)
+                except Exception as e:  # the next step compiles that unit again, and reports its error
+                    log.debug("compiling ahead failed: %s", e)
+            errors = [e for e in (f.exception() for f in futures) if e is not None]
+        if errors:
+            if self._ahead is not None:
+                self._ahead[0].release()
+                self._ahead = None
+            raise errors[0]
+
+    def _compile_ahead(self, start: Position) -> None:
+        """Compile the unit after ``start`` now if it is due: full already (catching up), or its first change has
+        waited the latency. Kept for the next :meth:`step`, which uses it if it still fits."""
+        if not self.overlap:
+            return
+        durable = self.log.durable()
+        if durable is None or durable <= start or self._store.starting_at(start) is not None:
+            return
+        end, n = self.log.advance(start, self.config.apply.max_changes, durable)
+        if end is None or end <= start or n == 0:
+            return
+        if n < self.config.apply.max_changes:
+            first_seen = self._pending_since.setdefault(start, time.monotonic())
+            if time.monotonic() - first_seen < self.config.apply.latency:
+                return
+        batch, _compiled, seconds = self._compile(start, end, False)
+        self._ahead = (batch, seconds)
 
     def _compile(self, start: Position, end: Position, stored: bool, empty: bool = False
                  ) -> tuple[NetBatch, bool, float]:
@@ -182,10 +246,9 @@ class Applier:
         if stored:
             return self._store.load(self.spark, start, end), False, time.monotonic() - t0
         if empty:  # a unit that only moves the position: no Spark job
-            from mirrorline.compile.batch import NET_DDL, NetBatch
+            from mirrorline.compile.batch import NET_ARROW, NetBatch
 
-            no_rows = self.spark.createDataFrame([], NET_DDL)
-            return NetBatch(start=start, end=end, tables=[], net=no_rows), False, time.monotonic() - t0
+            return NetBatch(start=start, end=end, tables=[], rows=NET_ARROW.empty_table()), False, 0.0
         self._warmed()
         batch = self._compile_unit(start, end)
         if self._save_units:
@@ -197,14 +260,21 @@ class Applier:
         statistics (segment footers) rather than a job."""
         from pyspark.sql import functions as F
 
+        from mirrorline.compile.small import SmallUnits, qualifies, unit_rows
         from mirrorline.compile.spark import compile_changes
         from mirrorline.log.spark import read_spark
 
-        frame = read_spark(self.log, start, end, spark=self.spark)
         stats = self.log.stats(start, end)
         if self.config.tables:
-            frame = frame.where(F.col("table").isin(list(self.config.tables)))
             stats = {t: s for t, s in stats.items() if t in self.config.tables}
+        if qualifies(stats, self.small_unit):
+            if self._small is None:
+                self._small = SmallUnits(self.spark, self.actions or None)
+            rows = unit_rows(self.config.tables, self.log.read_arrow(start, end))
+            return self._small.compile(rows, stats, start, end)
+        frame = read_spark(self.log, start, end, spark=self.spark)
+        if self.config.tables:
+            frame = frame.where(F.col("table").isin(list(self.config.tables)))
         return compile_changes(frame, actions=self.actions or None, start=start, end=end, stats=stats)
 
     def compile_ahead(self, on_unit: Callable[[NetBatch], None] | None = None) -> int:
