@@ -47,6 +47,9 @@ def _read_unit(_batches: Iterator[Any]) -> Iterator[Any]:
     """In the Python task: the rows of the unit named by the job's local property."""
     from pyspark import TaskContext
 
+    for _ in _batches:  # the input read to its end, so that Spark reuses this Python worker for the next unit
+        pass
+
     ctx = TaskContext.get()
     path = ctx.getLocalProperty(UNIT_PROPERTY) if ctx is not None else None
     if not path:
