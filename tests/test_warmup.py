@@ -9,7 +9,7 @@ import pytest
 
 from mirrorline.compile import reference
 from mirrorline.compile.spark import collect_result, compile_changes
-from mirrorline.compile.warmup import WarmUp, synthetic_unit, warm_up
+from mirrorline.compile.warmup import WarmUp, synthetic_rows, synthetic_unit, warm_small, warm_up
 from mirrorline.log.rows import table_to_changes
 
 pytestmark = pytest.mark.spark
@@ -31,6 +31,21 @@ def test_synthetic_unit_compiles_to_what_the_reference_folds(spark):
 
 def test_warm_up_runs_and_times_itself(spark):
     assert warm_up(spark, 2000) > 0
+
+
+def test_small_warm_up_builds_both_plans_of_the_pipeline(spark):
+    from mirrorline.compile.small import shared
+
+    actions = {"public.only_inserts": frozenset("I")}
+    assert warm_small(spark, actions) > 0
+    assert set(shared(spark, actions)._plans) == {False, True}
+
+
+def test_synthetic_rows_are_the_synthetic_unit(spark):
+    assert synthetic_rows(800).to_pylist() == synthetic_unit(spark, 800).toArrow().cast(synthetic_rows(1).schema
+                                                                                         ).to_pylist()
+    moved = synthetic_rows(800, key_changes=True)
+    assert moved.num_rows == 801 and moved.column("old_key")[800].as_py() == ["199"]
 
 
 def test_a_failing_warm_up_only_logs(caplog):

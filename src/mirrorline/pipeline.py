@@ -27,7 +27,6 @@ from mirrorline.position import ZERO, Position
 if TYPE_CHECKING:
     from mirrorline.apply import AppliedState, ApplyResult, Target
     from mirrorline.compile.batch import NetBatch
-    from mirrorline.compile.small import SmallUnits
     from mirrorline.compile.warmup import WarmUp
     from mirrorline.log.reader import ChangeLog
 
@@ -94,14 +93,13 @@ class Applier:
         self._store = UnitStore(config.log.path)  # stored units are always reused ...
         # ... and saved when a target that another process applies (``apply --target``) may need them
         self._save_units = any(n not in names for n in config.targets)
-        self._small: SmallUnits | None = None
         self._ahead: tuple[NetBatch, float] | None = None  # the next unit, compiled while this one applied
 
     def start_warm_up(self) -> None:
         """Warm Spark up in the background now; the first compile waits for it."""
         from mirrorline.compile.warmup import WarmUp
 
-        self._warm_up = WarmUp(lambda: self.spark)
+        self._warm_up = WarmUp(lambda: self.spark, self.actions or None)
 
     def _warmed(self) -> None:
         if self._warm_up is not None:
@@ -260,7 +258,7 @@ class Applier:
         statistics (segment footers) rather than a job."""
         from pyspark.sql import functions as F
 
-        from mirrorline.compile.small import SmallUnits, qualifies, unit_rows
+        from mirrorline.compile.small import qualifies, shared, unit_rows
         from mirrorline.compile.spark import compile_changes
         from mirrorline.log.spark import read_spark
 
@@ -268,10 +266,8 @@ class Applier:
         if self.config.tables:
             stats = {t: s for t, s in stats.items() if t in self.config.tables}
         if qualifies(stats, self.small_unit):
-            if self._small is None:
-                self._small = SmallUnits(self.spark, self.actions or None)
             rows = unit_rows(self.config.tables, self.log.read_arrow(start, end))
-            return self._small.compile(rows, stats, start, end)
+            return shared(self.spark, self.actions or None).compile(rows, stats, start, end)
         frame = read_spark(self.log, start, end, spark=self.spark)
         if self.config.tables:
             frame = frame.where(F.col("table").isin(list(self.config.tables)))
@@ -437,7 +433,8 @@ class Runner:
             from mirrorline.compile.warmup import WarmUp
             from mirrorline.sparkenv import get_spark
 
-            warm = WarmUp(get_spark)
+            warm = WarmUp(get_spark, {t.name: t.actions for t in self.config.tables.values()
+                                      if t.actions != frozenset("IDU")} or None)
             while not (self._ready.wait(0.1) or self._capture_done.is_set()):
                 pass
             if self._capture_error is None and not self._stop.is_set():

@@ -148,6 +148,20 @@ class SmallUnits:
         return out
 
 
+_shared: dict[tuple[int, tuple[tuple[str, str], ...]], SmallUnits] = {}
+_shared_lock = threading.Lock()
+
+
+def shared(spark: Any, actions: Actions | None = None) -> SmallUnits:
+    """The process's SmallUnits for this session and these actions: the warm-up builds the plans the pipeline
+    then uses."""
+    key = (id(spark), tuple(sorted((t, "".join(sorted(a))) for t, a in (actions or {}).items())))
+    with _shared_lock:
+        if key not in _shared:
+            _shared[key] = SmallUnits(spark, actions)
+        return _shared[key]
+
+
 def unit_rows(tables: Mapping[str, Any] | None, batches: Iterator[pa.Table]) -> pa.Table:
     """The unit's rows read on the driver (``ChangeLog.read_arrow``), restricted to the configured tables."""
     parts = list(batches)

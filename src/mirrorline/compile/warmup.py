@@ -12,12 +12,15 @@ already running.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import shutil
 import threading
 import time
 from collections.abc import Iterator
 from typing import Any
+
+import pyarrow as pa
 
 from mirrorline import scratch
 
@@ -84,22 +87,73 @@ def warm_up(spark: Any, rows: int = WARM_UP_ROWS) -> float:
     return time.monotonic() - t0
 
 
-class WarmUp:
-    """:func:`warm_up` in a background thread. A failure is only logged: the first real unit meets the same cause
-    and reports it properly."""
+SMALL_WARM_UP_ROWS = 4_000
 
-    def __init__(self, get_spark: Any) -> None:
+
+def synthetic_rows(rows: int = SMALL_WARM_UP_ROWS, key_changes: bool = False) -> pa.Table:
+    """:func:`synthetic_unit`'s changes as Arrow on the driver (no Spark job), in the log layout; with
+    ``key_changes`` the last change moves the last key to a new one."""
+    from mirrorline.log.rows import ARROW_SCHEMA
+
+    out: list[dict[str, Any]] = []
+    for i in range(rows):
+        k, j = i // 4, i % 4
+        op = "I" if j == 0 else "D" if j == 3 and k % 2 == 0 else "U"
+        new = None if op == "D" else {"id": str(k), "v": str(i), "pad": hashlib.md5(str(i).encode()).hexdigest()}
+        out.append({"lsn": i + 1, "seq": 0, "ts": 0, "xid": i + 1, "table": f"warm_up.t{k % 3}", "op": op,
+                    "key": [str(k)], "old_key": None, "new": new, "unchanged": [], "schema_version": 1})
+    if key_changes and out:
+        last = out[-1]
+        moved = str(rows)
+        out.append({**last, "lsn": rows + 1, "xid": rows + 1, "op": "U", "old_key": last["key"], "key": [moved],
+                    "new": {**(last["new"] or {}), "id": moved}})
+        if last["op"] == "D":
+            out.pop()
+    return pa.Table.from_pylist(out, schema=ARROW_SCHEMA)
+
+
+def warm_small(spark: Any, actions: Any = None, shapes: tuple[bool, ...] = (False, True)) -> float:
+    """Build and run the small-unit plans of this pipeline (``shapes``: without and with key changes) on synthetic
+    units, so that the first real unit finds them planned, generated and with a Python worker started. Returns the
+    seconds it took."""
+    from mirrorline.compile.small import shared
+    from mirrorline.log.stats import table_stats
+    from mirrorline.position import ZERO, Position
+
+    t0 = time.monotonic()
+    small = shared(spark, actions)
+    for key_changes in shapes:
+        rows = synthetic_rows(key_changes=key_changes)
+        batch = small.compile(rows, table_stats(rows), ZERO, Position(rows.num_rows + 1, 0))
+        expected = SMALL_WARM_UP_ROWS // 8  # the key change moves a key inserted in the unit: one I either way
+        got = batch.rows.num_rows if batch.rows is not None else -1
+        if got != expected:
+            raise RuntimeError(f"warm-up unit compiled to {got} net rows, expected {expected}")
+    return time.monotonic() - t0
+
+
+class WarmUp:
+    """:func:`warm_small` in a background thread, for the plan most small units take (no key changes; the other
+    is built by the first unit that needs it, and large catch-up units warm the JVM themselves: warming them up
+    front only moved their cost, session 4 measured). A failure is only logged: the first real unit meets the same
+    cause and reports it properly."""
+
+    def __init__(self, get_spark: Any, actions: Any = None) -> None:
         self.seconds: float | None = None
         self._get_spark = get_spark
+        self._actions = actions
+        self._first = threading.Event()  # set once the warm-up ended, however
         self._thread = threading.Thread(target=self._main, name="mirrorline-warm-up", daemon=True)
         self._thread.start()
 
     def _main(self) -> None:
         try:
-            self.seconds = warm_up(self._get_spark())
+            self.seconds = warm_small(self._get_spark(), self._actions, (False,))
             log.info("Spark warmed up in %.1fs", self.seconds)
         except Exception as e:
             log.warning("Spark warm-up failed (the first unit will run cold): %s", e)
+        finally:
+            self._first.set()
 
     def wait(self, timeout: float | None = None) -> None:
-        self._thread.join(timeout)
+        self._first.wait(timeout)
