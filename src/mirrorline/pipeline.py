@@ -61,6 +61,7 @@ class Applier:
 
     small_unit = 50_000  # units of at most this many changes compile on the driver's plan (compile/small.py)
     overlap = True  # compile the next unit while the targets apply this one
+    catch_up_changes = 200_000  # a backlog this large is caught up in units of max_changes, else of small_unit
 
     def __init__(self, config: Config, target_names: list[str] | None = None, *, spark: Any = None,
                  open_targets: bool = True, warm_up: WarmUp | None = None) -> None:
@@ -158,13 +159,13 @@ class Applier:
         if stored is not None and stored[1] <= end_cap:
             end, n_changes = stored[1], -1
         else:
-            adv, n_changes = self.log.advance(start, self.config.apply.max_changes, end_cap)
+            adv, n_changes, size = self._advance(start, end_cap)
             if adv is None or adv <= start or n_changes == 0:
                 end, n_changes = end_cap, 0  # nothing to apply before the cap: the unit just moves the position
             else:
                 end = adv
             # a unit is open while it reaches the log's end and is not full: then it waits for the latency
-            if wait_latency and 0 < n_changes < self.config.apply.max_changes and end >= limit:
+            if wait_latency and 0 < n_changes < size and end >= limit:
                 first_seen = self._pending_since.setdefault(start, time.monotonic())
                 if time.monotonic() - first_seen < self.config.apply.latency:
                     return None
@@ -220,6 +221,23 @@ class Applier:
                 self._ahead = None
             raise errors[0]
 
+    def _advance(self, start: Position, upto: Position) -> tuple[Position | None, int, int]:
+        """The end of the unit after ``start`` (at most ``upto``), its changes, and the size it was cut to. Units are
+        sized by how far behind the targets are: small (``small_unit``, the small compiler's) while the log holds less
+        than ``catch_up_changes`` beyond ``start``, so that a live pipeline that fell a little behind catches up in
+        quick units; ``max_changes`` beyond that (catching up: Spark's parallel scan pays off)."""
+        max_changes = self.config.apply.max_changes
+        small = min(self.small_unit, max_changes)
+        far = min(self.catch_up_changes, max_changes)
+        end, n = self.log.advance(start, far, upto)
+        if n >= far:
+            if far < max_changes:
+                end, n = self.log.advance(start, max_changes, upto)
+            return end, n, max_changes
+        if n > small:
+            end, n = self.log.advance(start, small, upto)
+        return end, n, small
+
     def _compile_ahead(self, start: Position) -> None:
         """Compile the unit after ``start`` now if it is due: full already (catching up), or its first change has
         waited the latency. Kept for the next :meth:`step`, which uses it if it still fits."""
@@ -228,15 +246,17 @@ class Applier:
         durable = self.log.durable()
         if durable is None or durable <= start or self._store.starting_at(start) is not None:
             return
-        end, n = self.log.advance(start, self.config.apply.max_changes, durable)
+        end, n, size = self._advance(start, durable)
         if end is None or end <= start or n == 0:
             return
-        if n < self.config.apply.max_changes:
+        if n < size:
             first_seen = self._pending_since.setdefault(start, time.monotonic())
             if time.monotonic() - first_seen < self.config.apply.latency:
                 return
+        log.info("compiling the next unit %s..%s while this one applies", start, end)
         batch, _compiled, seconds = self._compile(start, end, False)
         self._ahead = (batch, seconds)
+        log.info("compiled the next unit %s..%s ahead in %.2fs", start, end, seconds)
 
     def _compile(self, start: Position, end: Position, stored: bool, empty: bool = False
                  ) -> tuple[NetBatch, bool, float]:
