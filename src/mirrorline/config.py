@@ -33,7 +33,7 @@ class SourceConfig:
 class LogConfig:
     path: Path
     segment_changes: int = 100_000  # close a segment after this many changes ...
-    segment_seconds: float = 1.0  # ... or this long after its first change
+    segment_seconds: float = 0.25  # ... or this long after its first change (what a live target waits for at least)
 
 
 @dataclass(frozen=True)
@@ -226,7 +226,7 @@ def parse(data: dict[str, Any], path: Path) -> Config:
     if seg_changes < 1:
         raise r.fail("segment_changes", "must be at least 1")
     try:
-        seg_seconds = parse_duration(r.get("segment_seconds", (str, int, float), 1.0))
+        seg_seconds = parse_duration(r.get("segment_seconds", (str, int, float), 0.25))
     except ValueError as e:
         raise r.fail("segment_seconds", str(e)) from None
     log = LogConfig(path=log_path if log_path.is_absolute() else base / log_path, segment_changes=seg_changes,
