@@ -199,3 +199,47 @@ def test_serial_path_key_change_keeps_the_old_rows_unsent_columns(kind: str, mod
     res = t.apply(batch(spark, rows, P(0x100), P(0x200, 1), changes=2), SCHEMAS, changes)
     assert res.serial == ["public.items"] and res.rejects == 1
     assert fetch(t, "public.items", COLS) == [(11, "n11", 1, "toast11"), (12, "moved", 2, "toast10")]
+
+
+@pytest.mark.pg
+@pytest.mark.parametrize("on_error", ["stop", "reject"])
+def test_inserts_copied_straight_into_the_table_take_the_failure_path(on_error: str, spark: Any, request: Any,
+                                                                      tmp_path: Path, monkeypatch: Any) -> None:
+    """PostgreSQL loads net inserts by COPY straight into the table. A key already at the target (a row put there
+    by hand) fails that COPY: the unit rolls back and the serial pass names the insert (stop) or sets it aside
+    (reject) while the rest lands; the direct path was taken, and nothing was applied twice."""
+    t = open_target("postgresql", request, tmp_path, on_error=on_error)
+    seed(spark, t)
+    sql(t, "INSERT INTO public.items VALUES (2, 'by hand', 9, NULL)")
+    copied: list[int] = []
+    insert_rows = type(t.session()).insert_rows
+
+    def counted(self: Any, table: str, columns: Any, data: Any) -> int:
+        copied.append(data.num_rows)
+        return insert_rows(self, table, columns, data)
+
+    monkeypatch.setattr(type(t.session()), "insert_rows", counted)
+    changes = [
+        change("public.items", "I", [1], {"id": 1, "name": "a", "qty": 1, "note": None}, pos=P(0x200, 0)),
+        change("public.items", "I", [2], {"id": 2, "name": "b", "qty": 2, "note": None}, pos=P(0x200, 1)),
+        change("public.items", "D", [11], pos=P(0x300, 0)),
+    ]
+    rows = [net(c.table, c.op.value, c.key, dict(c.new) if c.new else None, pos=c.pos) for c in changes]
+    b = batch(spark, rows, P(0x100), P(0x300, 0), changes=len(changes))
+    if on_error == "stop":
+        with pytest.raises(ApplyError) as e:
+            t.apply(b, SCHEMAS, changes)
+        ctx = e.value.context
+        assert (ctx["table"], ctx["key"], ctx["position"], ctx["op"]) == ("public.items", ["2"], "0/200:1", "I")
+        assert "duplicate key" in ctx["db_message"]
+        assert sorted(fetch(t, "public.items", COLS)) == [(2, "by hand", 9, None), (10, "n10", 1, None),
+                                                          (11, "n11", 1, None)]
+        assert t.applied_position() == P(0x100)
+    else:
+        res = t.apply(b, SCHEMAS, changes)
+        assert res.rejects == 1
+        assert sorted(fetch(t, "public.items", COLS)) == [(1, "a", 1, None), (2, "by hand", 9, None),
+                                                          (10, "n10", 1, None)]
+        assert [tuple(r) for r in sql(t, "SELECT lsn, seq, op FROM mirrorline_rejects")] == [(0x200, 1, "I")]
+        assert t.applied_position() == P(0x300, 0)
+    assert copied == [2]  # the bulk path tried the two inserts at once, by COPY into the table
