@@ -1,0 +1,838 @@
+"""Benchmark: lag of a running ``mirrorline run`` under live pgbench load, beside PostgreSQL's logical replication.
+
+Setup (not timed, except where said): one throwaway PostgreSQL cluster. Database ``bench_src``: ``pgbench -i -s
+--scale``, ``pgbench_history`` (no key) set to ``REPLICA IDENTITY FULL``, and a table ``bench_heartbeat``.
+
+- The yardstick, PostgreSQL's logical replication: a publication of the four pgbench tables and the heartbeat; database
+  ``bench_sub`` of the same cluster gets the same tables (created by ``pgbench -i -I dtp``: same DDL, no data) and a
+  subscription to it (its slot created beforehand with ``pg_create_logical_replication_slot``, since CREATE
+  SUBSCRIPTION to the same cluster would hang creating it), seeded by ``copy_data`` and waited for until every table
+  is ready (``subscription_sync_s``).
+- mirrorline: a configuration (source, a log folder, ``[apply] latency = --latency``, the four pgbench tables) with
+  three targets: ``sqlite`` and ``duckdb`` files and ``pg``, database ``bench_ml`` of the same cluster. ``mirrorline
+  run -c CONFIG`` is started as a process of its own (its stdout and stderr in ``run.log``); it loads the new targets
+  itself (``snapshot``: rows and seconds of each target's last progress line), then replicates. Once every target is
+  loaded (``loaded_s``) a no-op update of one ``pgbench_branches`` row is made each second until every target has
+  applied a unit with changes. Reported, in seconds from the process's start: ``first_unit_s`` (its first unit line,
+  which may only move a target's position), ``first_change_unit_s`` and ``first_change_unit_per_target_s`` (the first
+  unit with changes: the first real compile), and ``live_s`` (every target live: ``status`` says ``live`` and the lag
+  is 0; see below for DuckDB). The load starts after that.
+
+Phases, each ``--phase-seconds`` long, ``pgbench -n -T`` (the default TPC-B-like script: 3 updates, 1 select, 1 insert
+per transaction) on ``bench_src``: ``r300`` (``-R 300 -c 2 -j 2``), ``r1000`` (``-R 1000 -c 2 -j 2``), ``unthrottled``
+(``-c 4 -j 2``); pgbench's own ``tps`` is reported. A thread updates the heartbeat row with ``clock_timestamp()``
+every 0.1 s from the first phase until everything is drained. Once a second during each phase:
+
+- mirrorline, per target: the lag in seconds of ``mirrorline status`` (the age of the oldest change in the change log
+  the target has not applied; 0 when it has applied all the log holds, so changes not yet captured into the log do not
+  count), from :func:`mirrorline.status.status` called in this process (what ``status --json`` prints as
+  ``targets[].lag_seconds``) for ``sqlite`` and ``pg``. For ``duckdb`` ``status`` cannot be used while ``run`` holds
+  the file open (DuckDB lets one process open a file; ``duckdb_status_error`` shows what status reports then, and
+  probing it when ``run`` has just closed it would make ``run`` fail), so its lag is computed with the same formula
+  from the applied position ``run`` records in the log's reader registry (``<log>/readers/duckdb.json``, written
+  right after each unit's commit).
+- the subscriber: ``replay_lag`` of its walsender in ``pg_stat_replication`` (NULL, caught up, counts as 0), and the
+  heartbeat's lag: ``clock_timestamp()`` minus the heartbeat value the subscriber holds (overstates by up to 0.1 s).
+
+Per phase and series: ``p50``, ``p99``, ``max``, ``slope`` (least squares, seconds of lag per second of the phase: > 0
+means falling behind) and ``end`` (the last sample). Per phase the units ``run`` printed during it (one stderr line per
+unit: ``unit A..B: N changes, compiled in Xs, applied: sqlite Ys, duckdb Zs, pg Ws``): how many, changes p50 and sum,
+compile p50, apply p50 per target, whole unit p50 (compile + the slowest target's apply: targets apply in parallel).
+
+After the phases: the source's WAL position is taken and one marker update committed after it; ``drain_s`` is how long
+each mirrorline target (applied position past that WAL position, from the reader registry) and the subscriber
+(``replay_lsn`` past the marker) took to apply everything, bounded by ``--drain-timeout``. Then ``run`` is stopped
+(SIGTERM) and every target, and the subscriber, is compared with the source exactly: each of the four tables read
+whole, values normalised (integers; ``char(n)`` fillers with trailing blanks stripped; ``mtime`` as an ISO string at
+microsecond precision), sorted, compared as multisets (``pgbench_history`` may hold duplicate rows): ``equal`` per
+target, with row counts. Prints one JSON line.
+
+    .venv/bin/python bench/live.py [--phase-seconds 120] [--scale 10] [--latency 500ms] [--keep DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import contextlib
+import dataclasses
+import json
+import os
+import re
+import signal
+import sqlite3
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from datetime import UTC, datetime
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import psycopg2
+
+from mirrorline.config import Config
+from mirrorline.config import load as load_config
+from mirrorline.pgcluster import PgCluster
+from mirrorline.position import parse_lsn
+
+SRC_DB, SUB_DB, ML_DB = "bench_src", "bench_sub", "bench_ml"
+SUB = "bench_sub"  # subscription, its slot and its walsender's application_name
+PUB = "bench_pub"
+HEARTBEAT_EVERY = 0.1
+# table -> (column, kind): kind "int", "text" (char(n): trailing blanks stripped) or "ts"
+TABLES: dict[str, tuple[tuple[str, str], ...]] = {
+    "pgbench_accounts": (("aid", "int"), ("bid", "int"), ("abalance", "int"), ("filler", "text")),
+    "pgbench_branches": (("bid", "int"), ("bbalance", "int"), ("filler", "text")),
+    "pgbench_tellers": (("tid", "int"), ("bid", "int"), ("tbalance", "int"), ("filler", "text")),
+    "pgbench_history": (
+        ("tid", "int"),
+        ("bid", "int"),
+        ("aid", "int"),
+        ("delta", "int"),
+        ("mtime", "ts"),
+        ("filler", "text"),
+    ),
+}
+PHASES: list[tuple[str, list[str]]] = [
+    ("r300", ["-R", "300", "-c", "2", "-j", "2"]),
+    ("r1000", ["-R", "1000", "-c", "2", "-j", "2"]),
+    ("unthrottled", ["-c", "4", "-j", "2"]),
+]
+TOUCH = "UPDATE pgbench_branches SET bbalance = bbalance WHERE bid = 1"
+
+UNIT_RE = re.compile(r"^unit (\S+)\.\.(\S+): (\d+) changes, (compiled|reused) in ([0-9.]+)s, applied: (.*)$")
+APPLIED_RE = re.compile(r"(\S+) ([0-9.]+)s")
+# the snapshot's progress lines, e.g. "snapshot pg: 7/7 chunks (100%), 200,022 rows, 148,166 rows/s, 1 s"
+SNAPSHOT_RE = re.compile(r"^snapshot (\S+): .*?([0-9,]+) rows, [0-9,]+ rows/s, ([0-9]+) s$")
+RECONCILED_RE = re.compile(r"^target (\S+): ")
+FINAL_RE = re.compile(r"^captured \d+ changes; applied \d+ units")
+
+
+def say(msg: str) -> None:
+    print(f"[bench/live] {msg}", file=sys.stderr, flush=True)
+
+
+# ------------------------------------------------------------------------------------------------ figures
+
+
+def pct(xs: list[float], p: float) -> float | None:
+    if not xs:
+        return None
+    s = sorted(xs)
+    return s[min(len(s) - 1, round(p * (len(s) - 1)))]
+
+
+def slope(points: list[tuple[float, float]]) -> float | None:
+    """Least-squares slope of y over t."""
+    if len(points) < 2:
+        return None
+    mt = statistics.fmean(t for t, _ in points)
+    my = statistics.fmean(y for _, y in points)
+    den = sum((t - mt) ** 2 for t, _ in points)
+    return sum((t - mt) * (y - my) for t, y in points) / den if den else None
+
+
+def r(x: float | None, nd: int = 3) -> float | None:
+    return None if x is None else round(x, nd)
+
+
+def lag_figures(points: list[tuple[float, float | None]]) -> dict[str, Any]:
+    """p50 / p99 / max / slope / end of a lag series sampled as (seconds into the phase, lag or None)."""
+    ok = [(t, y) for t, y in points if y is not None]
+    ys = [y for _, y in ok]
+    return {
+        "p50": r(pct(ys, 0.5)),
+        "p99": r(pct(ys, 0.99)),
+        "max": r(max(ys) if ys else None),
+        "slope": r(slope(ok), 4),
+        "end": r(ys[-1] if ys else None),
+        "samples": len(ys),
+        "missing": len(points) - len(ys),
+    }
+
+
+# ------------------------------------------------------------------------------------------------ mirrorline run
+
+
+@dataclasses.dataclass
+class Unit:
+    t: float  # monotonic time its line was read
+    changes: int
+    compiled: bool
+    compile_s: float
+    apply_s: dict[str, float]
+
+
+class RunLog:
+    """Reads ``mirrorline run``'s merged stdout/stderr: copies it to a file and parses the lines it relies on."""
+
+    def __init__(self, proc: subprocess.Popen[bytes], path: Path) -> None:
+        self.proc = proc
+        self.path = path
+        self.lock = threading.Lock()
+        self.units: list[Unit] = []
+        self.first_unit: dict[str, float] = {}  # target -> monotonic time of its first unit line
+        self.first_change_unit: dict[str, float] = {}  # ... of its first unit with changes
+        self.reconciled: set[str] = set()
+        self.snapshot: dict[str, tuple[int, float]] = {}  # target -> (rows, seconds) of its last progress line
+        self.final = ""
+        self.tail: collections.deque[str] = collections.deque(maxlen=40)
+        self.unparsed_units = 0
+        self.thread = threading.Thread(target=self._read, name="run-log", daemon=True)
+        self.thread.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        with open(self.path, "wb") as f:
+            for raw in self.proc.stdout:
+                now = time.monotonic()
+                f.write(raw)
+                f.flush()
+                self._parse(raw.decode("utf-8", "replace").rstrip("\r\n"), now)
+
+    def _parse(self, line: str, now: float) -> None:
+        with self.lock:
+            self.tail.append(line)
+            m = UNIT_RE.match(line)
+            if m:
+                applied = {n: float(s) for n, s in APPLIED_RE.findall(m.group(6))}
+                u = Unit(now, int(m.group(3)), m.group(4) == "compiled", float(m.group(5)), applied)
+                self.units.append(u)
+                for n in applied:
+                    self.first_unit.setdefault(n, now)
+                    if u.changes:
+                        self.first_change_unit.setdefault(n, now)
+                return
+            if line.startswith("unit "):
+                self.unparsed_units += 1
+            m = SNAPSHOT_RE.match(line)
+            if m:
+                self.snapshot[m.group(1)] = (int(m.group(2).replace(",", "")), float(m.group(3)))
+            m = RECONCILED_RE.match(line)
+            if m:
+                self.reconciled.add(m.group(1))
+            if FINAL_RE.match(line):
+                self.final = line
+
+    def units_between(self, t0: float, t1: float) -> list[Unit]:
+        with self.lock:
+            return [u for u in self.units if t0 <= u.t < t1]
+
+    def tail_text(self) -> str:
+        with self.lock:
+            return "\n".join(self.tail)
+
+    def check_alive(self) -> None:
+        if self.proc.poll() is not None:
+            self.thread.join(timeout=10)
+            raise RuntimeError(
+                f"mirrorline run exited with status {self.proc.returncode}; the end of its output:\n{self.tail_text()}"
+            )
+
+
+def unit_figures(units: list[Unit], targets: list[str]) -> dict[str, Any]:
+    real = [u for u in units if u.changes > 0]
+    return {
+        "units": len(units),
+        "units_with_changes": len(real),
+        "changes_sum": sum(u.changes for u in units),
+        "changes_p50": pct([float(u.changes) for u in real], 0.5),
+        "compile_p50_s": r(pct([u.compile_s for u in real if u.compiled], 0.5)),
+        "apply_p50_s": {n: r(pct([u.apply_s[n] for u in real if n in u.apply_s], 0.5)) for n in targets},
+        "unit_p50_s": r(pct([u.compile_s + max(u.apply_s.values(), default=0.0) for u in real], 0.5)),
+    }
+
+
+# ------------------------------------------------------------------------------------------------ lag probes
+
+
+class Heartbeat(threading.Thread):
+    """Updates the heartbeat row on the source every HEARTBEAT_EVERY seconds."""
+
+    def __init__(self, dsn: str) -> None:
+        super().__init__(name="heartbeat", daemon=True)
+        self.dsn = dsn
+        self.stopping = threading.Event()
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            conn = psycopg2.connect(self.dsn)
+            conn.autocommit = True
+            with conn.cursor() as cur:
+                while not self.stopping.is_set():
+                    cur.execute("UPDATE bench_heartbeat SET t = clock_timestamp() WHERE id = 1")
+                    self.stopping.wait(HEARTBEAT_EVERY)
+            conn.close()
+        except BaseException as e:
+            self.error = e
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.join(timeout=10)
+
+
+def registry_lag(log_path: Path, name: str) -> tuple[int | None, float | None]:
+    """(applied LSN, lag seconds) of a target from the log's reader registry, lag as ``status`` computes it: the
+    age of the oldest change in the log after the applied position, 0 when there is none."""
+    from mirrorline.log.reader import ChangeLog
+    from mirrorline.log.retention import readers
+
+    try:
+        cl = ChangeLog(str(log_path))
+        st = readers(cl).get(name)
+        if st is None or st.applied is None:
+            return None, None
+        durable = cl.durable()
+        if durable is None or st.applied >= durable:
+            return st.applied.lsn, 0.0
+        for b in cl.read_arrow(st.applied, None, batch_rows=1):
+            return st.applied.lsn, max(0.0, time.time() - int(b.column("ts")[0].as_py()) / 1e6)
+        return st.applied.lsn, 0.0
+    except Exception:  # a segment removed by retention while it was read: a missing sample
+        return None, None
+
+
+class Probe:
+    """One sample of every lag: mirrorline's targets and the subscriber."""
+
+    def __init__(self, config: Config, cluster: PgCluster) -> None:
+        self.config = config
+        self.status_config = dataclasses.replace(
+            config, targets={n: t for n, t in config.targets.items() if t.kind != "duckdb"}
+        )
+        self.registry_targets = [n for n, t in config.targets.items() if t.kind == "duckdb"]
+        self.sub = psycopg2.connect(cluster.dsn(SUB_DB))
+        self.sub.autocommit = True
+        self.src = psycopg2.connect(cluster.dsn(SRC_DB))
+        self.src.autocommit = True
+
+    def close(self) -> None:
+        self.sub.close()
+        self.src.close()
+
+    def mirrorline(self) -> dict[str, tuple[str | None, float | None]]:
+        """target -> (state, lag seconds); state None where it came from the reader registry."""
+        from mirrorline.status import status
+
+        out: dict[str, tuple[str | None, float | None]] = {}
+        try:
+            st = status(self.status_config)
+            for t in st.targets:
+                out[t.name] = (t.state, t.lag_seconds if not t.error else None)
+        except Exception as e:
+            say(f"status failed: {type(e).__name__}: {e}")
+        for n in self.registry_targets:
+            out[n] = (None, registry_lag(self.config.log.path, n)[1])
+        return out
+
+    def subscriber(self) -> tuple[float | None, float | None]:
+        """(replay_lag, heartbeat lag) in seconds."""
+        with self.src.cursor() as cur:
+            cur.execute(
+                "SELECT COALESCE(EXTRACT(epoch FROM replay_lag), 0)::float8 FROM pg_stat_replication "
+                "WHERE application_name = %s",
+                (SUB,),
+            )
+            row = cur.fetchone()
+            replay = float(row[0]) if row else None
+        with self.sub.cursor() as cur:
+            cur.execute("SELECT EXTRACT(epoch FROM clock_timestamp() - t)::float8 FROM bench_heartbeat WHERE id = 1")
+            row = cur.fetchone()
+            beat = float(row[0]) if row else None
+        return replay, beat
+
+    def replay_lsn(self) -> int | None:
+        with self.src.cursor() as cur:
+            cur.execute("SELECT replay_lsn::text FROM pg_stat_replication WHERE application_name = %s", (SUB,))
+            row = cur.fetchone()
+        return parse_lsn(row[0]) if row and row[0] else None
+
+    def wal_lsn(self) -> int:
+        with self.src.cursor() as cur:
+            cur.execute("SELECT pg_current_wal_lsn()::text")
+            return parse_lsn(cur.fetchone()[0])
+
+
+# ------------------------------------------------------------------------------------------------ setup
+
+
+def pg_args(cluster: PgCluster) -> list[str]:
+    return ["-h", "127.0.0.1", "-p", str(cluster.port), "-U", cluster.user]
+
+
+def run_checked(cmd: list[str], log: Path, timeout: float) -> None:
+    with open(log, "ab") as f:
+        proc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, timeout=timeout, cwd="/")
+    if proc.returncode != 0:
+        raise RuntimeError(f"{Path(cmd[0]).name} failed ({proc.returncode}): {log.read_text()[-2000:]}")
+
+
+def setup_source(cluster: PgCluster, scale: int, work: Path) -> float:
+    cluster.create_database(SRC_DB)
+    t0 = time.monotonic()
+    run_checked(
+        [cluster.bin("pgbench"), "-i", "-q", "-s", str(scale), *pg_args(cluster), SRC_DB],
+        work / "pgbench_init.log",
+        3600,
+    )
+    seconds = time.monotonic() - t0
+    cluster.execute("ALTER TABLE pgbench_history REPLICA IDENTITY FULL", SRC_DB)
+    cluster.execute("CREATE TABLE bench_heartbeat (id int PRIMARY KEY, t timestamptz NOT NULL)", SRC_DB)
+    cluster.execute("INSERT INTO bench_heartbeat VALUES (1, clock_timestamp())", SRC_DB)
+    return seconds
+
+
+def setup_subscriber(cluster: PgCluster, work: Path, timeout: float = 900) -> float:
+    """Publication, the same tables in SUB_DB, slot, subscription; waits until every table is synchronised."""
+    cluster.execute(f"CREATE PUBLICATION {PUB} FOR TABLE {', '.join(TABLES)}, bench_heartbeat", SRC_DB)
+    cluster.create_database(SUB_DB)
+    run_checked([cluster.bin("pgbench"), "-i", "-I", "dtp", *pg_args(cluster), SUB_DB], work / "pgbench_init.log", 600)
+    cluster.execute("CREATE TABLE bench_heartbeat (id int PRIMARY KEY, t timestamptz NOT NULL)", SUB_DB)
+    cluster.execute(f"SELECT pg_create_logical_replication_slot('{SUB}', 'pgoutput')", SRC_DB)
+    t0 = time.monotonic()
+    cluster.execute(
+        f"CREATE SUBSCRIPTION {SUB} CONNECTION '{cluster.dsn(SRC_DB)}' PUBLICATION {PUB} "
+        f"WITH (create_slot = false, slot_name = '{SUB}', copy_data = true)",
+        SUB_DB,
+    )
+    deadline = t0 + timeout
+    while True:
+        ((n, ready),) = cluster.execute(
+            "SELECT count(*), count(*) FILTER (WHERE srsubstate = 'r') FROM pg_subscription_rel", SUB_DB
+        )
+        if n == len(TABLES) + 1 and ready == n:
+            return time.monotonic() - t0
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"subscription not synchronised after {timeout:.0f}s ({ready}/{n} tables ready)")
+        time.sleep(0.5)
+
+
+def write_config(path: Path, work: Path, cluster: PgCluster, latency: str) -> None:
+    q = json.dumps  # a JSON string is a valid TOML basic string
+    tables = "\n".join(f'[tables."public.{t}"]\n' for t in TABLES)
+    path.write_text(
+        f'[source]\ndsn = {q(cluster.dsn(SRC_DB))}\nslot = "mirrorline"\n\n'
+        f"[log]\npath = {q(str(work / 'log'))}\n\n"
+        f"[apply]\nlatency = {q(latency)}\n\n"
+        f"{tables}\n"
+        f"[targets.sqlite]\nurl = {q('sqlite:///' + str(work / 'target.sqlite'))}\n\n"
+        f"[targets.duckdb]\nurl = {q('duckdb:///' + str(work / 'target.duckdb'))}\n\n"
+        f"[targets.pg]\nurl = {q(cluster.url(ML_DB))}\n"
+    )
+
+
+def start_run(config_path: Path, work: Path) -> tuple[subprocess.Popen[bytes], RunLog]:
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mirrorline.cli.main", "run", "-c", str(config_path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        env=env,
+        cwd=str(work),
+        start_new_session=True,
+    )
+    return proc, RunLog(proc, work / "run.log")
+
+
+def stop_run(proc: subprocess.Popen[bytes], timeout: float = 120) -> int | None:
+    """SIGTERM, then SIGKILL of its process group (it leads its own session: the Spark JVM too)."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            say(f"mirrorline run did not stop within {timeout:.0f}s of SIGTERM: SIGKILL")
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)  # whatever it left behind (the JVM), or itself
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        return None
+    return proc.returncode
+
+
+def wait_live(runlog: RunLog, probe: Probe, cluster: PgCluster, t_start: float, timeout: float) -> dict[str, Any]:
+    """Until every target is loaded, has applied a unit with changes, and is live with lag 0. Touches a row each
+    second from when every target is loaded until each has applied a unit with changes (something to apply)."""
+    targets = sorted(probe.config.targets)
+    deadline = time.monotonic() + timeout
+    conn = psycopg2.connect(cluster.dsn(SRC_DB))
+    conn.autocommit = True
+    last_touch = 0.0
+    loaded_at: float | None = None
+    try:
+        while True:
+            runlog.check_alive()
+            now = time.monotonic()
+            if now > deadline:
+                raise TimeoutError(
+                    f"targets not live {timeout:.0f}s after mirrorline run started; the end of its "
+                    f"output:\n{runlog.tail_text()}"
+                )
+            with runlog.lock:
+                reconciled = set(runlog.reconciled)
+                first = dict(runlog.first_unit)
+                changed = dict(runlog.first_change_unit)
+            if loaded_at is None and (reconciled >= set(targets) or first):
+                loaded_at = now
+                say(f"targets loaded after {now - t_start:.1f}s: touching a row each second until each applies a unit")
+            if loaded_at is not None and not set(changed) >= set(targets) and now - last_touch >= 1.0:
+                with conn.cursor() as cur:
+                    cur.execute(TOUCH)
+                last_touch = now
+            if set(changed) >= set(targets):
+                lags = probe.mirrorline()
+                live = all(lags.get(n, (None, None))[1] == 0.0 and lags[n][0] in (None, "live") for n in targets)
+                if live:
+                    return {
+                        "loaded_s": r(loaded_at - t_start, 2) if loaded_at is not None else None,
+                        "first_unit_s": r(min(first.values()) - t_start, 2),
+                        "first_change_unit_s": r(min(changed.values()) - t_start, 2),
+                        "first_change_unit_per_target_s": {n: r(changed[n] - t_start, 2) for n in targets},
+                        "live_s": r(time.monotonic() - t_start, 2),
+                    }
+            time.sleep(0.5)
+    finally:
+        conn.close()
+
+
+def duckdb_status_error(config: Config) -> str | None:
+    """What ``status`` says of the DuckDB target while ``run`` holds it (called only once it holds it)."""
+    from mirrorline.status import status
+
+    only = dataclasses.replace(config, targets={n: t for n, t in config.targets.items() if t.kind == "duckdb"})
+    try:
+        st = status(only)
+    except Exception as e:
+        return f"{type(e).__name__}: {e}"
+    errs = [t.error for t in st.targets if t.error]
+    return errs[0].splitlines()[0] if errs else None
+
+
+# ------------------------------------------------------------------------------------------------ phases
+
+
+def parse_pgbench(text: str) -> dict[str, Any]:
+    def num(pattern: str) -> float | None:
+        m = re.search(pattern, text, re.M)
+        return float(m.group(1)) if m else None
+
+    def count(pattern: str) -> int | None:
+        x = num(pattern)
+        return None if x is None else int(x)
+
+    return {
+        "tps": r(num(r"^tps = ([0-9.]+)"), 1),
+        "transactions": count(r"^number of transactions actually processed: (\d+)"),
+        "failed": count(r"^number of failed transactions: (\d+)"),
+        "latency_avg_ms": r(num(r"^latency average = ([0-9.]+) ms"), 2),
+        "schedule_lag_avg_ms": r(num(r"^rate limit schedule lag: avg ([0-9.]+)"), 2),
+    }
+
+
+def run_phase(
+    name: str,
+    extra: list[str],
+    seconds: int,
+    cluster: PgCluster,
+    probe: Probe,
+    runlog: RunLog,
+    work: Path,
+    children: list[subprocess.Popen[Any]],
+    samples_out: dict[str, Any],
+) -> dict[str, Any]:
+    out_path = work / f"pgbench_{name}.log"
+    cmd = [cluster.bin("pgbench"), "-n", "-T", str(seconds), *extra, *pg_args(cluster), SRC_DB]
+    say(f"phase {name}: pgbench {' '.join(extra)} for {seconds}s")
+    targets = sorted(probe.config.targets)
+    ml: dict[str, list[tuple[float, float | None]]] = {n: [] for n in targets}
+    replay: list[tuple[float, float | None]] = []
+    beat: list[tuple[float, float | None]] = []
+    with open(out_path, "wb") as f:
+        t0 = time.monotonic()
+        pb = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd="/")
+        children.append(pb)
+        nxt = t0
+        last_say = t0
+        while pb.poll() is None:
+            now = time.monotonic()
+            if now - t0 > seconds + 120:
+                pb.kill()
+                raise TimeoutError(f"pgbench of phase {name} still running {seconds + 120}s after its start")
+            runlog.check_alive()
+            if now >= nxt:
+                t = now - t0
+                lags = probe.mirrorline()
+                for n in targets:
+                    ml[n].append((t, lags.get(n, (None, None))[1]))
+                try:
+                    rp, hb = probe.subscriber()
+                except psycopg2.Error as e:
+                    say(f"subscriber probe failed: {e}")
+                    rp, hb = None, None
+                replay.append((t, rp))
+                beat.append((t, hb))
+                nxt = max(nxt + 1.0, time.monotonic())
+                if now - last_say >= 15:
+                    last_say = now
+                    shown = ", ".join(f"{n} {r(ml[n][-1][1], 1)}" for n in targets)
+                    say(f"phase {name} {t:.0f}s: lag {shown}; subscriber replay {r(rp)}, heartbeat {r(hb, 2)}")
+            time.sleep(max(0.0, min(0.2, nxt - time.monotonic())))
+        t1 = time.monotonic()
+    text = out_path.read_text(errors="replace")
+    if pb.returncode != 0:
+        say(f"phase {name}: pgbench exited with {pb.returncode}: {text.strip()[-500:]}")
+    samples_out[name] = {"mirrorline": ml, "subscriber_replay_lag": replay, "subscriber_heartbeat_lag": beat}
+    fig = parse_pgbench(text)
+    units = runlog.units_between(t0, t1)
+    res: dict[str, Any] = {
+        "pgbench": " ".join(extra),
+        "seconds": r(t1 - t0, 1),
+        "pgbench_exit": pb.returncode,
+        **fig,
+        # pgbench's TPC-B-like transaction changes 4 rows of the replicated tables (3 updates, 1 insert)
+        "source_changes_per_s": r(fig["tps"] * 4, 1) if fig["tps"] is not None else None,
+        "lag": {n: lag_figures(ml[n]) for n in targets},
+        "subscriber": {"replay_lag": lag_figures(replay), "heartbeat_lag": lag_figures(beat)},
+        **unit_figures(units, targets),
+    }
+    res["applied_changes_per_s"] = r(res["changes_sum"] / (t1 - t0), 1)
+    say(
+        f"phase {name}: tps {fig['tps']}, {res['units']} units, lag end "
+        + ", ".join(f"{n} {res['lag'][n]['end']}" for n in targets)
+        + f"; subscriber replay {res['subscriber']['replay_lag']['end']}"
+    )
+    return res
+
+
+def drain(probe: Probe, cluster: PgCluster, runlog: RunLog, timeout: float) -> dict[str, Any]:
+    """Commit a marker after the current WAL position; wait until every target and the subscriber have it."""
+    before = probe.wal_lsn()
+    cluster.execute(TOUCH, SRC_DB)
+    after = probe.wal_lsn()
+    t0 = time.monotonic()
+    targets = sorted(probe.config.targets)
+    done: dict[str, float] = {}
+    while len(done) < len(targets) + 1 and time.monotonic() - t0 < timeout:
+        runlog.check_alive()
+        for n in targets:
+            if n not in done:
+                lsn, _ = registry_lag(probe.config.log.path, n)
+                if lsn is not None and lsn >= before:
+                    done[n] = time.monotonic() - t0
+        if "subscriber" not in done:
+            lsn = probe.replay_lsn()
+            if lsn is not None and lsn >= after:
+                done["subscriber"] = time.monotonic() - t0
+        time.sleep(0.2)
+    return {n: r(done.get(n), 2) for n in [*targets, "subscriber"]}
+
+
+# ------------------------------------------------------------------------------------------------ comparison
+
+
+def _norm(v: Any, kind: str) -> Any:
+    if v is None:
+        return None
+    if kind == "int":
+        return int(v) if not isinstance(v, Decimal) or v == v.to_integral_value() else str(v)
+    if kind == "text":
+        return str(v).rstrip(" ")
+    if isinstance(v, str):
+        try:
+            v = datetime.fromisoformat(v.strip())
+        except ValueError:
+            return v
+    if isinstance(v, datetime):
+        if v.tzinfo is not None:
+            v = v.astimezone(UTC).replace(tzinfo=None)
+        return v.isoformat(timespec="microseconds")
+    return str(v)
+
+
+def _rows(raw: list[tuple[Any, ...]], kinds: list[str]) -> list[tuple[Any, ...]]:
+    rows = [tuple(_norm(v, k) for v, k in zip(row, kinds, strict=True)) for row in raw]
+    rows.sort(key=lambda row: tuple((x is None, x if x is not None else 0) for x in row))
+    return rows
+
+
+def read_table(kind: str, where: str, table: str) -> list[tuple[Any, ...]]:
+    cols = ", ".join(f'"{c}"' for c, _ in TABLES[table])
+    kinds = [k for _, k in TABLES[table]]
+    if kind == "postgresql":
+        conn = psycopg2.connect(where)
+        try:
+            with conn.cursor() as cur:
+                cur.execute(f'SELECT {cols} FROM "public"."{table}"')
+                return _rows(cur.fetchall(), kinds)
+        finally:
+            conn.close()
+    if kind == "sqlite":
+        sconn = sqlite3.connect(f"file:{where}?mode=ro", uri=True)
+        try:
+            return _rows(sconn.execute(f'SELECT {cols} FROM "{table}"').fetchall(), kinds)
+        finally:
+            sconn.close()
+    import duckdb
+
+    dconn = duckdb.connect(where, read_only=True)
+    try:
+        return _rows(dconn.execute(f'SELECT {cols} FROM "main"."{table}"').fetchall(), kinds)
+    finally:
+        dconn.close()
+
+
+def compare_all(cluster: PgCluster, work: Path) -> tuple[dict[str, int], dict[str, Any]]:
+    copies = {
+        "sqlite": ("sqlite", str(work / "target.sqlite")),
+        "duckdb": ("duckdb", str(work / "target.duckdb")),
+        "pg": ("postgresql", cluster.dsn(ML_DB)),
+        "subscriber": ("postgresql", cluster.dsn(SUB_DB)),
+    }
+    source_rows: dict[str, int] = {}
+    result: dict[str, Any] = {n: {"equal": True, "rows": {}, "differences": {}} for n in copies}
+    for table in TABLES:
+        src = read_table("postgresql", cluster.dsn(SRC_DB), table)
+        source_rows[table] = len(src)
+        for name, (kind, where) in copies.items():
+            res = result[name]
+            try:
+                got = read_table(kind, where, table)
+            except Exception as e:
+                res["equal"] = False
+                res["rows"][table] = None
+                res["differences"][table] = f"cannot read: {type(e).__name__}: {str(e).strip().splitlines()[0]}"
+                continue
+            res["rows"][table] = len(got)
+            if got != src:
+                res["equal"] = False
+                a, b = collections.Counter(src), collections.Counter(got)
+                missing, extra = a - b, b - a
+                res["differences"][table] = {
+                    "missing": sum(missing.values()),
+                    "extra": sum(extra.values()),
+                    "missing_example": repr(next(iter(missing))) if missing else None,
+                    "extra_example": repr(next(iter(extra))) if extra else None,
+                }
+            del got
+        say(
+            f"compared {table}: source {len(src)} rows; "
+            + ", ".join(f"{n} {result[n]['rows'].get(table)}" for n in copies)
+        )
+    for res in result.values():
+        if not res["differences"]:
+            del res["differences"]
+    return source_rows, result
+
+
+# ------------------------------------------------------------------------------------------------ main
+
+
+def bench(args: argparse.Namespace, work: Path, out: dict[str, Any]) -> None:
+    children: list[subprocess.Popen[Any]] = []
+    samples: dict[str, Any] = {}
+    heartbeat: Heartbeat | None = None
+    proc: subprocess.Popen[bytes] | None = None
+    probe: Probe | None = None
+    with PgCluster() as cluster:
+        try:
+            say(f"source: pgbench -i -s {args.scale}")
+            out["setup"] = {"pgbench_init_s": r(setup_source(cluster, args.scale, work), 2)}
+            say("subscriber: publication, tables, slot, subscription (copy_data)")
+            out["setup"]["subscription_sync_s"] = r(setup_subscriber(cluster, work), 2)
+            cluster.create_database(ML_DB)
+            config_path = work / "mirrorline.toml"
+            write_config(config_path, work, cluster, args.latency)
+            config = load_config(config_path)
+            probe = Probe(config, cluster)
+
+            say("starting mirrorline run (it loads the three targets itself)")
+            t_start = time.monotonic()
+            proc, runlog = start_run(config_path, work)
+            children.append(proc)
+            out.update(wait_live(runlog, probe, cluster, t_start, args.start_timeout))
+            out["snapshot"] = {n: {"rows": rows, "s": secs} for n, (rows, secs) in sorted(runlog.snapshot.items())}
+            out["duckdb_status_error"] = duckdb_status_error(config)
+            out["lag_source"] = {
+                n: ("log reader registry" if t.kind == "duckdb" else "status")
+                for n, t in sorted(config.targets.items())
+            }
+            say(f"every target live after {out['live_s']}s (first unit after {out['first_unit_s']}s)")
+
+            heartbeat = Heartbeat(cluster.dsn(SRC_DB))
+            heartbeat.start()
+            out["phases"] = {}
+            for name, extra in PHASES:
+                out["phases"][name] = run_phase(
+                    name, extra, args.phase_seconds, cluster, probe, runlog, work, children, samples
+                )
+                if heartbeat.error is not None:
+                    raise RuntimeError(f"heartbeat failed: {heartbeat.error}")
+
+            say(f"draining (at most {args.drain_timeout:.0f}s)")
+            out["drain_s"] = drain(probe, cluster, runlog, args.drain_timeout)
+            out["drained"] = all(v is not None for v in out["drain_s"].values())
+            say(f"drained: {out['drain_s']}")
+            heartbeat.stop()
+            out["units_total"] = len(runlog.units)
+            out["unparsed_unit_lines"] = runlog.unparsed_units
+            say("stopping mirrorline run (SIGTERM)")
+            out["mirrorline_exit"] = stop_run(proc)
+            runlog.thread.join(timeout=30)
+            out["mirrorline_final"] = runlog.final or (runlog.tail_text().splitlines() or [""])[-1]
+            probe.close()
+            probe = None
+
+            say("comparing every copy with the source, row by row")
+            out["source_rows"], out["equal"] = compare_all(cluster, work)
+        finally:
+            if heartbeat is not None:
+                heartbeat.stop()
+            if probe is not None:
+                probe.close()
+            for c in children:
+                if c is proc:
+                    stop_run(c, timeout=60)
+                elif c.poll() is None:
+                    c.kill()
+                    c.wait(timeout=30)
+            if args.keep:
+                (work / "samples.json").write_text(json.dumps(samples))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--phase-seconds", type=int, default=120)
+    p.add_argument("--scale", type=int, default=10)
+    p.add_argument("--latency", default="500ms", help="mirrorline's [apply] latency")
+    p.add_argument("--keep", metavar="DIR", help="keep the configuration, change log, targets, logs and samples here")
+    p.add_argument("--start-timeout", type=float, default=900, help="seconds for every target to become live")
+    p.add_argument("--drain-timeout", type=float, default=300, help="seconds to apply everything after the load")
+    args = p.parse_args()
+    out: dict[str, Any] = {"latency": args.latency, "scale": args.scale, "phase_seconds": args.phase_seconds}
+    try:
+        if args.keep:
+            work = Path(args.keep).resolve()
+            work.mkdir(parents=True, exist_ok=True)
+            bench(args, work, out)
+        else:
+            with tempfile.TemporaryDirectory(prefix="mirrorline-bench-live-") as tmp:
+                os.chmod(tmp, 0o755)
+                bench(args, Path(tmp), out)
+    except Exception as e:
+        say(traceback.format_exc().rstrip())
+        out["error"] = f"{type(e).__name__}: {e}"
+        print(json.dumps(out))
+        sys.exit(1)
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()
