@@ -16,3 +16,20 @@ def test_session_is_local_with_two_cores(spark):
 def test_python_workers_run_this_interpreter(spark):
     rdd = spark.sparkContext.parallelize([0, 1], 2)
     assert set(rdd.map(lambda _: __import__("sys").executable).collect()) == {sys.executable}
+
+
+def test_class_archive_is_used_only_when_complete(tmp_path, monkeypatch):
+    """The JVM maps the class archive only once ``build_class_archive`` renamed it into place; while a build runs,
+    its JVM writes the archive under a temporary name given by the environment."""
+    from mirrorline import sparkenv
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.delenv("MIRRORLINE_CLASS_ARCHIVE_BUILD", raising=False)
+    path = sparkenv.class_archive()
+    assert path.parent == tmp_path / "mirrorline" and path.suffix == ".jsa"
+    assert sparkenv._archive_opts() == ""
+    path.parent.mkdir(parents=True)
+    path.write_bytes(b"archive")
+    assert sparkenv._archive_opts().startswith(f"-XX:SharedArchiveFile={path} ")
+    monkeypatch.setenv("MIRRORLINE_CLASS_ARCHIVE_BUILD", str(tmp_path / "building.jsa"))
+    assert sparkenv._archive_opts() == f"-XX:ArchiveClassesAtExit={tmp_path / 'building.jsa'}"
