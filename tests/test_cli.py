@@ -60,3 +60,11 @@ def test_subcommand_parsers_accept_documented_arguments():
     assert args.start == "16/B374D848:3"
     args = parser.parse_args(["run", "--once"])
     assert args.once
+
+
+def test_verbose_before_or_after_the_command() -> None:
+    from mirrorline.cli.main import build_parser
+
+    p = build_parser()
+    assert [p.parse_args(a).verbose for a in (["-v", "status"], ["status", "-v"], ["status"], ["-vv", "status"])] == [
+        1, 1, 0, 2]

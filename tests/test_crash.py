@@ -132,7 +132,7 @@ def test_apply_killed_while_the_next_unit_compiles_and_this_one_applies(pg, pg_c
     Capture(conf, once=True).run()
     rng = random.Random(17)
     child_log = tmp_path / "child.log"
-    args = ["-v", "apply", "--once", "-c", str(conf_file)]
+    args = ["apply", "-v", "--once", "-c", str(conf_file)]
     landed = attempts = 0
     while landed < KILLS // 2:
         attempts += 1

@@ -239,17 +239,17 @@ class Applier:
         return end, n, small
 
     def _compile_ahead(self, start: Position) -> None:
-        """Compile the unit after ``start`` now if it is full already (the targets are behind). Kept for the next
-        :meth:`step`, which uses it if it still fits. A unit that is not full is left open: compiled now, it would
-        be cut short of what arrives while this one applies (measured under pgbench: a small unit after every large
-        one)."""
+        """Compile the unit after ``start`` now if it is full already (its size reached, or the log holds more after
+        it: the targets are behind). Kept for the next :meth:`step`, which uses it if it still fits. A unit that is
+        not full is left open: compiled now, it would be cut short of what arrives while this one applies (measured
+        under pgbench: a small unit after every large one)."""
         if not self.overlap:
             return
         durable = self.log.durable()
         if durable is None or durable <= start or self._store.starting_at(start) is not None:
             return
         end, n, size = self._advance(start, durable)
-        if end is None or end <= start or n < size:
+        if end is None or end <= start or (n < size and end >= durable):
             return  # not full: compiled after this apply, when it holds what arrived meanwhile
         log.info("compiling the next unit %s..%s while this one applies", start, end)
         batch, _compiled, seconds = self._compile(start, end, False)

@@ -48,7 +48,8 @@ def build_parser() -> argparse.ArgumentParser:
     for name, module, help_text in COMMANDS:
         mod = importlib.import_module(module)
         p = sub.add_parser(name, help=help_text, description=(mod.__doc__ or help_text).strip())
-        p.add_argument("-v", "--verbose", action="count", default=0, help=argparse.SUPPRESS)
+        # SUPPRESS: an absent sub-level -v must not reset the count given before the command
+        p.add_argument("-v", "--verbose", action="count", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
         mod.add_arguments(p)
         p.set_defaults(_module=mod)
     return parser
