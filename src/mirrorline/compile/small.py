@@ -68,19 +68,13 @@ def qualifies(stats: Stats, max_changes: int = SMALL_UNIT) -> bool:
 
 
 def _earliest_error(rows: pa.Table) -> InvalidSequenceError:
-    errs = sorted(
+    """The earliest of the unit's E rows, ordered as the general path orders them."""
+    from mirrorline.compile.spark import error_of
+
+    return error_of(min(
         rows.to_pylist(),
         key=lambda r: (r["err"]["second_lsn"], r["err"]["second_seq"], r["err"]["second_sub"], r["table"]),
-    )
-    r = errs[0]
-    return InvalidSequenceError(
-        r["table"],
-        tuple(r["key"]),
-        r["err"]["first_op"],
-        Position(r["err"]["first_lsn"], r["err"]["first_seq"]),
-        r["err"]["second_op"],
-        Position(r["err"]["second_lsn"], r["err"]["second_seq"]),
-    )
+    ))
 
 
 class SmallUnits:

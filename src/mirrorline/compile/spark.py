@@ -397,17 +397,20 @@ def _errors(net_all: DataFrame, limit: int) -> list[InvalidSequenceError]:
         .limit(limit)
         .collect()
     )
-    return [
-        InvalidSequenceError(
-            r["table"],
-            tuple(r["key"]),
-            r["err"]["first_op"],
-            Position(r["err"]["first_lsn"], r["err"]["first_seq"]),
-            r["err"]["second_op"],
-            Position(r["err"]["second_lsn"], r["err"]["second_seq"]),
-        )
-        for r in rows
-    ]
+    return [error_of(r) for r in rows]
+
+
+def error_of(r: Any) -> InvalidSequenceError:
+    """The error an E row (``table``, ``key``, ``err``; a Row or a dict) stands for."""
+    e = r["err"]
+    return InvalidSequenceError(
+        r["table"],
+        tuple(r["key"]),
+        e["first_op"],
+        Position(e["first_lsn"], e["first_seq"]),
+        e["second_op"],
+        Position(e["second_lsn"], e["second_seq"]),
+    )
 
 
 def compile_changes(
