@@ -23,7 +23,6 @@ _started_seconds: float | None = None
 # (Spark starts in about half the time: class loading is most of a cold start). A missing or stale archive is
 # ignored, silently. (C1-only JIT, -XX:TieredStopAtLevel=1, started small units 1-2 s sooner but made 1M-change
 # units 30-80 % slower in bench/apply: not used.)
-JVM_OPTS = ""
 
 
 def class_archive() -> Path:
@@ -45,25 +44,33 @@ def _archive_opts() -> str:
     return ""
 
 
-def build_class_archive() -> Path | None:
+def build_class_archive() -> tuple[Path | None, str]:
     """Make the class-data-sharing archive (``./dev setup`` runs this once): a JVM that compiles the warm-up's
-    units writes the classes it loaded when it exits; the archive appears under its final name only once complete."""
+    units writes the classes it loaded when it exits; the archive appears under its final name only once complete.
+    Returns the archive (None when it could not be made) and what happened, in words."""
     import subprocess
 
     final = class_archive()
     if final.is_file():
-        return final
-    final.parent.mkdir(parents=True, exist_ok=True)
+        return final, f"class archive: {final}"
     tmp = final.with_name(f".{final.name}.{os.getpid()}")
     env = {**os.environ, "MIRRORLINE_CLASS_ARCHIVE_BUILD": str(tmp)}
     code = "from mirrorline.sparkenv import get_spark; from mirrorline.compile.warmup import warm_small; " \
            "warm_small(get_spark())"
-    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
-    if done.returncode != 0 or not tmp.is_file() or tmp.stat().st_size == 0:
-        tmp.unlink(missing_ok=True)
-        return None
-    os.replace(tmp, final)
-    return final
+    why = "the JVM wrote no archive"
+    try:
+        final.parent.mkdir(parents=True, exist_ok=True)
+        done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+        if done.returncode == 0 and tmp.is_file() and tmp.stat().st_size > 0:
+            os.replace(tmp, final)
+            return final, f"class archive: {final}"
+        if done.returncode != 0:
+            why = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
+    except (OSError, subprocess.TimeoutExpired) as e:
+        why = str(e)
+    tmp.unlink(missing_ok=True)
+    return None, f"class archive not built ({why}); Spark starts without one, slower (set XDG_CACHE_HOME to a " \
+                 "writable folder and run ./dev setup again)"
 
 
 def get_spark(master: str | None = None, app: str = "mirrorline", conf: dict[str, str] | None = None) -> SparkSession:
@@ -76,7 +83,7 @@ def get_spark(master: str | None = None, app: str = "mirrorline", conf: dict[str
 
     log4j = resources.files("mirrorline").joinpath("resources/log4j2.properties")
     java_opts = f"-Dlog4j.configurationFile=file:{log4j} -Dlog4j2.configurationFile=file:{log4j}"
-    driver_opts = f"{java_opts} {JVM_OPTS} {_archive_opts()}".strip()
+    driver_opts = f"{java_opts} {_archive_opts()}".strip()
     settings = {
         "spark.ui.enabled": "false",
         "spark.ui.showConsoleProgress": "false",
@@ -111,5 +118,4 @@ def startup_seconds() -> float | None:
 
 
 if __name__ == "__main__":
-    built = build_class_archive()
-    print(f"class archive: {built}" if built else "class archive: not built (Spark starts without one)")
+    print(build_class_archive()[1])

@@ -21,6 +21,7 @@ result is the general path's, row for row: the tests compile every named case an
 from __future__ import annotations
 
 import os
+import shutil
 import threading
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
@@ -135,8 +136,6 @@ class SmallUnits:
             sc.setLocalProperty(UNIT_PROPERTY, None)
             for k, v in before.items():
                 self.spark.conf.set(k, v)
-            import shutil
-
             shutil.rmtree(work, ignore_errors=True)
         assert isinstance(out, pa.Table)
         return out
