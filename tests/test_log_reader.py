@@ -103,6 +103,14 @@ def test_advance_closes_units_at_transaction_ends(log):
     assert log.advance(Position(1000, 2), 5) == (Position(1000, 2), 0)
 
 
+def test_advance_from_inside_a_segment_goes_on_into_the_next_ones(log):
+    # a unit that starts inside a segment (the previous unit ended there) is not cut at that segment's end
+    assert log.advance(Position(100, 2), 9) == (Position(400, 2), 9)  # the rest of [100, 200], then [300, 400]
+    assert log.advance(Position(200, 1), 7) == (Position(400, 2), 7)
+    assert log.advance(Position(100, 2), 8) == (Position(300, 2), 6)  # 300 fits, 400 does not
+    assert log.advance(Position(300, 2), 100) == (Position(1000, 2), 21)
+
+
 def test_segment_metadata_is_cheap_and_complete(log):
     segs = log.segments()
     assert sum(s.count for s in segs) == 30

@@ -178,7 +178,9 @@ class ChangeLog:
             if cut >= 0:
                 total += cut + 1
                 end = Position(int(lsns[cut]), int(t.column("seq")[cut].as_py()))
-            break
+            if cut < len(lsns) - 1:  # full: the unit ends inside this segment
+                break
+            # the rest of a segment the unit started inside fitted: go on with the next ones
         return end, total
 
     # -- rows --------------------------------------------------------------------------------------------------
