@@ -38,6 +38,9 @@ Per phase and series: ``p50``, ``p99``, ``max``, ``slope`` (least squares, secon
 means falling behind) and ``end`` (the last sample). Per phase the units ``run`` printed during it (one stderr line per
 unit: ``unit A..B: N changes, compiled in Xs, applied: sqlite Ys, duckdb Zs, pg Ws``): how many, changes p50 and sum,
 compile p50, apply p50 per target, whole unit p50 (compile + the slowest target's apply: targets apply in parallel).
+``cpu_s``: the CPU seconds used from the phase's start to 2 s before its end, by mirrorline's Python process, its
+Spark JVM, the source's walsenders, the subscriber's apply worker, pgbench, the other PostgreSQL processes (pgbench's
+backends, mirrorline's target connection) and the rest, beside the machine's busy time and capacity (cores x wall).
 
 After the phases: the source's WAL position is taken and one marker update committed after it; ``drain_s`` is how long
 each mirrorline target (applied position past that WAL position, from the reader registry) and the subscriber
@@ -47,7 +50,8 @@ whole, values normalised (integers; ``char(n)`` fillers with trailing blanks str
 microsecond precision), sorted, compared as multisets (``pgbench_history`` may hold duplicate rows): ``equal`` per
 target, with row counts. Prints one JSON line.
 
-    .venv/bin/python bench/live.py [--phase-seconds 120] [--scale 10] [--latency 500ms] [--keep DIR]
+    .venv/bin/python bench/live.py [--phase-seconds 120] [--scale 10] [--latency 500ms]
+                                   [--phases r300,r1000,unthrottled] [--keep DIR]
 """
 
 from __future__ import annotations
@@ -104,6 +108,85 @@ PHASES: list[tuple[str, list[str]]] = [
     ("unthrottled", ["-c", "4", "-j", "2"]),
 ]
 TOUCH = "UPDATE pgbench_branches SET bbalance = bbalance WHERE bid = 1"
+
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def _proc_cpu() -> dict[int, tuple[int, str, str, float]]:
+    """Every process: pid -> (parent pid, command name, command line, CPU seconds used so far)."""
+    out: dict[int, tuple[int, str, str, float]] = {}
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{d}/stat").read_text()
+            cmdline = Path(f"/proc/{d}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        comm = stat[stat.index("(") + 1 : stat.rindex(")")]
+        fields = stat[stat.rindex(")") + 2 :].split()
+        out[int(d)] = (int(fields[1]), comm, cmdline, (int(fields[11]) + int(fields[12])) / _TICK)
+    return out
+
+
+def _cpu_kind(pid: int, procs: dict[int, tuple[int, str, str, float]], run_pid: int) -> str:
+    """Who a process works for: mirrorline's Python process, its Spark JVM, this benchmark (its probes), the
+    source's walsenders, the
+    subscriber's apply worker, pgbench, or any other PostgreSQL process (pgbench's backends, mirrorline's target
+    connections, background workers) or anything else on the machine."""
+    ppid, comm, cmdline, _ = procs[pid]
+    if pid == run_pid:
+        return "mirrorline_python"
+    if pid == os.getpid():
+        return "bench_probe"
+    p = ppid
+    while p > 1 and p in procs:
+        if p == run_pid:
+            return "mirrorline_jvm" if comm == "java" else "mirrorline_other"
+        p = procs[p][0]
+    if comm == "pgbench":
+        return "pgbench"
+    if "walsender" in cmdline:
+        return "pg_walsenders"
+    if "logical replication" in cmdline:  # the subscriber's apply worker (PostgreSQL 15: "... worker for ...")
+        return "pg_subscriber_apply"
+    if comm == "postgres" or cmdline.startswith("postgres"):
+        return "pg_other"
+    return "other"
+
+
+def _busy_seconds() -> float:
+    """The machine's CPU seconds used (all cores, everything but idle and iowait)."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return (sum(fields) - fields[3] - fields[4]) / _TICK
+
+
+class CpuMeter:
+    """CPU seconds by who used them between :meth:`start` and :meth:`stop`, from ``/proc`` (processes that ended
+    in between are counted in ``unaccounted``, the machine's busy time minus what the processes show)."""
+
+    def __init__(self, run_pid: int) -> None:
+        self.run_pid = run_pid
+        self.before: dict[int, tuple[int, str, str, float]] = {}
+        self.busy = 0.0
+        self.t0 = 0.0
+
+    def start(self) -> None:
+        self.before, self.busy, self.t0 = _proc_cpu(), _busy_seconds(), time.monotonic()
+
+    def stop(self) -> dict[str, float]:
+        after, busy, wall = _proc_cpu(), _busy_seconds(), time.monotonic() - self.t0
+        used: dict[str, float] = collections.defaultdict(float)
+        for pid, (_, comm, _, cpu) in after.items():
+            prev = self.before.get(pid)
+            base = prev[3] if prev is not None and prev[1] == comm else 0.0
+            used[_cpu_kind(pid, after, self.run_pid)] += max(0.0, cpu - base)
+        out = {k: round(v, 1) for k, v in sorted(used.items())}
+        out["unaccounted"] = round(max(0.0, (busy - self.busy) - sum(used.values())), 1)
+        out["busy"] = round(busy - self.busy, 1)
+        out["capacity"] = round(wall * (os.cpu_count() or 1), 1)
+        return out
+
 
 UNIT_RE = re.compile(r"^unit (\S+)\.\.(\S+): (\d+) changes, (compiled|reused) in ([0-9.]+)s, applied: (.*)$")
 APPLIED_RE = re.compile(r"(\S+) ([0-9.]+)s")
@@ -559,6 +642,9 @@ def run_phase(
         t0 = time.monotonic()
         pb = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd="/")
         children.append(pb)
+        meter = CpuMeter(runlog.proc.pid)
+        meter.start()
+        cpu: dict[str, float] | None = None
         nxt = t0
         last_say = t0
         while pb.poll() is None:
@@ -567,6 +653,8 @@ def run_phase(
                 pb.kill()
                 raise TimeoutError(f"pgbench of phase {name} still running {seconds + 120}s after its start")
             runlog.check_alive()
+            if cpu is None and now - t0 >= seconds - 2:  # before pgbench ends and its backends exit
+                cpu = meter.stop()
             if now >= nxt:
                 t = now - t0
                 lags = probe.mirrorline()
@@ -596,6 +684,7 @@ def run_phase(
         "pgbench": " ".join(extra),
         "seconds": r(t1 - t0, 1),
         "pgbench_exit": pb.returncode,
+        "cpu_s": cpu,
         **fig,
         # pgbench's TPC-B-like transaction changes 4 rows of the replicated tables (3 updates, 1 insert)
         "source_changes_per_s": r(fig["tps"] * 4, 1) if fig["tps"] is not None else None,
@@ -769,7 +858,7 @@ def bench(args: argparse.Namespace, work: Path, out: dict[str, Any]) -> None:
             heartbeat = Heartbeat(cluster.dsn(SRC_DB))
             heartbeat.start()
             out["phases"] = {}
-            for name, extra in PHASES:
+            for name, extra in [ph for ph in PHASES if ph[0] in args.phases.split(",")]:
                 out["phases"][name] = run_phase(
                     name, extra, args.phase_seconds, cluster, probe, runlog, work, children, samples
                 )
@@ -812,6 +901,9 @@ def main() -> None:
     p.add_argument("--phase-seconds", type=int, default=120)
     p.add_argument("--scale", type=int, default=10)
     p.add_argument("--latency", default="500ms", help="mirrorline's [apply] latency")
+    p.add_argument(
+        "--phases", default=",".join(n for n, _ in PHASES), help="which phases to run, in their order (comma-separated)"
+    )
     p.add_argument("--keep", metavar="DIR", help="keep the configuration, change log, targets, logs and samples here")
     p.add_argument("--start-timeout", type=float, default=900, help="seconds for every target to become live")
     p.add_argument("--drain-timeout", type=float, default=300, help="seconds to apply everything after the load")

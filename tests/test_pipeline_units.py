@@ -1,8 +1,13 @@
-"""How the pipeline cuts units (no server, no Spark): sized by how far behind the targets are."""
+"""How the pipeline cuts units (no server): sized by how far behind the targets are, and when the next one is
+compiled ahead."""
 
 from __future__ import annotations
 
+import threading
+import time
+from concurrent.futures import Future
 from pathlib import Path
+from typing import Any
 
 from mirrorline.config import parse
 from mirrorline.log import LogWriter
@@ -50,3 +55,40 @@ def test_max_changes_bounds_every_unit(tmp_path: Path) -> None:
 def test_a_unit_never_passes_upto(tmp_path: Path) -> None:
     a = _applier(tmp_path, 350)
     assert a._advance(ZERO, Position(300, 9)) == (Position(300, 9), 300, 1_000)
+
+
+def _append(tmp_path: Path, first: int, txns: int) -> None:
+    with LogWriter(tmp_path / "log", segment_changes=5_000) as w:
+        for k in range(first, first + txns):
+            w.add_transaction(k * 10, k, [Change(ZERO, 0, 0, "public.t", Op.INSERT, (f"{k}.{i}",), {"id": "x"})
+                                          for i in range(10)])
+
+
+def test_the_next_unit_is_compiled_once_it_fills_while_this_one_applies(tmp_path: Path, spark: Any) -> None:
+    a = _applier(tmp_path, 150)  # 500 changes after (1000, 9): not full yet
+    a._spark = spark
+    applying: Future[None] = Future()
+
+    def load() -> None:
+        time.sleep(0.3)
+        _append(tmp_path, 151, 60)  # now 1,100 after it: full
+        time.sleep(0.2)
+        applying.set_result(None)
+
+    t = threading.Thread(target=load)
+    t.start()
+    a._compile_ahead(Position(1000, 9), [applying])
+    t.join()
+    assert a._ahead is not None
+    batch = a._ahead[0]
+    assert (batch.start, batch.end, batch.changes) == (Position(1000, 9), Position(2000, 9), 1_000)
+    a.close()
+
+
+def test_a_next_unit_still_open_when_the_targets_finish_is_left_for_the_next_step(tmp_path: Path) -> None:
+    a = _applier(tmp_path, 150)
+    applying: Future[None] = Future()
+    threading.Timer(0.3, applying.set_result, (None,)).start()
+    t0 = time.monotonic()
+    a._compile_ahead(Position(1000, 9), [applying])  # no Spark: nothing is compiled
+    assert a._ahead is None and time.monotonic() - t0 < 5

@@ -15,7 +15,8 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -211,7 +212,7 @@ class Applier:
             futures = [pool.submit(apply_one, n) for n in group]
             if next_unit:
                 try:
-                    self._compile_ahead(batch.end)
+                    self._compile_ahead(batch.end, futures)
                 except Exception as e:  # the next step compiles that unit again, and reports its error
                     log.debug("compiling ahead failed: %s", e)
             errors = [e for e in (f.exception() for f in futures) if e is not None]
@@ -238,19 +239,25 @@ class Applier:
             end, n = self.log.advance(start, small, upto)
         return end, n, small
 
-    def _compile_ahead(self, start: Position) -> None:
-        """Compile the unit after ``start`` now if it is full already (its size reached, or the log holds more after
-        it: the targets are behind). Kept for the next :meth:`step`, which uses it if it still fits. A unit that is
-        not full is left open: compiled now, it would be cut short of what arrives while this one applies (measured
-        under pgbench: a small unit after every large one)."""
+    ahead_poll = 0.1  # seconds between looks at the log while waiting for the next unit to fill
+
+    def _compile_ahead(self, start: Position, applying: list[Future[None]] | None = None) -> None:
+        """Compile the unit after ``start`` while the targets apply this one (``applying``), as soon as it is full:
+        its size reached, or the log holds more after it (the targets are behind). Kept for the next :meth:`step`,
+        which uses it if it still fits. If the targets finish first, the unit is left open: compiled now, it would
+        be cut short of what arrives meanwhile (measured under pgbench: a small unit after every large one); the
+        next step compiles it. Without ``applying``, compiles only a unit that is full already."""
         if not self.overlap:
             return
-        durable = self.log.durable()
-        if durable is None or durable <= start or self._store.starting_at(start) is not None:
-            return
-        end, n, size = self._advance(start, durable)
-        if end is None or end <= start or (n < size and end >= durable):
-            return  # not full: compiled after this apply, when it holds what arrived meanwhile
+        while True:
+            durable = self.log.durable()
+            if durable is not None and durable > start and self._store.starting_at(start) is None:
+                end, n, size = self._advance(start, durable)
+                if end is not None and end > start and not (n < size and end >= durable):
+                    break
+            if not applying or all(f.done() for f in applying):
+                return
+            wait_futures(applying, timeout=self.ahead_poll)
         log.info("compiling the next unit %s..%s while this one applies", start, end)
         batch, _compiled, seconds = self._compile(start, end, False)
         self._ahead = (batch, seconds)
