@@ -103,6 +103,17 @@ def test_advance_closes_units_at_transaction_ends(log):
     assert log.advance(Position(1000, 2), 5) == (Position(1000, 2), 0)
 
 
+def test_first_ts_after_is_the_commit_time_of_the_first_change_after_a_position(log):
+    assert log.first_ts_after(None) == 1 * S
+    assert log.first_ts_after(Position(100, 1)) == 1 * S  # inside a transaction
+    assert log.first_ts_after(Position(100, 2)) == 2 * S  # inside a segment
+    assert log.first_ts_after(Position(200, 2)) == 3 * S  # at a segment's end
+    assert log.first_ts_after(Position(400, 2)) == 5 * S  # the streamed transaction
+    assert log.first_ts_after(Position(500, 1)) == 5 * S  # inside it
+    assert log.first_ts_after(Position(1000, 1)) == 10 * S
+    assert log.first_ts_after(Position(1000, 2)) is None  # nothing after the log's end
+
+
 def test_advance_from_inside_a_segment_goes_on_into_the_next_ones(log):
     # a unit that starts inside a segment (the previous unit ended there) is not cut at that segment's end
     assert log.advance(Position(100, 2), 9) == (Position(400, 2), 9)  # the rest of [100, 200], then [300, 400]

@@ -155,12 +155,6 @@ def _tree_size(p: Path) -> int:
     return sum(f.stat().st_size for f in p.rglob("*") if f.is_file())
 
 
-def _first_unapplied_ts(cl: Any, after: Position) -> int | None:
-    for b in cl.read_arrow(after, None, batch_rows=1):
-        return int(b.column("ts")[0].as_py())
-    return None
-
-
 def _target(config: Config, name: str, st: Status, cl: Any) -> TargetStatus:
     from mirrorline.apply import open_target
     from mirrorline.snapshot import state as S
@@ -197,7 +191,7 @@ def _target(config: Config, name: str, st: Status, cl: Any) -> TargetStatus:
     caught_up = log_has_all and bool(ends) and confirmed >= max(ends)
     ts.state = S.target_state(snaps, config.tables, applied, caught_up)
     if cl is not None and not log_has_all:
-        first = _first_unapplied_ts(cl, applied)
+        first = cl.first_ts_after(applied)
         ts.lag_seconds = max(0.0, time.time() - first / 1e6) if first is not None else 0.0
     else:
         ts.lag_seconds = 0.0
