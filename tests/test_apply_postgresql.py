@@ -70,3 +70,42 @@ def test_spark_task_staging_keeps_columns_not_sent(mode: str, spark: Any, reques
     items = fetch(t, "public.items", ["id", "name", "note"])
     assert len(items) == 20 and (105, "moved", "toast5") in items and (15, "n15", "toast15") in items
     assert not [r for r in items if r[2] is None] and leftover_worktables(t) == []
+
+
+def test_units_share_one_connection_and_one_the_server_ended_is_replaced(spark: Any, request: Any,
+                                                                         tmp_path: Path) -> None:
+    import time
+
+    import psycopg2
+
+    t = open_target("postgresql", request, tmp_path)
+    items = [net("public.items", "I", [i], {"id": i, "name": f"n{i}", "qty": i, "note": None}) for i in range(3)]
+    t.apply(batch(spark, items, P(0), P(0x10)), SCHEMAS)
+    pid = sql(t, "SELECT pg_backend_pid()")[0][0]
+    t.apply(batch(spark, [net("public.items", "U", [1], {"id": 1, "qty": 5}, unchanged=["name", "note"])],
+                  P(0x10), P(0x20)), SCHEMAS)
+    assert sql(t, "SELECT pg_backend_pid()")[0][0] == pid  # one backend served both units and the queries
+
+    # a unit that fails (a bad value) rolls back; its connection serves the next unit
+    bad = [change("public.items", "I", [7], {"id": 7, "name": "x", "qty": "not a number", "note": None},
+                  pos=P(0x30))]
+    with pytest.raises(ApplyError):
+        t.apply(batch(spark, [net(c.table, "I", c.key, dict(c.new or {}), pos=c.pos) for c in bad], P(0x20), P(0x30)),
+                SCHEMAS, bad)
+    assert sql(t, "SELECT pg_backend_pid()")[0][0] == pid and t.applied_position() == P(0x20)
+
+    # the server ends the idle connection: the next unit opens a new one and lands
+    admin = psycopg2.connect(request.getfixturevalue("pg").dsn)
+    admin.autocommit = True
+    with admin.cursor() as cur:
+        cur.execute("SELECT pg_terminate_backend(%s)", (pid,))
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            cur.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = %s", (pid,))
+            if cur.fetchone()[0] == 0:
+                break
+            time.sleep(0.05)
+    admin.close()
+    t.apply(batch(spark, [net("public.items", "D", [0])], P(0x20), P(0x40)), SCHEMAS)
+    assert fetch(t, "public.items", ["id", "qty"]) == [(1, 5), (2, 2)] and t.applied_position() == P(0x40)
+    assert sql(t, "SELECT pg_backend_pid()")[0][0] != pid

@@ -161,3 +161,24 @@ def test_flatten_net_rows_to_worktable_rows() -> None:
         {"_ml_unchanged": "b", "_ml_m0": "7", "_ml_lsn": "1", "_ml_seq": "0"},
         {"_ml_unchanged": "", "_ml_m0": None, "_ml_lsn": "1", "_ml_seq": "1"}]
     assert mask_of(["x", "y"]) == f"x{MASK_SEP}y"
+
+
+def test_worktable_rows_come_in_key_order() -> None:
+    # integer keys as numbers (10 after 9), text keys as text, composite keys column by column
+    s = TableSchema("public.t", (Column("id", "bigint", nullable=False), Column("a", "text")), key=("id",))
+    ids = ["10", "9", "-3", "100"]
+    net = pa.table({
+        "table": ["public.t"] * 4, "kind": ["U"] * 4, "key": [[i] for i in ids],
+        "new": pa.array([[("id", i), ("a", f"v{i}")] for i in ids], pa.map_(pa.string(), pa.string())),
+        "unchanged": pa.array([[]] * 4, pa.list_(pa.string())), "lsn": [1] * 4, "seq": [0, 1, 2, 3],
+    })
+    assert R.flatten(net, s, "U")["_ml_k0"].to_pylist() == ["-3", "9", "10", "100"]
+    assert R.flatten(net, s, "D")["_ml_k0"].to_pylist() == ["-3", "9", "10", "100"]
+    assert R.flatten(net, s, "I")["id"].to_pylist() == ["-3", "9", "10", "100"]
+    assert R.flatten(net, s, "I")["a"].to_pylist() == ["v-3", "v9", "v10", "v100"]  # whole rows move together
+    t = TableSchema("public.t", (Column("k", "text", nullable=False), Column("n", "integer", nullable=False)),
+                    key=("k", "n"))
+    keys = [["b", "2"], ["a", "10"], ["b", "1"], ["a", "9"]]
+    net2 = net.set_column(net.schema.get_field_index("key"), "key", pa.array(keys, pa.list_(pa.string())))
+    assert R.flatten(net2, t, "D").to_pylist() == [{"_ml_k0": "a", "_ml_k1": "9"}, {"_ml_k0": "a", "_ml_k1": "10"},
+                                                   {"_ml_k0": "b", "_ml_k1": "1"}, {"_ml_k0": "b", "_ml_k1": "2"}]

@@ -303,3 +303,19 @@ def test_key_change_from_a_missing_row_is_an_error(kind: str, mode: str, spark: 
     with pytest.raises(ApplyError, match="names no row"):
         t.apply(batch(spark, rows, P(0x100), P(0x200)), SCHEMAS)
     assert len(fetch(t, "public.items", COLS)) == 5
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgresql"])
+def test_a_target_keeps_its_connection_between_units_and_closes_it_at_the_end(kind: str, spark: Any, request: Any,
+                                                                              tmp_path: Path) -> None:
+    t = open_target(kind, request, tmp_path)
+    t.apply(batch(spark, [net("public.items", "I", [1], {"id": 1, "name": "a", "qty": 1, "note": None})],
+                  P(0), P(0x10)), {ITEMS.table: ITEMS})
+    kept = list(t._idle)
+    t.apply(batch(spark, [net("public.items", "I", [2], {"id": 2, "name": "b", "qty": 2, "note": None})],
+                  P(0x10), P(0x20)), {ITEMS.table: ITEMS})
+    assert len(kept) == 1 and t._idle == kept  # the same connection served the second unit, and is idle again
+    t.close()
+    assert t._idle == []
+    assert fetch(t, "public.items", ["id"]) == [(1,), (2,)]  # a new connection after close
+    t.close()

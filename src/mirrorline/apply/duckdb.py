@@ -77,7 +77,7 @@ class DuckdbSession(Session):
         text = str(exc).strip()
         return text.split("\n\nLINE")[0].strip() if text else type(exc).__name__
 
-    def close(self) -> None:
+    def disconnect(self) -> None:
         self.cur.close()
 
 
@@ -90,7 +90,7 @@ class DuckdbTarget(Target):
         self._db: duckdb.DuckDBPyConnection | None = None
         self._lock = threading.Lock()
 
-    def session(self) -> Session:
+    def connect(self) -> Session:
         with self._lock:
             if self._db is None:
                 try:
@@ -101,6 +101,7 @@ class DuckdbTarget(Target):
             return DuckdbSession(self._db)
 
     def close(self) -> None:
+        super().close()
         with self._lock:
             if self._db is not None:
                 self._db.close()

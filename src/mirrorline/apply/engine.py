@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import json
+import threading
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -123,11 +124,47 @@ class Target(ABC):
         self.threads = max(threads, 1)
         self.driver_rows = driver_rows  # units with more changes than this load table by table (or from Spark)
         self._ready = False
+        self._idle: list[Session] = []  # connections kept open between units (the page cache, no new backend)
+        self._idle_lock = threading.Lock()
 
     # -- per engine ------------------------------------------------------------------------------------------------
     @abstractmethod
-    def session(self) -> Session:
+    def connect(self) -> Session:
         """A new connection."""
+
+    def session(self) -> Session:
+        """A connection: one an earlier use left idle when there is one, else a new one. ``close()`` it when done:
+        it is kept for the next use (up to one per apply thread) when it is still idle and healthy."""
+        while True:
+            with self._idle_lock:
+                s = self._idle.pop() if self._idle else None
+            if s is None:
+                s = self.connect()
+                s.release = self._release
+                return s
+            if self._healthy(s):
+                return s
+            with contextlib.suppress(Exception):
+                s.disconnect()
+
+    @staticmethod
+    def _healthy(s: Session) -> bool:
+        try:
+            return s.reusable()
+        except Exception:
+            return False
+
+    def _release(self, s: Session) -> None:
+        try:
+            keep = s.reset()
+        except Exception:
+            keep = False
+        if keep:
+            with self._idle_lock:
+                if len(self._idle) < self.threads + 1:
+                    self._idle.append(s)
+                    return
+        s.disconnect()
 
     def stager(self, batch: NetBatch, schemas: Mapping[str, TableSchema], tables: list[str]) -> Stager:
         """How this unit's worktables get loaded; engines with a parallel path override it for large units."""
@@ -141,8 +178,12 @@ class Target(ABC):
                 self.dialect.type_info(s.table, c)
 
     def close(self) -> None:
-        """Release what the target keeps open between units."""
-        return None
+        """Release what the target keeps open between units: its idle connections."""
+        with self._idle_lock:
+            idle, self._idle = self._idle, []
+        for s in idle:
+            with contextlib.suppress(Exception):
+                s.disconnect()
 
     # -- state -----------------------------------------------------------------------------------------------------
     def _prepare(self, session: Session) -> None:

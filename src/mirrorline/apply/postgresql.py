@@ -11,6 +11,7 @@ that ran twice cannot insert twice.
 from __future__ import annotations
 
 import io
+import select
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -109,7 +110,24 @@ class PgSession(Session):
         primary = getattr(diag, "message_primary", None) if diag else None
         return str(primary) if primary else super().error_text(exc)
 
-    def close(self) -> None:
+    def reusable(self) -> bool:
+        if self.conn.closed or self.conn.get_transaction_status() != psycopg2.extensions.TRANSACTION_STATUS_IDLE:
+            return False
+        try:  # an idle connection has nothing to read, unless the server ended it (a FATAL message, then EOF)
+            readable, _, _ = select.select([self.conn.fileno()], [], [], 0)
+        except (OSError, ValueError, psycopg2.Error):
+            return False
+        return not readable
+
+    def reset(self) -> bool:
+        if self.conn.closed:
+            return False
+        if self.conn.get_transaction_status() in (psycopg2.extensions.TRANSACTION_STATUS_INTRANS,
+                                                  psycopg2.extensions.TRANSACTION_STATUS_INERROR):
+            self.conn.rollback()
+        return self.reusable()
+
+    def disconnect(self) -> None:
         self.conn.close()
 
 
@@ -122,7 +140,7 @@ class PostgresTarget(Target):
         super().__init__(*args, **kwargs)
         self.parallel_rows = parallel_rows  # units with at least this many changes load worktables from Spark
 
-    def session(self) -> Session:
+    def connect(self) -> Session:
         return PgSession(self.location)
 
     def check_types(self, session: Session, schemas: Any) -> None:

