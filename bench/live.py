@@ -39,8 +39,9 @@ means falling behind) and ``end`` (the last sample). Per phase the units ``run``
 unit: ``unit A..B: N changes, compiled in Xs, applied: sqlite Ys, duckdb Zs, pg Ws``): how many, changes p50 and sum,
 compile p50, apply p50 per target, whole unit p50 (compile + the slowest target's apply: targets apply in parallel).
 ``cpu_s``: the CPU seconds used from the phase's start to 2 s before its end, by mirrorline's Python process, its
-Spark JVM, the source's walsenders, the subscriber's apply worker, pgbench, the other PostgreSQL processes (pgbench's
-backends, mirrorline's target connection) and the rest, beside the machine's busy time and capacity (cores x wall).
+Spark JVM, this benchmark's own probes, the source's walsenders, the subscriber's apply worker, pgbench, the other
+PostgreSQL processes (pgbench's backends, mirrorline's target connection) and the rest, beside the machine's busy
+time and capacity (cores x wall).
 
 After the phases: the source's WAL position is taken and one marker update committed after it; ``drain_s`` is how long
 each mirrorline target (applied position past that WAL position, from the reader registry) and the subscriber
@@ -131,9 +132,8 @@ def _proc_cpu() -> dict[int, tuple[int, str, str, float]]:
 
 def _cpu_kind(pid: int, procs: dict[int, tuple[int, str, str, float]], run_pid: int) -> str:
     """Who a process works for: mirrorline's Python process, its Spark JVM, this benchmark (its probes), the
-    source's walsenders, the
-    subscriber's apply worker, pgbench, or any other PostgreSQL process (pgbench's backends, mirrorline's target
-    connections, background workers) or anything else on the machine."""
+    source's walsenders, the subscriber's apply worker, pgbench, or any other PostgreSQL process (pgbench's backends,
+    mirrorline's target connections, background workers) or anything else on the machine."""
     ppid, comm, cmdline, _ = procs[pid]
     if pid == run_pid:
         return "mirrorline_python"

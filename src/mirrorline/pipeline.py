@@ -249,9 +249,12 @@ class Applier:
         next step compiles it. Without ``applying``, compiles only a unit that is full already."""
         if not self.overlap:
             return
+        seen: Position | None = None
         while True:
             durable = self.log.durable()
-            if durable is not None and durable > start and self._store.starting_at(start) is None:
+            if durable != seen and durable is not None and durable > start \
+                    and self._store.starting_at(start) is None:  # look at the unit again only when the log grew
+                seen = durable
                 end, n, size = self._advance(start, durable)
                 if end is not None and end > start and not (n < size and end >= durable):
                     break
