@@ -286,6 +286,7 @@ class Applier:
         statistics (segment footers) rather than a job."""
         from pyspark.sql import functions as F
 
+        from mirrorline.compile import inserts
         from mirrorline.compile.small import qualifies, shared, unit_rows
         from mirrorline.compile.spark import compile_changes
         from mirrorline.log.spark import read_spark
@@ -299,6 +300,12 @@ class Applier:
         frame = read_spark(self.log, start, end, spark=self.spark)
         if self.config.tables:
             frame = frame.where(F.col("table").isin(list(self.config.tables)))
+        if inserts.qualifies(stats, self.actions or None):
+            batch = inserts.compile_inserts(frame, stats, self._schemas(sorted(stats), end), start, end,
+                                            self.actions or None)
+            if batch is not None:
+                return batch
+            log.info("unit %s..%s: a key is inserted twice; compiling it the general way", start, end)
         return compile_changes(frame, actions=self.actions or None, start=start, end=end, stats=stats)
 
     def compile_ahead(self, on_unit: Callable[[NetBatch], None] | None = None) -> int:

@@ -168,7 +168,7 @@ class Target(ABC):
 
     def stager(self, batch: NetBatch, schemas: Mapping[str, TableSchema], tables: list[str]) -> Stager:
         """How this unit's worktables get loaded; engines with a parallel path override it for large units."""
-        whole = batch.rows is not None or 0 < batch.changes <= self.driver_rows or batch.changes == 0
+        whole = batch.on_driver or 0 < batch.changes <= self.driver_rows or batch.changes == 0
         return ArrowStager(batch, whole=whole)
 
     def check_types(self, session: Session, schemas: Iterable[TableSchema]) -> None:

@@ -153,7 +153,7 @@ class PostgresTarget(Target):
         check_unknown_types(self.dialect, schemas, known)
 
     def stager(self, batch: NetBatch, schemas: Mapping[str, TableSchema], tables: list[str]) -> Stager:
-        if batch.rows is None and (batch.changes >= self.parallel_rows > 0 or self.parallel_rows == 0):
+        if not batch.on_driver and (batch.changes >= self.parallel_rows > 0 or self.parallel_rows == 0):
             return SparkCopyStager(self.location, batch, schemas, tables)
         return super().stager(batch, schemas, tables)
 

@@ -9,6 +9,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from mirrorline.apply.sql import MASK_COL, MASK_SEP, POS_COLS, key_col, moved_col
+from mirrorline.compile.batch import POSITION_COLUMNS, Inserts
 from mirrorline.model import TableSchema
 
 KINDS = ("D", "U", "I")
@@ -62,6 +63,20 @@ def flatten(net: pa.Table, s: TableSchema, kind: str) -> pa.Table:
     names = work_columns(s, kind)
     flat = pa.table([_as_string(out[c]) for c in names], names=names)
     return key_order(flat, s, [key_col(i) for i in range(len(s.key))] if kind in ("D", "U") else list(s.key))
+
+
+def from_inserts(ins: Inserts, s: TableSchema) -> pa.Table:
+    """An inserts-only unit's rows of one table (already flat) -> the worktable's rows of kind I, in key order."""
+    n = ins.rows.num_rows
+    have = set(ins.rows.column_names)
+    out: dict[str, pa.ChunkedArray | pa.Array] = {
+        c: ins.rows[c] if c in have else pa.nulls(n, pa.string()) for c in s.column_names}
+    out[MASK_COL] = pa.array([""] * n, pa.string()) if n else pa.array([], pa.string())
+    for i in range(len(s.key)):
+        out[moved_col(i)] = pa.nulls(n, pa.string())
+    out[POS_COLS[0]], out[POS_COLS[1]] = ins.rows[POSITION_COLUMNS[0]], ins.rows[POSITION_COLUMNS[1]]
+    names = work_columns(s, "I")
+    return key_order(pa.table([_as_string(out[c]) for c in names], names=names), s, list(s.key))
 
 
 def _as_string(a: pa.ChunkedArray | pa.Array) -> pa.ChunkedArray | pa.Array:

@@ -60,7 +60,15 @@ class ArrowStager(Stager):
         """The table's worktable rows per kind."""
         with self._lock:
             if ts.table not in self._flat:
-                if self._load_whole:
+                inserts = self.batch.inserts
+                if inserts is not None:  # an inserts-only unit: flat already, on the driver
+                    ins = inserts.get(ts.table)
+                    self._flat[ts.table] = {
+                        k: R.from_inserts(ins, ts) if k == "I" and ins is not None
+                        else pa.table({c: pa.array([], pa.string()) for c in R.work_columns(ts, k)})
+                        for k in R.KINDS
+                    }
+                elif self._load_whole:
                     if self._whole is None:
                         rows = self.batch.rows
                         self._whole = rows if rows is not None else _to_arrow(self.batch.frame())

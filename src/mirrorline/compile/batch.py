@@ -24,6 +24,9 @@ order: TRUNCATE if the table is in ``truncated``, then the deletes, then the upd
 unchanged columns of the inserts are read from the rows at ``moved_from`` before the table's TRUNCATE and deletes (a
 missing row there is an error, never a NULL). The "mirror" form of an update is a D and an I with ``moved_from`` =
 its own key.
+
+A unit in which every table only inserts (:mod:`mirrorline.compile.inserts`) holds its net rows on the driver already
+flattened, per table (:class:`Inserts`): the same rows as kind I with ``unchanged`` empty and ``moved_from`` null.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+import numpy as np
 import pyarrow as pa
 
 from mirrorline.position import Position
@@ -55,6 +59,52 @@ NET_ARROW = pa.schema([
 ])
 
 
+POSITION_COLUMNS = ("_ml_lsn", "_ml_seq")  # the position of each row of an Inserts table
+
+
+@dataclass(frozen=True)
+class Inserts:
+    """One table's net rows when they are all inserts of complete images: one text column per column of the table
+    (its values as PostgreSQL's text, null for NULL), then the position of each row (int64 columns named
+    :data:`POSITION_COLUMNS`); ``key`` names the key columns. Rows in no particular order."""
+
+    rows: pa.Table
+    key: tuple[str, ...]
+
+    @property
+    def columns(self) -> list[str]:
+        return [c for c in self.rows.column_names if c not in POSITION_COLUMNS]
+
+    def to_net(self, table: str) -> pa.Table:
+        """The same rows in the :data:`NET_ARROW` layout (a column's null value is a null entry of ``new``)."""
+        n = self.rows.num_rows
+        cols = self.columns
+        width = len(cols)
+        offsets = pa.array(np.arange(0, (n + 1) * width, width, dtype=np.int32) if width else np.zeros(n + 1, np.int32))
+        names = pa.array(np.tile(np.array(cols, dtype=object), n), pa.string())
+        values = pa.concat_arrays([self.rows[c].combine_chunks().cast(pa.string()) for c in cols]) if width else (
+            pa.array([], pa.string()))
+        interleave = (np.arange(n * width, dtype=np.int64).reshape(width, n).T.reshape(-1) if width
+                      else np.array([], np.int64))
+        new = pa.MapArray.from_arrays(offsets, names, values.take(pa.array(interleave)))
+        key_cols = [self.rows[k].combine_chunks().cast(pa.string()) for k in self.key]
+        k_offsets = pa.array(np.arange(0, (n + 1) * len(key_cols), len(key_cols), dtype=np.int32)
+                             if key_cols else np.zeros(n + 1, np.int32))
+        k_values = (pa.concat_arrays(key_cols).take(pa.array(
+            np.arange(n * len(key_cols), dtype=np.int64).reshape(len(key_cols), n).T.reshape(-1)))
+            if key_cols else pa.array([], pa.string()))
+        return pa.table({
+            "table": pa.array([table] * n, pa.string()),
+            "kind": pa.array(["I"] * n, pa.string()),
+            "key": pa.ListArray.from_arrays(k_offsets, k_values),
+            "new": new,
+            "unchanged": pa.array([[]] * n, pa.list_(pa.string())),
+            "lsn": self.rows[POSITION_COLUMNS[0]],
+            "seq": self.rows[POSITION_COLUMNS[1]],
+            "moved_from": pa.nulls(n, pa.list_(pa.string())),
+        }, schema=NET_ARROW)
+
+
 @dataclass
 class NetBatch:
     """A compiled unit. Its net rows are a Spark DataFrame (``net``) or, for a unit compiled small enough to come
@@ -70,10 +120,23 @@ class NetBatch:
     cached: DataFrame | None = field(default=None, repr=False)  # what ``net`` reads from, if it was cached
     scratch: str | None = field(default=None, repr=False)  # a local folder holding ``net``'s files, if temporary
     rows: pa.Table | None = field(default=None, repr=False)  # the net rows on the driver, when compiled there
+    inserts: dict[str, Inserts] | None = field(default=None, repr=False)  # an inserts-only unit's rows, flat
 
     def __post_init__(self) -> None:
-        if self.net is None and self.rows is None:
-            raise ValueError("a NetBatch needs its net rows: net (a DataFrame) or rows (an Arrow table)")
+        if self.net is None and self.rows is None and self.inserts is None:
+            raise ValueError("a NetBatch needs its net rows: net (a DataFrame), rows (an Arrow table) or inserts")
+
+    @property
+    def on_driver(self) -> bool:
+        """Are the net rows in the driver's memory (no Spark job to read them)?"""
+        return self.rows is not None or self.inserts is not None
+
+    def arrow(self) -> pa.Table | None:
+        """The net rows on the driver in the :data:`NET_ARROW` layout, when they are there."""
+        if self.rows is None and self.inserts is not None:
+            parts = [self.inserts[t].to_net(t) for t in self.tables if t in self.inserts]
+            self.rows = pa.concat_tables(parts) if parts else NET_ARROW.empty_table()
+        return self.rows
 
     def frame(self, spark: SparkSession | None = None) -> DataFrame:
         """The net rows as a DataFrame (made from ``rows`` on first use when the unit came back to the driver)."""
@@ -82,8 +145,9 @@ class NetBatch:
                 from mirrorline.sparkenv import get_spark
 
                 spark = get_spark()
-            assert self.rows is not None
-            self.net = spark.createDataFrame(self.rows, schema=NET_DDL)
+            rows = self.arrow()
+            assert rows is not None
+            self.net = spark.createDataFrame(rows, schema=NET_DDL)
         return self.net
 
     def of(self, table: str, kind: str) -> DataFrame:
@@ -95,6 +159,10 @@ class NetBatch:
         """``{table: {"D": n, "U": n, "I": n}}`` for every table in ``tables`` (a small Spark job, unless the rows
         are on the driver)."""
         out = {t: {"D": 0, "U": 0, "I": 0} for t in self.tables}
+        if self.rows is None and self.inserts is not None:
+            for t, ins in self.inserts.items():
+                out.setdefault(t, {"D": 0, "U": 0, "I": 0})["I"] = ins.rows.num_rows
+            return out
         if self.rows is not None:
             pairs = self.rows.group_by(["table", "kind"]).aggregate([([], "count_all")]).to_pylist()
             for r in pairs:
@@ -110,6 +178,7 @@ class NetBatch:
             self.cached.unpersist()
             self.cached = None
         self.rows = None
+        self.inserts = None
         if self.scratch is not None:
             import shutil
 

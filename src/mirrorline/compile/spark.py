@@ -493,8 +493,9 @@ def find_invalid(
 
 def collect_result(batch: NetBatch) -> NetResult:
     """The whole batch on the driver as a reference NetResult (for tests and small units only)."""
-    if batch.rows is not None:
-        return from_rows(batch.tables, batch.truncated, batch.rows.to_pylist())
+    rows = batch.arrow()
+    if rows is not None:
+        return from_rows(batch.tables, batch.truncated, rows.to_pylist())
     return from_rows(batch.tables, batch.truncated, (r.asDict() for r in batch.frame().collect()))
 
 

@@ -14,7 +14,8 @@ if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
 
 
-def _range_filter(after: Position | None, upto: Position | None) -> Column | None:
+def range_filter(after: Position | None, upto: Position | None) -> Column | None:
+    """The rows of ``(after, upto]`` as a predicate Parquet can push down (None: no bound)."""
     from pyspark.sql import functions as F
 
     lsn, seq = F.col("lsn"), F.col("seq")
@@ -55,5 +56,5 @@ def read_spark(log: ChangeLog, after: Position | None = None, upto: Position | N
     needs_filter = any(
         (after is not None and s.first <= after) or (upto is not None and s.last > upto) for s in segs
     )
-    cond = _range_filter(after, upto) if needs_filter else None
+    cond = range_filter(after, upto) if needs_filter else None
     return df.where(cond) if cond is not None else df

@@ -1,0 +1,192 @@
+"""Units that only insert (mirrorline.compile.inserts): one narrow Spark job, no fold. The result must be the general
+path's, a key inserted twice must still end in the general path's error, and a pipeline must apply such a unit to
+its targets exactly."""
+
+from __future__ import annotations
+
+import random
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mirrorline.compile.inserts import compile_inserts, qualifies
+from mirrorline.compile.spark import changes_frame, collect_result, compile_changes
+from mirrorline.compile.store import UnitStore
+from mirrorline.config import parse
+from mirrorline.errors import ApplyError, InvalidSequenceError
+from mirrorline.log import LogWriter
+from mirrorline.log.rows import changes_to_table
+from mirrorline.log.stats import table_stats
+from mirrorline.model import Change, Column, Op, TableSchema
+from mirrorline.pipeline import Applier
+from mirrorline.position import ZERO, Position
+
+A = TableSchema("public.a", (Column("id", "bigint", nullable=False), Column("v", "text"), Column("w", "integer")),
+                ("id",))
+B = TableSchema("public.b", (Column("k1", "text", nullable=False), Column("k2", "integer", nullable=False),
+                             Column("note", "text")), ("k1", "k2"))
+
+
+def _inserts(seed: int, n: int) -> list[Change]:
+    """Inserts into A and B in random order, some values NULL, positions 1..n."""
+    rnd = random.Random(seed)
+    out = []
+    for i in range(1, n + 1):
+        if rnd.random() < 0.6:
+            new = {"id": str(i), "v": rnd.choice([None, f"v{i}", "", "a,b\"c"]), "w": rnd.choice([None, str(i % 7)])}
+            out.append(Change(Position(10 + i, 0), 0, 1, "public.a", Op.INSERT, (str(i),), new))
+        else:
+            new = {"k1": f"x{i % 13}", "k2": str(i), "note": rnd.choice([None, "n"])}
+            out.append(Change(Position(10 + i, 0), 0, 1, "public.b", Op.INSERT, (f"x{i % 13}", str(i)), new))
+    return out
+
+
+def test_which_units_qualify() -> None:
+    ins = table_stats(changes_to_table(_inserts(1, 20)))
+    assert qualifies(ins)
+    assert not qualifies(ins, max_rows=19)
+    assert not qualifies(ins, {"public.a": "UD", "public.b": "D"})  # nothing left to insert
+    assert qualifies(ins, {"public.a": "UD"})
+    upd = Change(Position(99, 0), 0, 1, "public.a", Op.UPDATE, ("1",), {"id": "1", "v": "x", "w": None})
+    dele = Change(Position(99, 0), 0, 1, "public.a", Op.DELETE, ("1",))
+    trunc = Change(Position(99, 0), 0, 1, "public.b", Op.TRUNCATE)
+    moved = Change(Position(99, 0), 0, 1, "public.a", Op.UPDATE, ("100",), {"id": "100", "v": None, "w": None},
+                   old_key=("1",))
+    for other in (upd, dele, trunc, moved):
+        assert not qualifies(table_stats(changes_to_table([*_inserts(1, 20), other])))
+    assert not qualifies({})
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize("seed", [1, 2])
+def test_the_net_rows_are_the_general_paths(spark: Any, seed: int, tmp_path: Path) -> None:
+    changes = _inserts(seed, 300)
+    stats = table_stats(changes_to_table(changes))
+    start, end = Position(40, 0), Position(250, 0)  # bounds inside the rows: only (start, end] counts
+    inside = [c for c in changes if start < c.pos <= end]
+    for actions in (None, {"public.b": "UD"}):
+        want = compile_changes(changes_frame(spark, changes), actions=actions, start=start, end=end)
+        got = compile_inserts(changes_frame(spark, changes), table_stats(changes_to_table(inside)),
+                              {"public.a": A, "public.b": B}, start, end, actions)
+        assert got is not None and got.net is None and got.inserts is not None
+        assert (got.start, got.end, got.changes) == (start, end, len(inside))
+        assert got.counts() == want.counts()
+        w, g = collect_result(want), collect_result(got)
+        assert (g.tables, g.rows()) == (w.tables, w.rows())
+        assert len(g.tables) == (1 if actions else 2) and sum(len(g.nets[t].of("I")) for t in g.tables) > 0
+        stored = collect_result(UnitStore(tmp_path / f"s{actions is None}").save(spark, got))  # as `compile` keeps it
+        assert (stored.tables, stored.rows()) == (w.tables, w.rows())
+        want.release()
+    assert qualifies(stats)
+
+
+@pytest.mark.spark
+def test_a_key_inserted_twice_goes_to_the_general_path_and_its_error(spark: Any) -> None:
+    changes = _inserts(3, 50)
+    twice = Change(Position(200, 0), 0, 1, "public.a", Op.INSERT, ("7",), {"id": "7", "v": "again", "w": None})
+    changes = [c for c in changes if c.key != ("7",)] + [
+        Change(Position(17, 0), 0, 1, "public.a", Op.INSERT, ("7",), {"id": "7", "v": "first", "w": None}), twice]
+    stats = table_stats(changes_to_table(sorted(changes, key=lambda c: c.pos)))
+    assert qualifies(stats)
+    end = Position(200, 0)
+    assert compile_inserts(changes_frame(spark, changes), stats, {"public.a": A, "public.b": B}, ZERO, end) is None
+    with pytest.raises(InvalidSequenceError) as e:
+        compile_changes(changes_frame(spark, changes), end=end)
+    assert (e.value.table, e.value.key, e.value.second_pos) == ("public.a", ("7",), Position(200, 0))
+
+
+def _log(tmp_path: Path, changes: list[Change], per_txn: int = 100) -> None:
+    with LogWriter(tmp_path / "log", segment_changes=250) as w:
+        w.record_schema(A)
+        w.record_schema(B)
+        for i in range(0, len(changes), per_txn):
+            w.add_transaction(1000 + i, 1, changes[i:i + per_txn])
+
+
+def _pipeline(tmp_path: Path, **urls: str) -> Applier:
+    targets = {n: {"url": u} for n, u in (urls or {"t": f"sqlite:///{tmp_path / 't.db'}"}).items()}
+    conf = parse({"source": {"dsn": "postgresql://nobody@127.0.0.1:1/x"}, "log": {"path": str(tmp_path / "log")},
+                  "targets": targets}, tmp_path / "m.toml")
+    a = Applier(conf)
+    a.small_unit, a.catch_up_changes = 100, 500  # 1,000 changes behind: one large unit
+    return a
+
+
+def _spy(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    """Record whether each call of compile_inserts gave a batch (it still does the real work)."""
+    from mirrorline.compile import inserts
+
+    calls: list[bool] = []
+    real = inserts.compile_inserts
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        out = real(*args, **kwargs)
+        calls.append(out is not None)
+        return out
+
+    monkeypatch.setattr(inserts, "compile_inserts", spy)
+    return calls
+
+
+@pytest.mark.spark
+def test_a_pipeline_applies_an_inserts_only_unit_exactly(tmp_path: Path, spark: Any, pg: Any,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    import duckdb
+
+    changes = _inserts(4, 1000)
+    _log(tmp_path, changes)
+    calls = _spy(monkeypatch)
+    a = _pipeline(tmp_path, s=f"sqlite:///{tmp_path / 't.db'}", d=f"duckdb:///{tmp_path / 't.duckdb'}", p=pg.url)
+    a._spark = spark
+    reports = a.catch_up()
+    a.close()
+    assert [r.changes for r in reports] == [1000] and calls == [True]
+    want_a = sorted((int(c.new["id"]), c.new["v"], None if c.new["w"] is None else int(c.new["w"]))
+                    for c in changes if c.table == "public.a" and c.new)
+    want_b = sorted((c.new["k1"], int(c.new["k2"]), c.new["note"]) for c in changes if c.table == "public.b" and c.new)
+    qa, qb = "SELECT id, v, w FROM a ORDER BY id", "SELECT k1, k2, note FROM b ORDER BY k1, k2"
+    db = sqlite3.connect(tmp_path / "t.db")
+    assert (db.execute(qa).fetchall(), db.execute(qb).fetchall()) == (want_a, want_b)
+    db.close()
+    dd = duckdb.connect(str(tmp_path / "t.duckdb"))
+    assert (dd.execute(qa).fetchall(), dd.execute(qb).fetchall()) == (want_a, want_b)
+    dd.close()
+    assert (pg.execute(qa), pg.execute(qb)) == (want_a, want_b)
+
+
+@pytest.mark.spark
+def test_inserts_copied_straight_into_a_table_that_holds_one_of_them_stop_naming_it(
+        tmp_path: Path, spark: Any, pg: Any) -> None:
+    changes = _inserts(6, 1000)
+    _log(tmp_path, changes)
+    clash = next(c for c in reversed(changes) if c.table == "public.a")
+    pg.execute("CREATE TABLE a (id bigint PRIMARY KEY, v text, w integer)")
+    pg.execute(f"INSERT INTO a VALUES ({clash.new['id']}, 'already here', NULL)")
+    a = _pipeline(tmp_path, p=pg.url)
+    a._spark = spark
+    with pytest.raises(ApplyError) as e:
+        a.catch_up()
+    assert "public.a" in str(e.value) and str(clash.key[0]) in str(e.value)
+    assert a.positions()["p"] == ZERO
+    assert pg.execute("SELECT count(*) FROM a") == [(1,)]
+    a.close()
+
+
+@pytest.mark.spark
+def test_a_pipeline_stops_on_a_key_inserted_twice_and_keeps_its_position(tmp_path: Path, spark: Any,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    changes = _inserts(5, 1000)
+    first = next(c for c in changes if c.table == "public.a")
+    changes.append(Change(ZERO, 0, 1, "public.a", Op.INSERT, first.key, first.new))
+    _log(tmp_path, changes, per_txn=1001)
+    calls = _spy(monkeypatch)
+    a = _pipeline(tmp_path)
+    a._spark = spark
+    with pytest.raises(InvalidSequenceError) as e:
+        a.catch_up()
+    assert calls == [False]
+    assert (e.value.table, e.value.key) == ("public.a", first.key)
+    assert a.positions()["t"] == ZERO
+    a.close()
