@@ -39,6 +39,6 @@ def target_class(kind: str) -> type[Target]:
 
 def open_target(cfg: TargetConfig, *, threads: int = 1, **options: Any) -> Target:
     """A target from its configuration. ``options``: ``driver_rows`` (units larger than this load table by table),
-    ``parallel_rows`` (PostgreSQL: units with at least this many changes load worktables from Spark tasks)."""
+    ``parallel_rows`` (PostgreSQL: units with at least this many net rows load worktables from Spark tasks)."""
     cls = target_class(cfg.kind)
     return cls(cfg.name, cfg.location, mode=cfg.mode, on_error=cfg.on_error, threads=threads, **options)

@@ -121,6 +121,7 @@ class NetBatch:
     scratch: str | None = field(default=None, repr=False)  # a local folder holding ``net``'s files, if temporary
     rows: pa.Table | None = field(default=None, repr=False)  # the net rows on the driver, when compiled there
     inserts: dict[str, Inserts] | None = field(default=None, repr=False)  # an inserts-only unit's rows, flat
+    net_rows: int | None = None  # how many net rows (D, U, I) ``net`` holds, when known
 
     def __post_init__(self) -> None:
         if self.net is None and self.rows is None and self.inserts is None:

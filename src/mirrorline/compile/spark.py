@@ -448,7 +448,8 @@ def compile_changes(
 
         seen = Observation("mirrorline_compile")
         with _sort_aggregate(spark):
-            plan.net_all.observe(seen, F.count_if(F.col("kind") == "E").alias("errors")).write.mode(
+            plan.net_all.observe(seen, F.count_if(F.col("kind") == "E").alias("errors"),
+                                 F.count_if(F.col("kind").isin("D", "U", "I")).alias("net")).write.mode(
                 "overwrite").parquet(first)
         written = spark.read.schema(f"{NET_DDL}, {_MOVES_DDL + ', ' if plan.moves else ''}{_ERR_DDL}").parquet(first)
         errors = _errors(written, 1) if seen.get.get("errors", 1) else []
@@ -473,6 +474,7 @@ def compile_changes(
         truncated={t: ps[-1] for t, ps in plan.truncs.items()},
         changes=plan.changes,
         scratch=scratch,
+        net_rows=int(seen.get.get("net", 0)) if not plan.moves else None,
     )
 
 
