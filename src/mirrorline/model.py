@@ -6,7 +6,7 @@ sent is *absent* from the new image and listed in ``unchanged``: never a null.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -24,6 +24,15 @@ class Op(StrEnum):
 
     def __str__(self) -> str:
         return self.value
+
+
+def kept_kinds(acts: Collection[str]) -> frozenset[str]:
+    """The kinds of op a table whose ``actions`` are ``acts`` keeps, a key change counted as a D of its old key and
+    an I of its new key: those kinds, and T with D (a TRUNCATE deletes every row). The one statement of the rule: the
+    fold (:mod:`mirrorline.compile.reference`, whose ``kept_changes`` feeds apply's failure path), the Spark compile
+    and the log's statistics all read it."""
+    a = frozenset(x.upper() for x in acts)
+    return a | {"T"} if "D" in a else a
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,7 +14,7 @@ import functools
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass, field
@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from mirrorline.config import Config
 from mirrorline.errors import ConfigError, MirrorlineError
-from mirrorline.model import Change, Op, TableSchema
+from mirrorline.model import Change, TableSchema
 from mirrorline.position import ZERO, Position
 
 if TYPE_CHECKING:
@@ -46,15 +46,6 @@ class UnitReport:
     compile_seconds: float
     apply_seconds: dict[str, float]
     results: dict[str, ApplyResult] = field(default_factory=dict)
-
-
-def _kept(change: Change, actions: Mapping[str, frozenset[str]]) -> bool:
-    kinds = actions.get(change.table)
-    if kinds is None or change.op is Op.TRUNCATE:
-        return True
-    if change.op is Op.UPDATE and change.old_key is not None and change.old_key != change.key:
-        return "D" in kinds or "I" in kinds
-    return change.op.value in kinds
 
 
 class Applier:
@@ -334,12 +325,11 @@ class Applier:
         return done
 
     def _changes(self, start: Position, end: Position) -> Iterator[Change]:
+        from mirrorline.compile.reference import kept_changes
+
         configured = self.config.tables
-        for c in self.log.read(start, end):
-            if configured and c.table not in configured:
-                continue
-            if _kept(c, self.actions):
-                yield c
+        yield from kept_changes((c for c in self.log.read(start, end) if not configured or c.table in configured),
+                                self.actions or None)
 
     def _schemas(self, tables: list[str], end: Position) -> dict[str, TableSchema]:
         from mirrorline.snapshot.catchup import schema_at

@@ -31,9 +31,10 @@ from typing import TYPE_CHECKING, Any
 
 from mirrorline.apply import rows as R
 from mirrorline.apply.session import RowMissing, Session
-from mirrorline.apply.sql import GLOBAL_SCOPE, Dialect, key_col, parse_mask
+from mirrorline.apply.sql import GLOBAL_SCOPE, MASK_COL, MASK_SEP, Dialect, key_col, moved_col, parse_mask
 from mirrorline.apply.stage import ArrowStager, Stager
 from mirrorline.apply.types import cannot_hold
+from mirrorline.compile.reference import marks
 from mirrorline.errors import ApplyError, TargetError, TransientTargetError
 from mirrorline.model import Change, Op, TableSchema
 from mirrorline.position import ZERO, Position
@@ -578,6 +579,10 @@ class Target(ABC):
         new = dict(c.new or {})
         if c.op is Op.INSERT:
             cols = list(ts.column_names)
+            unsent = marks(c) & frozenset(cols)
+            if unsent and c.old_key is not None:
+                self._insert_moved(s, ts, c, unsent)
+                return
             if s.dml(d.insert_select(ts, d.one_row(cols), cols), [new.get(x) for x in cols]) != 1:
                 raise RowMissing("I")
             return
@@ -594,6 +599,24 @@ class Target(ABC):
                 s.dml(d.insert_select(ts, d.one_row(cols), cols), [new.get(x) for x in cols])
                 return
             raise RowMissing("U")
+
+
+    def _insert_moved(self, s: Session, ts: TableSchema, c: Change, unsent: frozenset[str]) -> None:
+        """A key change kept only as the insert of its new key (the table's actions drop D): the columns it did not
+        send are read from the old key's row, as the bulk path's moved images are."""
+        d = self.dialect
+        cols = list(ts.column_names)
+        mask = MASK_SEP.join(sorted(unsent))
+        row = d.one_row([*cols, MASK_COL, *[moved_col(i) for i in range(len(ts.key))]])
+        image = f"mirrorline_image_{next(_images)}"
+        s.execute(d.moved_image(ts, row, image, unsent, [mask]), [*[c.new.get(x) if c.new else None for x in cols],
+                                                                  mask, *(c.old_key or ())])
+        try:
+            if int(s.query(d.count(image))[0][0]) != 1:
+                raise RowMissing("I")
+            s.dml(d.insert_typed(ts, image, cols))
+        finally:
+            s.execute(d.drop_table(image))
 
 
 def check_unknown_types(dialect: Dialect, schemas: Iterable[TableSchema], known: Callable[[str], bool]) -> None:

@@ -55,12 +55,12 @@ unit, ``apply_net(state, fold(changes)) == replay(state, changes)``.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Collection, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from mirrorline.errors import InvalidSequenceError
-from mirrorline.model import Change, Key, Op, Value
+from mirrorline.model import Change, Key, Op, Value, kept_kinds
 from mirrorline.position import Position
 
 ALL_ACTIONS = frozenset("IUD")
@@ -131,6 +131,27 @@ def actions_of(actions: Actions | None, table: str) -> frozenset[str]:
     if actions is None or table not in actions:
         return ALL_ACTIONS
     return frozenset(a.upper() for a in actions[table])
+
+
+def kept_changes(changes: Iterable[Change], actions: Actions | None) -> Iterator[Change]:
+    """The changes as the replica the tables' actions describe goes through them, one by one (apply's failure path
+    re-applies these): a change whose effective ops are all dropped is left out; a key change whose D is dropped
+    becomes an INSERT of the new key (``old_key`` kept: columns it does not send come from the old key's row), one
+    whose I is dropped a DELETE of the old key."""
+    for c in changes:
+        kept = kept_kinds(actions_of(actions, c.table))
+        if c.op is Op.TRUNCATE:
+            if "T" in kept:
+                yield c
+            continue
+        ops = split_ops(c)
+        kinds = [kind for kind, _, _ in ops if kind in kept]
+        if len(kinds) == len(ops):
+            yield c
+        elif kinds == ["I"]:
+            yield replace(c, op=Op.INSERT)
+        elif kinds == ["D"]:
+            yield replace(c, op=Op.DELETE, key=ops[0][1], new=None, unchanged=frozenset(), old_key=None)
 
 
 def split_ops(c: Change) -> list[tuple[str, Key, Change]]:
@@ -240,7 +261,7 @@ def fold(changes: Iterable[Change], actions: Actions | None = None) -> NetResult
     for c in sorted(changes, key=lambda c: c.pos):
         acts = actions_of(actions, c.table)
         if c.op is Op.TRUNCATE:
-            if "D" not in acts:
+            if "T" not in kept_kinds(acts):
                 continue
             truncated[c.table] = c.pos
             keys[c.table] = {}
@@ -284,7 +305,7 @@ def replay(state: State, changes: Iterable[Change], actions: Actions | None = No
         acts = actions_of(actions, c.table)
         rows = out.setdefault(c.table, {})
         if c.op is Op.TRUNCATE:
-            if "D" in acts:
+            if "T" in kept_kinds(acts):
                 rows.clear()
                 truncated_at[c.table] = c.pos
                 for tk in [tk for tk in last if tk[0] == c.table]:

@@ -44,6 +44,7 @@ from mirrorline.compile.fold_sql import SORTED_OPS, fold_steps
 from mirrorline.compile.reference import ALL_ACTIONS, Actions, NetResult, from_rows
 from mirrorline.errors import InvalidSequenceError
 from mirrorline.log.stats import Stats
+from mirrorline.model import kept_kinds
 from mirrorline.position import ZERO, Position
 from mirrorline.scratch import mkdtemp as scratch_dir
 
@@ -76,7 +77,7 @@ def _kept(kinds: Column, acts: Mapping[str, frozenset[str]]) -> Column:
     """Is ``kinds`` (a string column holding one of I, U, D, T) kept by the table's actions? T goes with D."""
     from pyspark.sql import functions as F
 
-    kept = {t: F.array(*[F.lit(k) for k in sorted(a | ({"T"} if "D" in a else set()))]) for t, a in acts.items()}
+    kept = {t: F.array(*[F.lit(k) for k in sorted(kept_kinds(a))]) for t, a in acts.items()}
     return F.array_contains(_by_table(kept, F.array(*[F.lit(k) for k in "DITU"])), kinds)
 
 
@@ -197,7 +198,7 @@ def _meta_from_stats(stats: Stats, acts: Mapping[str, frozenset[str]]) -> list[_
     for table, st in stats.items():
         kept = acts.get(table, ALL_ACTIONS)
         out.append(_TableMeta(table, st.count, st.first_kept(kept), st.last,
-                              list(st.truncates) if "D" in kept else [], st.key_changes, st.moves))
+                              list(st.truncates) if "T" in kept_kinds(kept) else [], st.key_changes, st.moves))
     return out
 
 

@@ -20,6 +20,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from mirrorline.model import kept_kinds
 from mirrorline.position import Position
 
 KINDS = ("I", "U", "D", "T", "K")
@@ -70,10 +71,8 @@ class TableStats:
     def first_kept(self, kept: frozenset[str]) -> Position | None:
         """The first position of a change the table's actions keep (``kept``: a subset of I, U, D). A TRUNCATE is
         kept with D; a key change when its D or its I is."""
-        kinds = set(kept & {"I", "U", "D"})
-        if "D" in kept:
-            kinds.add("T")
-        if kept & {"D", "I"}:
+        kinds = set(kept_kinds(kept))
+        if kinds & {"D", "I"}:  # K: a key change, kept when its D or its I is
             kinds.add("K")
         found = [self.first[k] for k in kinds if k in self.first]
         return min(found) if found else None

@@ -93,14 +93,11 @@ def _changes(cl: ChangeLog, start: Position, end: Position, tables: Iterable[str
     wanted = set(tables)
 
     def load() -> list[Change]:
-        out: list[Change] = []
-        for c in cl.read(start, end):
-            if c.table not in wanted:
-                continue
-            acts = config.table(c.table).actions
-            if c.op.value == "T" or c.op.value in acts:
-                out.append(c)
-        return out
+        from mirrorline.compile.reference import kept_changes
+        from mirrorline.compile.spark import actions_from_config
+
+        return list(kept_changes((c for c in cl.read(start, end) if c.table in wanted),
+                                 actions_from_config(config.tables)))
 
     return load
 

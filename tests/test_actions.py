@@ -1,0 +1,134 @@
+"""The rule "kept by the table's actions" (issue 18): written once (``model.kept_kinds``), and the changes apply's
+failure path re-applies one by one (``reference.kept_changes``) are those the bulk path folded. With ``actions = "IU"``
+a TRUNCATE is not applied, and a key change is only the insert of its new key: a unit that fails in bulk and is
+re-applied serially must leave the target as the bulk path would have."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mirrorline.compile.reference import kept_changes
+from mirrorline.config import parse
+from mirrorline.log import LogWriter
+from mirrorline.log.rows import changes_to_table
+from mirrorline.log.stats import table_stats
+from mirrorline.model import Change, Column, Op, TableSchema, kept_kinds
+from mirrorline.pipeline import Applier
+from mirrorline.position import ZERO, Position
+
+T = "public.t"
+P = Position(1, 0)
+
+
+def test_kept_kinds() -> None:
+    assert kept_kinds("IUD") == frozenset("IUDT")
+    assert kept_kinds("iu") == frozenset("IU")
+    assert kept_kinds(["D"]) == frozenset("DT")
+
+
+def test_kept_changes_follow_the_fold() -> None:
+    trunc = Change(P, 0, 1, T, Op.TRUNCATE)
+    ins = Change(P, 0, 1, T, Op.INSERT, ("1",), {"id": "1", "v": "a"})
+    upd = Change(P, 0, 1, T, Op.UPDATE, ("1",), {"id": "1", "v": "b"})
+    dele = Change(P, 0, 1, T, Op.DELETE, ("1",))
+    moved = Change(P, 0, 1, T, Op.UPDATE, ("2",), {"id": "2"}, frozenset({"v"}), old_key=("1",))
+    every = [trunc, ins, upd, dele, moved]
+    assert list(kept_changes(every, None)) == every
+    assert list(kept_changes(every, {"public.other": "I"})) == every
+    assert list(kept_changes(every, {T: "IUD"})) == every
+    iu = list(kept_changes(every, {T: "IU"}))
+    assert iu[:2] == [ins, upd]
+    assert (iu[2].op, iu[2].key, iu[2].old_key, iu[2].unchanged, iu[2].new) == (
+        Op.INSERT, ("2",), ("1",), frozenset({"v"}), {"id": "2"})
+    assert len(iu) == 3
+    ud = list(kept_changes(every, {T: "UD"}))
+    assert ud[:3] == [trunc, upd, dele]
+    assert (ud[3].op, ud[3].key, ud[3].new, ud[3].old_key) == (Op.DELETE, ("1",), None, None)
+    assert list(kept_changes(every, {T: "ID"})) == [trunc, ins, dele, moved]  # a key change is a D and an I
+    assert list(kept_changes(every, {T: "U"})) == [upd]
+
+
+def test_the_statistics_keep_what_the_fold_keeps() -> None:
+    rows = changes_to_table([
+        Change(Position(5, 0), 0, 1, T, Op.TRUNCATE),
+        Change(Position(6, 0), 0, 1, T, Op.UPDATE, ("2",), {"id": "2"}, old_key=("1",)),
+        Change(Position(7, 0), 0, 1, T, Op.INSERT, ("3",), {"id": "3"}),
+    ])
+    st = table_stats(rows)[T]
+    assert st.first_kept(frozenset("IU")) == Position(6, 0)  # no TRUNCATE without D; the key change's I
+    assert st.first_kept(frozenset("D")) == Position(5, 0)
+    assert st.first_kept(frozenset("U")) is None
+
+
+SCHEMA = TableSchema(T, (Column("id", "bigint", nullable=False), Column("v", "text"), Column("big", "text")), ("id",))
+
+
+def _log(tmp_path: Path) -> None:
+    with LogWriter(tmp_path / "log") as w:
+        w.record_schema(SCHEMA)
+        w.add_transaction(100, 1, [Change(ZERO, 0, 1, T, Op.TRUNCATE)])
+        w.add_transaction(200, 1, [
+            Change(ZERO, 0, 1, T, Op.INSERT, ("3",), {"id": "3", "v": "c", "big": "B3"}),
+            Change(ZERO, 0, 1, T, Op.INSERT, ("4",), {"id": "4", "v": "bad", "big": "B4"}),
+            # the key changes, the TOASTed column not sent: with "IU" only the new key is inserted, big from row 1
+            Change(ZERO, 0, 1, T, Op.UPDATE, ("10",), {"id": "10", "v": "a2"}, frozenset({"big"}), old_key=("1",)),
+        ])
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize("kind", ["sqlite", "duckdb", "postgresql"])
+def test_a_unit_failing_in_bulk_is_re_applied_with_the_same_actions(tmp_path: Path, spark: Any, kind: str,
+                                                                      request: pytest.FixtureRequest) -> None:
+    _log(tmp_path)
+    rows = [(1, "a", "B1"), (2, "b", "B2")]
+    if kind == "sqlite":
+        url = f"sqlite:///{tmp_path / 't.db'}"
+        db = sqlite3.connect(tmp_path / "t.db")
+        db.execute("CREATE TABLE t (id INTEGER PRIMARY KEY, v TEXT, big TEXT)")
+        db.execute("CREATE TRIGGER no_bad BEFORE INSERT ON t WHEN NEW.v = 'bad' "
+                   "BEGIN SELECT RAISE(ABORT, 'bad value'); END")
+        db.executemany("INSERT INTO t VALUES (?, ?, ?)", rows)
+        db.commit()
+        db.close()
+    elif kind == "duckdb":
+        import duckdb
+
+        url = f"duckdb:///{tmp_path / 't.duckdb'}"
+        dd = duckdb.connect(str(tmp_path / "t.duckdb"))
+        dd.execute("CREATE TABLE t (id BIGINT PRIMARY KEY, v VARCHAR CHECK (v <> 'bad'), big VARCHAR)")
+        dd.executemany("INSERT INTO t VALUES (?, ?, ?)", rows)
+        dd.close()
+    else:
+        pg = request.getfixturevalue("pg")
+        url = pg.url
+        pg.execute("CREATE TABLE t (id bigint PRIMARY KEY, v text CHECK (v <> 'bad'), big text)")
+        pg.execute("INSERT INTO t VALUES (1, 'a', 'B1'), (2, 'b', 'B2')")
+    conf = parse({"source": {"dsn": "postgresql://nobody@127.0.0.1:1/x"}, "log": {"path": str(tmp_path / "log")},
+                  "tables": {T: {"actions": "IU"}},
+                  "targets": {"x": {"url": url, "on_error": "reject"}}}, tmp_path / "m.toml")
+    a = Applier(conf)
+    a._spark = spark
+    reports = a.catch_up()
+    a.close()
+    assert reports and reports[-1].results["x"].serial == [T] and reports[-1].results["x"].rejects == 1
+    want = [(1, "a", "B1"), (2, "b", "B2"), (3, "c", "B3"), (10, "a2", "B1")]
+    query = "SELECT id, v, big FROM t ORDER BY id"
+    if kind == "sqlite":
+        db = sqlite3.connect(tmp_path / "t.db")
+        got = db.execute(query).fetchall()
+        rejected = db.execute("SELECT key FROM mirrorline_rejects").fetchall()
+        db.close()
+    elif kind == "duckdb":
+        dd = duckdb.connect(str(tmp_path / "t.duckdb"))
+        got = dd.execute(query).fetchall()
+        rejected = dd.execute("SELECT key FROM mirrorline_rejects").fetchall()
+        dd.close()
+    else:
+        got = pg.execute(query)
+        rejected = pg.execute("SELECT key FROM mirrorline_rejects")
+    assert got == want
+    assert [r[0] for r in rejected] == ['["4"]']
