@@ -8,7 +8,7 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
-from mirrorline.apply.sql import Dialect
+from mirrorline.apply import target_class
 from mirrorline.workload import COLUMNS, TABLES, source_rows
 
 BOOLEAN_COLUMNS = {("public.accounts", "active")}
@@ -52,7 +52,7 @@ def _canon(table: str, col: str, v: Any) -> str | None:
 
 def target_rows(kind: str, url: str, table: str) -> list[tuple[Any, ...]]:
     cols = COLUMNS[table]
-    d = Dialect(kind)
+    d = target_class(kind).dialect
     sel = ", ".join(f'"{c}"' for c in cols)
     if kind == "postgresql":
         import psycopg2

@@ -7,8 +7,11 @@ import pytest
 
 from mirrorline.apply import deal
 from mirrorline.apply import rows as R
+from mirrorline.apply.duckdb import DUCKDB
 from mirrorline.apply.engine import AppliedState
-from mirrorline.apply.sql import DUCKDB, MASK_SEP, POSTGRESQL, SQLITE, mask_of, parse_mask
+from mirrorline.apply.postgresql import POSTGRESQL
+from mirrorline.apply.sql import MASK_SEP, mask_of, parse_mask
+from mirrorline.apply.sqlite import SQLITE
 from mirrorline.apply.types import base_type, duckdb_type, sqlite_type
 from mirrorline.errors import TargetError
 from mirrorline.model import Column, TableSchema

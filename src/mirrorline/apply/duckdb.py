@@ -12,10 +12,12 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 
+from mirrorline.apply import types as T
 from mirrorline.apply.engine import Target
 from mirrorline.apply.session import Session
-from mirrorline.apply.sql import DUCKDB
+from mirrorline.apply.sql import Dialect, lit
 from mirrorline.errors import TargetError
+from mirrorline.model import Column
 
 _DATA_ERRORS = (
     duckdb.ConstraintException,
@@ -25,6 +27,24 @@ _DATA_ERRORS = (
     duckdb.TypeMismatchException,
 )
 _views = itertools.count(1)
+
+
+class DuckdbDialect(Dialect):
+    name = "duckdb"
+    default_schema = "main"
+    text_type = "VARCHAR"
+
+    def type_info(self, table: str, col: Column) -> T.TypeInfo:
+        return T.duckdb_type(table, col.name, col.type_name)
+
+    def conv(self, expr: str, info: T.TypeInfo, table: str = "", column: str = "") -> str:
+        if info.conv == "bytea":  # PostgreSQL's hex form, \x...
+            bad = f"error({lit(f'{table}.{column}: not a bytea value: ')} || {expr})"
+            return f"CASE WHEN starts_with({expr}, '\\x') THEN unhex(substr({expr}, 3)) ELSE {bad} END"
+        return super().conv(expr, info, table, column)
+
+
+DUCKDB = DuckdbDialect()
 
 
 class DuckdbSession(Session):

@@ -25,13 +25,14 @@ import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 
 from mirrorline.apply import rows as R
+from mirrorline.apply import types as T
 from mirrorline.apply.engine import Target, check_unknown_types
 from mirrorline.apply.session import Session
-from mirrorline.apply.sql import POSTGRESQL
+from mirrorline.apply.sql import Dialect
 from mirrorline.apply.stage import Stager, generic_flatten, pick
 from mirrorline.config import redact_dsn
 from mirrorline.errors import TargetError, TransientTargetError
-from mirrorline.model import TableSchema, quote_ident
+from mirrorline.model import Column, TableSchema, quote_ident
 
 if TYPE_CHECKING:
     from mirrorline.compile.batch import NetBatch
@@ -39,6 +40,25 @@ if TYPE_CHECKING:
 _DATA_CLASSES = ("22", "23", "P0")  # data exception, integrity constraint, raised by a target trigger
 _CSV = pacsv.WriteOptions(include_header=False, quoting_style="all_valid")
 WORK_PREFIX = "mirrorline_w_"
+
+
+class PostgresDialect(Dialect):
+    name = "postgresql"
+    default_schema = "public"
+    param = "%s"
+    ordered_inserts = True  # rows in key order meet the key's index page by page
+
+    def type_info(self, table: str, col: Column) -> T.TypeInfo:
+        return T.postgresql_type(table, col.name, col.type_name)
+
+    def text_param(self) -> str:
+        return "CAST(%s AS text)"
+
+    def truncate(self, table: str) -> str:
+        return f"TRUNCATE {self.table(table)}"
+
+
+POSTGRESQL = PostgresDialect()
 
 
 def to_csv(data: pa.Table) -> io.BytesIO:

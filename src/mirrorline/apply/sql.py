@@ -1,5 +1,5 @@
-"""SQL text for the apply stage, per dialect (PostgreSQL, SQLite, DuckDB). Pure functions over names and schemas;
-every identifier quoted.
+"""SQL text for the apply stage: :class:`Dialect`, which each target kind's module subclasses where its engine differs
+(PostgreSQL, SQLite, DuckDB). Pure functions over names and schemas; every identifier quoted.
 
 Worktables hold text exactly as PostgreSQL sent it; the set-based statements convert it to the target's types
 (:mod:`mirrorline.apply.types`). Their layout:
@@ -17,8 +17,9 @@ table), each statement writing only the columns that changed.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from typing import ClassVar
 
 from mirrorline.apply import types as T
 from mirrorline.model import Column, TableSchema, quote_ident, split_table_name
@@ -54,20 +55,24 @@ def parse_mask(mask: str | None) -> frozenset[str]:
     return frozenset(x for x in (mask or "").split(MASK_SEP) if x)
 
 
-@dataclass(frozen=True)
-class Dialect:
-    name: str  # "postgresql", "sqlite", "duckdb"
+class Dialect(ABC):
+    """The SQL of one target kind: statements in the form most engines take (PostgreSQL's and DuckDB's), each kind's
+    module (:mod:`mirrorline.apply.postgresql`, ``sqlite``, ``duckdb``) subclassing it where its engine differs."""
+
+    name: ClassVar[str]  # the target kind: "postgresql", "sqlite", "duckdb"
+    default_schema: ClassVar[str | None] = None  # where a table of the source's "public" schema goes (None: no schemas)
+    text_type: ClassVar[str] = "TEXT"
+    param: ClassVar[str] = "?"  # the driver's placeholder
+    ordered_inserts: ClassVar[bool] = False  # insert_select(key_order=True) sorts: the engine gains by it
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"
 
     # -- names ------------------------------------------------------------------------------------------------------
     def names(self, table: str) -> tuple[str | None, str]:
-        """The target's (schema, name) for a source table "schema.name": SQLite has no schemas ("public.orders" is
-        "orders", "sales.orders" is "sales.orders"); DuckDB's default schema is "main"."""
+        """The target's (schema, name) for a source table "schema.name"."""
         schema, name = split_table_name(table)
-        if self.name == "sqlite":
-            return None, (name if schema == "public" else f"{schema}.{name}")
-        if self.name == "duckdb" and schema == "public":
-            return "main", name
-        return schema, name
+        return (self.default_schema if schema == "public" else schema), name
 
     def table(self, table: str) -> str:
         """The target's (quoted) name for a source table "schema.name"."""
@@ -77,64 +82,31 @@ class Dialect:
     def schema(self, table: str) -> str | None:
         """The schema to create for a table, if the dialect has schemas and it is not the default one."""
         schema, _ = split_table_name(table)
-        if self.name == "sqlite" or schema == "public":
-            return None
-        return schema
+        return None if schema == "public" else schema
 
     def own(self, name: str) -> str:
         """mirrorline's own tables (state, rejects) live in the default schema."""
-        return {"postgresql": f'"public".{quote_ident(name)}', "duckdb": f'"main".{quote_ident(name)}'}.get(
-            self.name, quote_ident(name)
-        )
-
-    @property
-    def text_type(self) -> str:
-        return "VARCHAR" if self.name == "duckdb" else "TEXT"
-
-    @property
-    def param(self) -> str:
-        return "%s" if self.name == "postgresql" else "?"
+        if self.default_schema is None:
+            return quote_ident(name)
+        return f"{quote_ident(self.default_schema)}.{quote_ident(name)}"
 
     def text_param(self) -> str:
         """A parameter typed as text (so NULL stays a text NULL)."""
-        return {"postgresql": "CAST(%s AS text)", "duckdb": "CAST(? AS VARCHAR)"}.get(self.name, "?")
+        return f"CAST({self.param} AS {self.text_type})"
 
     # -- types ------------------------------------------------------------------------------------------------------
+    @abstractmethod
     def type_info(self, table: str, col: Column) -> T.TypeInfo:
-        fn = {"postgresql": T.postgresql_type, "sqlite": T.sqlite_type, "duckdb": T.duckdb_type}[self.name]
-        return fn(table, col.name, col.type_name)
+        """The column's type at the target and how text converts to it (:mod:`mirrorline.apply.types`)."""
 
     def conv(self, expr: str, info: T.TypeInfo, table: str = "", column: str = "") -> str:
         """The SQL expression turning the text ``expr`` into the column's target value; a bad value is an error."""
         if info.conv == "text":
             return expr
-        if self.name == "postgresql":
-            return f"CAST({expr} AS {info.target_type})"
-        if self.name == "duckdb":
-            if info.conv == "bytea":
-                bad = f"error({lit(f'{table}.{column}: not a bytea value: ')} || {expr})"
-                return f"CASE WHEN starts_with({expr}, '\\x') THEN unhex(substr({expr}, 3)) ELSE {bad} END"
-            return f"CAST({expr} AS {info.target_type})"
-        bad = f"mirrorline_bad({expr}, {lit(info.pg_type)}, {lit(table)}, {lit(column)})"
-        # SQLite casts never fail (CAST('abc' AS INTEGER) is 0): check first, else call the error function
-        # (which returns NULL for a NULL value).
-        if info.conv == "int":
-            ok = f"CAST(CAST({expr} AS INTEGER) AS TEXT) = {expr}"
-            return f"CASE WHEN {ok} THEN CAST({expr} AS INTEGER) ELSE {bad} END"
-        if info.conv == "bool":
-            return f"CASE {expr} WHEN 't' THEN 1 WHEN 'f' THEN 0 ELSE {bad} END"
-        if info.conv == "real":
-            ok = f"{expr} GLOB '*[0-9]*' AND NOT {expr} GLOB '*[^0-9eE.+-]*'"
-            return (f"CASE WHEN {ok} THEN CAST({expr} AS REAL) WHEN {expr} = 'Infinity' THEN 9e999 "
-                    f"WHEN {expr} = '-Infinity' THEN -9e999 ELSE {bad} END")
-        if info.conv == "bytea":
-            return f"CASE WHEN substr({expr}, 1, 2) = '\\x' THEN mirrorline_unhex({expr}) ELSE {bad} END"
-        raise ValueError(f"unknown conversion {info.conv}")
+        return f"CAST({expr} AS {info.target_type})"
 
     def eq(self, a: str, b: str, nullable: bool) -> str:
-        if not nullable:
-            return f"{a} = {b}"
-        return f"{a} IS {b}" if self.name == "sqlite" else f"{a} IS NOT DISTINCT FROM {b}"
+        return f"{a} = {b}" if not nullable else f"{a} IS NOT DISTINCT FROM {b}"
 
     # -- DDL --------------------------------------------------------------------------------------------------------
     def create_table(self, s: TableSchema) -> list[str]:
@@ -169,8 +141,6 @@ class Dialect:
         return f"DROP TABLE IF EXISTS {name}"
 
     def truncate(self, table: str) -> str:
-        if self.name == "postgresql":
-            return f"TRUNCATE {self.table(table)}"
         return f"DELETE FROM {self.table(table)}"
 
     # -- set-based statements ---------------------------------------------------------------------------------------
@@ -194,9 +164,6 @@ class Dialect:
         """Delete the target rows whose key is in the worktable (deletes, or updates in mirror mode)."""
         tgt = self.table(s.table)
         match = self._key_match(s, "t", "w") + self._mask_filter("w", masks)
-        if self.name == "sqlite":
-            return (f"DELETE FROM {tgt} WHERE rowid IN (SELECT t.rowid FROM {work} AS w "
-                    f"JOIN {tgt} AS t ON {match})")
         return f"DELETE FROM {tgt} AS t USING {work} AS w WHERE {match}"
 
     def join_update(self, s: TableSchema, work: str, set_cols: Sequence[str], masks: Sequence[str] | None,
@@ -213,7 +180,8 @@ class Dialect:
     def insert_select(self, s: TableSchema, work: str, cols: Sequence[str], masks: Sequence[str] | None = None,
                       src: Mapping[str, str] | None = None, key_order: bool = False) -> str:
         """Insert the worktable's rows, converted; ``src`` maps a column to the worktable column holding it (the
-        key columns of an update worktable). ``key_order`` (PostgreSQL): in key order. Worktables hold net rows in
+        key columns of an update worktable). ``key_order``: in key order, where the engine gains by it
+        (:attr:`ordered_inserts`, PostgreSQL). Worktables hold net rows in
         the compiler's hash order; inserted so, every row lands on a random page of the key's index (1M rows:
         3.2 s, against 2.1 s sorted first)."""
         tgt = self.table(s.table)
@@ -224,7 +192,7 @@ class Dialect:
         where = f" WHERE 1 = 1{self._mask_filter('w', masks)}" if masks is not None else ""
         names = ", ".join(quote_ident(c) for c in cols)
         order = ""
-        if key_order and self.name == "postgresql" and all(k in cols for k in s.key):
+        if key_order and self.ordered_inserts and all(k in cols for k in s.key):
             order = " ORDER BY " + ", ".join(str(list(cols).index(k) + 1) for k in s.key)
         return f"INSERT INTO {tgt} ({names}) SELECT {exprs} FROM {work} AS w{where}{order}"
 
@@ -322,7 +290,3 @@ class Dialect:
         return (f"INSERT INTO {self.own(REJECTS_TABLE)} (lsn, seq, position, {quote_ident('table')}, "
                 f"{quote_ident('key')}, op, image, error, rejected_at) VALUES ({', '.join([p] * 9)})")
 
-
-POSTGRESQL = Dialect("postgresql")
-SQLITE = Dialect("sqlite")
-DUCKDB = Dialect("duckdb")

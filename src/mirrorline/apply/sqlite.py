@@ -13,12 +13,62 @@ from typing import Any
 
 import pyarrow as pa
 
+from mirrorline.apply import types as T
 from mirrorline.apply.engine import Target
 from mirrorline.apply.session import Session
-from mirrorline.apply.sql import SQLITE
+from mirrorline.apply.sql import Dialect, lit
 from mirrorline.errors import TargetError
+from mirrorline.model import Column, TableSchema, split_table_name
 
 _UDF_FAILED = "user-defined function raised exception"
+
+
+class SqliteDialect(Dialect):
+    name = "sqlite"
+    default_schema = None  # no schemas: "public.orders" is "orders", "sales.orders" is "sales.orders"
+
+    def names(self, table: str) -> tuple[str | None, str]:
+        schema, name = split_table_name(table)
+        return None, (name if schema == "public" else f"{schema}.{name}")
+
+    def schema(self, table: str) -> str | None:
+        return None
+
+    def text_param(self) -> str:
+        return "?"
+
+    def type_info(self, table: str, col: Column) -> T.TypeInfo:
+        return T.sqlite_type(table, col.name, col.type_name)
+
+    def conv(self, expr: str, info: T.TypeInfo, table: str = "", column: str = "") -> str:
+        # SQLite casts never fail (CAST('abc' AS INTEGER) is 0): check first, else call the error function (which
+        # returns NULL for a NULL value).
+        if info.conv == "text":
+            return expr
+        bad = f"mirrorline_bad({expr}, {lit(info.pg_type)}, {lit(table)}, {lit(column)})"
+        if info.conv == "int":
+            ok = f"CAST(CAST({expr} AS INTEGER) AS TEXT) = {expr}"
+            return f"CASE WHEN {ok} THEN CAST({expr} AS INTEGER) ELSE {bad} END"
+        if info.conv == "bool":
+            return f"CASE {expr} WHEN 't' THEN 1 WHEN 'f' THEN 0 ELSE {bad} END"
+        if info.conv == "real":
+            ok = f"{expr} GLOB '*[0-9]*' AND NOT {expr} GLOB '*[^0-9eE.+-]*'"
+            return (f"CASE WHEN {ok} THEN CAST({expr} AS REAL) WHEN {expr} = 'Infinity' THEN 9e999 "
+                    f"WHEN {expr} = '-Infinity' THEN -9e999 ELSE {bad} END")
+        if info.conv == "bytea":
+            return f"CASE WHEN substr({expr}, 1, 2) = '\\x' THEN mirrorline_unhex({expr}) ELSE {bad} END"
+        raise ValueError(f"unknown conversion {info.conv}")
+
+    def eq(self, a: str, b: str, nullable: bool) -> str:
+        return f"{a} = {b}" if not nullable else f"{a} IS {b}"
+
+    def join_delete(self, s: TableSchema, work: str, masks: Sequence[str] | None = None) -> str:
+        tgt = self.table(s.table)
+        match = self._key_match(s, "t", "w") + self._mask_filter("w", masks)
+        return f"DELETE FROM {tgt} WHERE rowid IN (SELECT t.rowid FROM {work} AS w JOIN {tgt} AS t ON {match})"
+
+
+SQLITE = SqliteDialect()
 
 
 class SqliteSession(Session):
