@@ -319,3 +319,24 @@ def test_a_target_keeps_its_connection_between_units_and_closes_it_at_the_end(ki
     assert t._idle == []
     assert fetch(t, "public.items", ["id"]) == [(1,), (2,)]  # a new connection after close
     t.close()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_snapshot_chunk_loads_by_the_kinds_bulk_path_and_the_session_is_reset_after(kind: str, request: Any,
+                                                                                     tmp_path: Path) -> None:
+    t = open_target(kind, request, tmp_path)
+    t.ensure_schema([ITEMS])
+    chunk = tmp_path / "chunk.csv"
+    chunk.write_text('id,name,qty,note\n1,"a, ""b""",3,\n2,"",4,"x\ny"\n')
+    s = t.session()
+    s.bulk_begin()
+    s.begin()
+    assert s.load_chunk(ITEMS, chunk) == 2
+    s.commit()
+    s.close()
+    assert fetch(t, "public.items", COLS) == [(1, 'a, "b"', 3, None), (2, "", 4, "x\ny")]
+    if kind == "sqlite":  # the load turned durability down for its one transaction; the next user has it back
+        s = t.session()
+        assert s.query("PRAGMA synchronous") == [(1,)]  # NORMAL
+        s.close()
+    t.close()

@@ -7,17 +7,19 @@ from __future__ import annotations
 import itertools
 import threading
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import duckdb
 import pyarrow as pa
 
 from mirrorline.apply import types as T
+from mirrorline.apply.chunks import read_chunk
 from mirrorline.apply.engine import Target
 from mirrorline.apply.session import Session
 from mirrorline.apply.sql import Dialect, lit
 from mirrorline.errors import TargetError
-from mirrorline.model import Column
+from mirrorline.model import Column, TableSchema, quote_ident
 
 _DATA_ERRORS = (
     duckdb.ConstraintException,
@@ -82,6 +84,23 @@ class DuckdbSession(Session):
             self.cur.execute(f"CREATE TEMP TABLE {name} AS SELECT * FROM {view}")
         finally:
             self.cur.unregister(view)
+
+    def load_chunk(self, ts: TableSchema, path: str | Path, header: bool = True) -> int:
+        """Each batch of the file registered as an Arrow view and converted by one INSERT ... SELECT."""
+        d = self.dialect
+        cols = ", ".join(quote_ident(c) for c in ts.column_names)
+        exprs = ", ".join(d.conv(f"v.c{i}", d.type_info(ts.table, c), ts.table, c.name)
+                          for i, c in enumerate(ts.columns))
+        n = 0
+        for batch in read_chunk(path, ts.column_names, header):
+            n += batch.num_rows
+            view = f"mirrorline_snap_{next(_views)}"
+            self.cur.register(view, pa.Table.from_batches([batch]))
+            try:
+                self.cur.execute(f"INSERT INTO {d.table(ts.table)} ({cols}) SELECT {exprs} FROM {view} AS v")
+            finally:
+                self.cur.unregister(view)
+        return n
 
     def table_columns(self, table: str) -> list[str] | None:
         schema, name = self.dialect.names(table)

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 
 from mirrorline.apply.sql import Dialect
+from mirrorline.model import TableSchema
 
 
 class RowMissing(Exception):
@@ -53,6 +55,16 @@ class Session(ABC):
         """Bulk-load text rows straight into the target table (engines whose bulk path converts text to the
         column's type as a cast would: :attr:`Target.direct_inserts`). Returns the number of rows loaded."""
         raise NotImplementedError(f"{type(self).__name__} has no direct bulk insert")
+
+    def bulk_begin(self) -> None:
+        """Before a snapshot's load, one transaction that commits whole or not at all: what makes the engine's bulk
+        path faster (undone by :meth:`reset` before the session serves again)."""
+        return None
+
+    @abstractmethod
+    def load_chunk(self, ts: TableSchema, path: str | Path, header: bool = True) -> int:
+        """Load a snapshot's chunk file (:mod:`mirrorline.apply.chunks`) into ``ts``'s table by the engine's fastest
+        bulk path, values stored as apply stores them; the number of rows loaded."""
 
     @abstractmethod
     def table_columns(self, table: str) -> list[str] | None:

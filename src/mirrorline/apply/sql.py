@@ -64,6 +64,9 @@ class Dialect(ABC):
     text_type: ClassVar[str] = "TEXT"
     param: ClassVar[str] = "?"  # the driver's placeholder
     ordered_inserts: ClassVar[bool] = False  # insert_select(key_order=True) sorts: the engine gains by it
+    # a snapshot's chunks are loaded by Spark tasks straight into the target, each committing its own and recording
+    # it in mirrorline's chunks table (else the driver loads them all in one transaction)
+    parallel_load: ClassVar[bool] = False
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"

@@ -9,16 +9,19 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from mirrorline.apply import types as T
+from mirrorline.apply.chunks import read_chunk
 from mirrorline.apply.engine import Target
 from mirrorline.apply.session import Session
 from mirrorline.apply.sql import Dialect, lit
 from mirrorline.errors import TargetError
-from mirrorline.model import Column, TableSchema, split_table_name
+from mirrorline.model import Column, TableSchema, quote_ident, split_table_name
 
 _UDF_FAILED = "user-defined function raised exception"
 
@@ -69,6 +72,28 @@ class SqliteDialect(Dialect):
 
 
 SQLITE = SqliteDialect()
+
+
+def sqlite_values(batch: pa.RecordBatch, schema: TableSchema, dialect: Dialect) -> list[list[Any]]:
+    """Columns of Python values as apply's SQLite conversions store them."""
+    out: list[list[Any]] = []
+    for arr, col in zip(batch.columns, schema.columns, strict=True):
+        conv = dialect.type_info(schema.table, col).conv
+        if conv == "int":
+            out.append(pc.cast(arr, pa.int64()).to_pylist())
+        elif conv == "real":
+            vals = pc.cast(arr, pa.float64())
+            if pc.any(pc.is_nan(vals)).as_py():
+                raise TargetError(f"{schema.table}.{col.name}: NaN is not a valid {col.type_name} value for SQLite",
+                                  table=schema.table, column=col.name)
+            out.append(vals.to_pylist())
+        elif conv == "bool":
+            out.append(pc.cast(pc.equal(arr, "t"), pa.int64()).to_pylist())
+        elif conv == "bytea":
+            out.append([None if v is None else bytes.fromhex(v[2:]) for v in arr.to_pylist()])
+        else:
+            out.append(arr.to_pylist())
+    return out
 
 
 class SqliteSession(Session):
@@ -125,6 +150,19 @@ class SqliteSession(Session):
         rows = zip(*(data.column(i).to_pylist() for i in range(data.num_columns)), strict=True)
         self.conn.executemany(f"INSERT INTO {name} VALUES ({marks})", rows)
 
+    def bulk_begin(self) -> None:
+        self.conn.execute("PRAGMA synchronous = OFF")  # the load is one transaction: it commits whole or not at all
+
+    def load_chunk(self, ts: TableSchema, path: str | Path, header: bool = True) -> int:
+        """Rows converted as apply's conversions store them, by ``executemany``."""
+        cols = ", ".join(quote_ident(c) for c in ts.column_names)
+        sql = f"INSERT INTO {self.dialect.table(ts.table)} ({cols}) VALUES ({', '.join('?' * len(ts.columns))})"
+        n = 0
+        for batch in read_chunk(path, ts.column_names, header):
+            n += batch.num_rows
+            self.conn.executemany(sql, zip(*sqlite_values(batch, ts, self.dialect), strict=True))
+        return n
+
     def table_columns(self, table: str) -> list[str] | None:
         _, name = self.dialect.names(table)
         cols = [r[1] for r in self.conn.execute("SELECT * FROM pragma_table_info(?)", (name,)).fetchall()]
@@ -145,6 +183,7 @@ class SqliteSession(Session):
 
     def reset(self) -> bool:
         self.rollback()
+        self.conn.execute("PRAGMA synchronous = NORMAL")  # after a snapshot's load (bulk_begin)
         return self.reusable()
 
     def disconnect(self) -> None:

@@ -199,7 +199,7 @@ def snapshot_target(config: Config, name: str, *, tables: Iterable[str] | None =
                     target.ensure_schema(schemas)
                     _register(config.log.path, name, cp.position)
                     whole = only is None
-                    if target.kind == "postgresql":
+                    if target.dialect.parallel_load:
                         chunks = plan_chunks(stats.values(), _chunk_blocks(opts), _parallelism())
                         rows = _wire_postgres(config, target, cp, stats, chunks, whole, opts)
                     else:  # smaller chunks: the driver starts loading as soon as the first one is there

@@ -47,7 +47,7 @@ def create_sql(d: Dialect) -> list[str]:
     out = [f"CREATE TABLE IF NOT EXISTS {d.own(SNAPSHOT_TABLE)} ({quote_ident('table')} {t} PRIMARY KEY, "
            f"state {t} NOT NULL, lsn BIGINT NOT NULL, seq BIGINT NOT NULL, position {t}, end_lsn BIGINT NOT NULL, "
            f"{quote_ident('rows')} BIGINT NOT NULL, origin {t}, updated_at {t})"]
-    if d.name == "postgresql":
+    if d.parallel_load:
         out.append(f"CREATE TABLE IF NOT EXISTS {d.own(CHUNKS_TABLE)} (load_id TEXT NOT NULL, chunk INTEGER NOT NULL, "
                    f"{quote_ident('rows')} BIGINT NOT NULL, PRIMARY KEY (load_id, chunk))")
     return out
