@@ -92,3 +92,20 @@ def test_a_next_unit_still_open_when_the_targets_finish_is_left_for_the_next_ste
     t0 = time.monotonic()
     a._compile_ahead(Position(1000, 9), [applying])  # no Spark: nothing is compiled
     assert a._ahead is None and time.monotonic() - t0 < 5
+
+
+def test_a_target_moves_past_the_logs_last_change_only_to_a_covered_position(tmp_path: Path, spark: Any) -> None:
+    from mirrorline.model import Column, TableSchema
+    from mirrorline.snapshot import catch_up
+
+    with LogWriter(tmp_path / "log") as w:
+        w.record_schema(TableSchema("public.t", (Column("id", "text", nullable=False),), ("id",)))
+        w.add_transaction(10, 1, [Change(ZERO, 0, 0, "public.t", Op.INSERT, ("a",), {"id": "a"})])
+    conf = parse({"source": {"dsn": "postgresql://nobody@127.0.0.1:1/x"}, "log": {"path": str(tmp_path / "log")},
+                  "targets": {"t": {"url": f"sqlite:///{tmp_path / 't.db'}"}}}, tmp_path / "m.toml")
+    beyond = Position(500, 2**63 - 1)  # a consistent point past the last change (verify's)
+    a = Applier(conf, spark=spark)
+    a.catch_up(beyond)  # not known to be covered: the log's end
+    assert a.positions() == {"t": Position(10, 0)}
+    a.close()
+    assert catch_up(conf, "t", upto=beyond) == beyond  # the caller knows capture passed it

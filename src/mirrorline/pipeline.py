@@ -128,13 +128,19 @@ class Applier:
 
     # -- one unit ----------------------------------------------------------------------------------------------
 
-    def step(self, *, upto: Position | None = None, wait_latency: bool = False) -> UnitReport | None:
+    def step(self, *, upto: Position | None = None, wait_latency: bool = False,
+             covered: bool = False) -> UnitReport | None:
         """Apply one unit to the targets furthest behind. ``upto``: never past this position (default: the log's
-        end). ``wait_latency``: leave a unit open until it is full or its first change waited ``latency``."""
+        end). ``wait_latency``: leave a unit open until it is full or its first change waited ``latency``.
+        ``covered``: the log is known to hold every change up to ``upto`` (capture has passed it), so the targets
+        move to ``upto`` itself even where it lies beyond the log's last change."""
         durable = self.log.durable()
-        if durable is None:
+        if covered and upto is not None:
+            limit = upto
+        elif durable is None:
             return None
-        limit = min(durable, upto) if upto is not None else durable
+        else:
+            limit = min(durable, upto) if upto is not None else durable
         states = {n: t.applied_positions() for n, t in self.targets.items()}
         positions = {n: st.position for n, st in states.items()}
         behind = {n: p for n, p in positions.items() if p < limit}
@@ -332,11 +338,9 @@ class Applier:
                                 self.actions or None)
 
     def _schemas(self, tables: list[str], end: Position) -> dict[str, TableSchema]:
-        from mirrorline.snapshot.catchup import schema_at
-
         out: dict[str, TableSchema] = {}
         for t in tables:
-            s = schema_at(self.log, t, end)
+            s = self.log.schema_at(t, end)
             if s is None:
                 raise MirrorlineError(f"the change log has no schema for {t}",
                                       hint="the log is damaged or was imported without [tables] columns", table=t)
@@ -359,13 +363,14 @@ class Applier:
 
     # -- loops -------------------------------------------------------------------------------------------------
 
-    def catch_up(self, upto: Position | None = None,
-                 on_unit: Callable[[UnitReport], None] | None = None) -> list[UnitReport]:
-        """Apply until every target has reached ``upto`` (default: the log's end now)."""
+    def catch_up(self, upto: Position | None = None, on_unit: Callable[[UnitReport], None] | None = None,
+                 covered: bool = False) -> list[UnitReport]:
+        """Apply until every target has reached ``upto`` (default: the log's end now); ``covered``: see
+        :meth:`step`."""
         target = upto if upto is not None else (self.log.durable() or ZERO)
         reports = []
         while True:
-            r = self.step(upto=target)
+            r = self.step(upto=target, covered=covered and upto is not None)
             if r is None:
                 break
             reports.append(r)

@@ -112,6 +112,16 @@ class ChangeLog:
     def schema(self, table: str, version: int) -> TableSchema:
         return self.schemas.get(table, version)
 
+    def schema_at(self, table: str, end: Position) -> TableSchema | None:
+        """The table's logged schema in force at ``end`` (the newest version recorded since at or before it, else
+        the newest one); None when the log has none for it."""
+        self.schemas.refresh()
+        versions = self.schemas.versions(table)
+        if not versions:
+            return None
+        fitting = [v for v, s in versions.items() if s.since <= end]
+        return versions[max(fitting)] if fitting else versions[max(versions)]
+
     def select(self, after: Position | None = None, upto: Position | None = None) -> list[SegmentInfo]:
         """The segments holding changes in ``(after, upto]``; LogError if ``after`` is no longer retained."""
         segs = self.segments()

@@ -13,7 +13,7 @@ What other stages use::
     target_states(config)                             # see mirrorline.status
 """
 
-from mirrorline.snapshot.catchup import catch_up, unit_bounds
+from mirrorline.snapshot.catchup import catch_up
 from mirrorline.snapshot.folder import Manifest, check_folder
 from mirrorline.snapshot.plan import SEQ_MAX, consistent_position, point_of
 from mirrorline.snapshot.run import (
@@ -47,5 +47,4 @@ __all__ = [
     "point_of",
     "reconcile_targets",
     "snapshot_target",
-    "unit_bounds",
 ]
