@@ -60,15 +60,19 @@ def run_workload(dsn: str, kind: str, changes: int) -> int:
     with conn.cursor() as cur:
         inserts = changes // 5 if kind == "update_heavy" else changes
         for lo in range(0, inserts, TXN):
-            cur.execute("INSERT INTO bench SELECT g, 0, md5(g::text), now() FROM generate_series(%s, %s) g",
-                        (lo + 1, min(lo + TXN, inserts)))
+            cur.execute(
+                "INSERT INTO bench SELECT g, 0, md5(g::text), now() FROM generate_series(%s, %s) g",
+                (lo + 1, min(lo + TXN, inserts)),
+            )
             conn.commit()
         if kind == "update_heavy":
             rounds = (changes - inserts) // inserts
             for r in range(rounds):
                 for lo in range(0, inserts, TXN):
-                    cur.execute("UPDATE bench SET v = %s, at = now() WHERE id BETWEEN %s AND %s",
-                                (r + 1, lo + 1, min(lo + TXN, inserts)))
+                    cur.execute(
+                        "UPDATE bench SET v = %s, at = now() WHERE id BETWEEN %s AND %s",
+                        (r + 1, lo + 1, min(lo + TXN, inserts)),
+                    )
                     conn.commit()
         cur.execute("SELECT pg_current_wal_lsn() - '0/0'::pg_lsn")
         end = int(cur.fetchone()[0])
@@ -82,8 +86,9 @@ def wait_confirmed(source: PgCluster, db: str, slot: str, end_lsn: int, timeout:
     deadline = time.monotonic() + timeout
     with conn.cursor() as cur:
         while time.monotonic() < deadline:
-            cur.execute("SELECT confirmed_flush_lsn - '0/0'::pg_lsn FROM pg_replication_slots WHERE slot_name = %s",
-                        (slot,))
+            cur.execute(
+                "SELECT confirmed_flush_lsn - '0/0'::pg_lsn FROM pg_replication_slots WHERE slot_name = %s", (slot,)
+            )
             row = cur.fetchone()
             if row and row[0] is not None and int(row[0]) >= end_lsn:
                 return
@@ -142,16 +147,23 @@ def one(kind: str, changes: int, source: PgCluster, target: PgCluster, work: Pat
         target.create_database(tdb)
         target.execute(DDL, tdb)
     sub_slot = f"sub_{kind}"
-    target.execute(f"CREATE SUBSCRIPTION {sub_slot} CONNECTION '{source.dsn(db)}' PUBLICATION pgpub "
-                   f"WITH (enabled = false, copy_data = false, slot_name = '{sub_slot}')", f"sub_{kind}")
+    target.execute(
+        f"CREATE SUBSCRIPTION {sub_slot} CONNECTION '{source.dsn(db)}' PUBLICATION pgpub "
+        f"WITH (enabled = false, copy_data = false, slot_name = '{sub_slot}')",
+        f"sub_{kind}",
+    )
+
     def config(log: str, tdb: str) -> Any:
-        return parse_config({
-            "source": {"dsn": source.dsn(db), "slot": f"ml_{kind}"},
-            "log": {"path": str(work / log)},
-            "apply": {"max_changes": changes * 2, "latency": "1s"},
-            "tables": {"public.bench": {}},
-            "targets": {"pg": {"url": target.url(tdb)}},
-        }, work / "bench.toml")
+        return parse_config(
+            {
+                "source": {"dsn": source.dsn(db), "slot": f"ml_{kind}"},
+                "log": {"path": str(work / log)},
+                "apply": {"max_changes": changes * 2, "latency": "1s"},
+                "tables": {"public.bench": {}},
+                "targets": {"pg": {"url": target.url(tdb)}},
+            },
+            work / "bench.toml",
+        )
 
     conf = config(f"log_{kind}", f"ml_{kind}")
     Capture(conf, once=True).run()  # slot + publication before the workload

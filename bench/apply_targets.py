@@ -28,9 +28,17 @@ from mirrorline.pgcluster import PgCluster
 from mirrorline.position import Position
 from mirrorline.sparkenv import get_spark
 
-SCHEMA = TableSchema("public.items", (
-    Column("id", "bigint", nullable=False), Column("name", "text"), Column("qty", "integer"),
-    Column("price", "numeric(12,2)"), Column("at", "timestamp with time zone")), key=("id",))
+SCHEMA = TableSchema(
+    "public.items",
+    (
+        Column("id", "bigint", nullable=False),
+        Column("name", "text"),
+        Column("qty", "integer"),
+        Column("price", "numeric(12,2)"),
+        Column("at", "timestamp with time zone"),
+    ),
+    key=("id",),
+)
 SCHEMAS = {SCHEMA.table: SCHEMA}
 
 
@@ -41,10 +49,15 @@ def log(msg: str) -> None:
 def net_frame(spark: Any, kind: str, lo: int, hi: int, tag: str) -> Any:
     """Net rows of one kind for ids [lo, hi), generated on Spark."""
     return spark.range(lo, hi).selectExpr(
-        "'public.items' AS `table`", f"'{kind}' AS kind", "array(CAST(id AS STRING)) AS key",
+        "'public.items' AS `table`",
+        f"'{kind}' AS kind",
+        "array(CAST(id AS STRING)) AS key",
         f"map('id', CAST(id AS STRING), 'name', concat('{tag}', id), 'qty', CAST(id % 1000 AS STRING), "
         "'price', CAST(CAST(id / 7.0 AS DECIMAL(12,2)) AS STRING), 'at', '2024-05-06 07:08:09.123+00') AS new",
-        "CAST(array() AS ARRAY<STRING>) AS unchanged", "CAST(256 AS BIGINT) AS lsn", "id AS seq")
+        "CAST(array() AS ARRAY<STRING>) AS unchanged",
+        "CAST(256 AS BIGINT) AS lsn",
+        "id AS seq",
+    )
 
 
 def unit(spark: Any, start: int, end: int, frames: list[Any], changes: int) -> NetBatch:
@@ -89,8 +102,10 @@ def main() -> None:
             pg.create_database(db)
             conn = psycopg2.connect(pg.dsn(db))
             with conn.cursor() as cur:
-                cur.execute("CREATE TABLE items (id bigint PRIMARY KEY, name text, qty integer, price numeric(12,2), "
-                            "at timestamptz)")
+                cur.execute(
+                    "CREATE TABLE items (id bigint PRIMARY KEY, name text, qty integer, price numeric(12,2), "
+                    "at timestamptz)"
+                )
                 conn.commit()
                 t0 = time.monotonic()
                 cur.copy_expert("COPY items FROM STDIN WITH (FORMAT csv)", to_csv(rows))

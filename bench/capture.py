@@ -47,8 +47,9 @@ def workload(c: PgCluster, changes: int) -> int:
     conn.autocommit = False
     with conn.cursor() as cur:
         for lo in range(0, inserts, TXN):
-            cur.execute("INSERT INTO bench SELECT g, 0, md5(g::text), now() FROM generate_series(%s, %s) g",
-                        (lo + 1, lo + TXN))
+            cur.execute(
+                "INSERT INTO bench SELECT g, 0, md5(g::text), now() FROM generate_series(%s, %s) g", (lo + 1, lo + TXN)
+            )
             conn.commit()
         for i in range(0, changes - inserts, TXN):
             lo = i % inserts
@@ -74,8 +75,9 @@ def bare(c: PgCluster, slot: str, commits: int) -> tuple[float, int]:
 
     t0 = time.perf_counter()
     c0 = time.process_time()
-    cur.start_replication(slot_name=slot, decode=False, options={
-        "proto_version": "2", "publication_names": "bench", "streaming": "on"})
+    cur.start_replication(
+        slot_name=slot, decode=False, options={"proto_version": "2", "publication_names": "bench", "streaming": "on"}
+    )
     with contextlib.suppress(psycopg2.extras.StopReplication):
         cur.consume_stream(consume)
     elapsed = time.perf_counter() - t0
@@ -87,19 +89,36 @@ def bare(c: PgCluster, slot: str, commits: int) -> tuple[float, int]:
 def recvlogical(c: PgCluster, slot: str, end: int) -> float:
     t0 = time.perf_counter()
     c0 = resource.getrusage(resource.RUSAGE_CHILDREN)
-    subprocess.run([c.bin("pg_recvlogical"), "-d", c.dsn(), "--slot", slot, "--start", "-E", format_lsn(end),
-                    "-f", "/dev/null", "--no-loop"], check=True)
+    subprocess.run(
+        [
+            c.bin("pg_recvlogical"),
+            "-d",
+            c.dsn(),
+            "--slot",
+            slot,
+            "--start",
+            "-E",
+            format_lsn(end),
+            "-f",
+            "/dev/null",
+            "--no-loop",
+        ],
+        check=True,
+    )
     c1 = resource.getrusage(resource.RUSAGE_CHILDREN)
     CPU["recvlogical"].append(c1.ru_utime + c1.ru_stime - c0.ru_utime - c0.ru_stime)
     return time.perf_counter() - t0
 
 
 def capture(c: PgCluster, slot: str, folder: Path, profile: bool) -> tuple[float, int]:
-    config = parse_config({
-        "source": {"dsn": c.dsn(), "slot": slot, "publication": "bench"},
-        "log": {"path": str(folder / slot)},
-        "tables": {"public.bench": {}},
-    }, folder / "bench.toml")
+    config = parse_config(
+        {
+            "source": {"dsn": c.dsn(), "slot": slot, "publication": "bench"},
+            "log": {"path": str(folder / slot)},
+            "tables": {"public.bench": {}},
+        },
+        folder / "bench.toml",
+    )
     cap = Capture(config, once=True)
     t0 = time.perf_counter()
     c0 = time.process_time()
@@ -140,7 +159,7 @@ def main() -> None:
         msgs = 0
         for r in rounds:
             order = ["bare", "recvlogical", "capture"]
-            order = order[r % 3:] + order[:r % 3]  # who reads the WAL first changes from round to round
+            order = order[r % 3 :] + order[: r % 3]  # who reads the WAL first changes from round to round
             for who in order:
                 if who == "bare":
                     t, msgs = bare(c, f"bare_{r}", commits)
@@ -152,19 +171,23 @@ def main() -> None:
                         raise SystemExit(f"capture got {captured} changes, expected {args.changes}")
                 times[who].append(t)
         med = {k: statistics.median(v) for k, v in times.items()}
-        print(json.dumps({
-            "bench": "capture",
-            "changes": args.changes,
-            "rounds": args.rounds,
-            "workload_s": round(load_s, 2),
-            "bare_msgs": msgs,
-            "seconds": {k: round(v, 3) for k, v in med.items()},
-            "changes_per_s": {k: round(args.changes / v) for k, v in med.items()},
-            "capture_vs_bare": round(med["capture"] / med["bare"], 3),
-            "capture_vs_recvlogical": round(med["capture"] / med["recvlogical"], 3),
-            "client_cpu_s": {k: round(statistics.median(v), 3) for k, v in CPU.items()},
-            "all_seconds": {k: [round(x, 3) for x in v] for k, v in times.items()},
-        }))
+        print(
+            json.dumps(
+                {
+                    "bench": "capture",
+                    "changes": args.changes,
+                    "rounds": args.rounds,
+                    "workload_s": round(load_s, 2),
+                    "bare_msgs": msgs,
+                    "seconds": {k: round(v, 3) for k, v in med.items()},
+                    "changes_per_s": {k: round(args.changes / v) for k, v in med.items()},
+                    "capture_vs_bare": round(med["capture"] / med["bare"], 3),
+                    "capture_vs_recvlogical": round(med["capture"] / med["recvlogical"], 3),
+                    "client_cpu_s": {k: round(statistics.median(v), 3) for k, v in CPU.items()},
+                    "all_seconds": {k: [round(x, 3) for x in v] for k, v in times.items()},
+                }
+            )
+        )
 
 
 if __name__ == "__main__":

@@ -146,8 +146,9 @@ def main() -> int:
                     "vs_anchor": round(seconds / scan_s, 2),
                 }
             )
-            log(f"{size}: {seconds:.1f}s, {size / seconds:,.0f} changes/s, {net_rows} net rows, "
-                f"peak {mem.peak_mib} MiB")
+            log(
+                f"{size}: {seconds:.1f}s, {size / seconds:,.0f} changes/s, {net_rows} net rows, peak {mem.peak_mib} MiB"
+            )
             shutil.rmtree(src, ignore_errors=True)
             shutil.rmtree(out, ignore_errors=True)
     if not args.workdir:

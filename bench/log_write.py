@@ -99,8 +99,16 @@ def main() -> None:
     for off in range(0, n, args.batch):  # cut at transaction ends
         batches.append(whole.slice(off, args.batch).combine_chunks())
     tmp = Path(tempfile.mkdtemp(prefix="mirrorline-bench-"))
-    results: dict[str, list[float]] = {"changes": [], "arrow": [], "batch": [], "anchor": [], "spark": [],
-                                       "anchor_spark": [], "over_bg": [], "over_inline": []}
+    results: dict[str, list[float]] = {
+        "changes": [],
+        "arrow": [],
+        "batch": [],
+        "anchor": [],
+        "spark": [],
+        "anchor_spark": [],
+        "over_bg": [],
+        "over_inline": [],
+    }
     work = calibrate(4.5e-6, args.batch)
     try:
         for r in range(args.repeat):
@@ -154,11 +162,13 @@ def main() -> None:
         "capture_overhead_inline": round(med["over_inline"], 3),
     }
     if "spark" in med:
-        out.update({
-            "spark_read_per_s": round(med["spark"]),
-            "anchor_spark_per_s": round(med["anchor_spark"]),
-            "spark_vs_anchor": round(med["spark"] / med["anchor_spark"], 3),
-        })
+        out.update(
+            {
+                "spark_read_per_s": round(med["spark"]),
+                "anchor_spark_per_s": round(med["anchor_spark"]),
+                "spark_vs_anchor": round(med["spark"] / med["anchor_spark"], 3),
+            }
+        )
     print(json.dumps(out))
 
 

@@ -57,8 +57,10 @@ def workload(dsn: str, changes: int, seed: int) -> None:
                 a = [(x * 7919 + j * 104729) % ACCOUNTS + 1 for j in range(3)]
                 stmts.append(
                     "BEGIN;"
-                    + "".join(f"UPDATE accounts SET abalance = abalance + {j + 1} WHERE aid = {aid};"
-                              for j, aid in enumerate(a))
+                    + "".join(
+                        f"UPDATE accounts SET abalance = abalance + {j + 1} WHERE aid = {aid};"
+                        for j, aid in enumerate(a)
+                    )
                     + f"INSERT INTO history VALUES ({i}, 1, {a[0]}, 5, now(), 'x');COMMIT;"
                 )
             conn.autocommit = True
@@ -80,17 +82,20 @@ def one(size: int, units: int, skip: int, source: PgCluster, target: PgCluster, 
     target.create_database(tdb)
 
     def config(max_changes: int) -> Any:
-        return parse_config({
-            "source": {"dsn": source.dsn(db), "slot": f"ml_{size}"},
-            "log": {"path": str(work / f"log_{size}")},
-            "apply": {"max_changes": max_changes, "latency": "1s"},
-            "tables": {"public.accounts": {}, "public.history": {}},
-            "targets": {
-                "pg": {"url": target.url(tdb)},
-                "sqlite": {"url": f"sqlite:///{work / f'{size}.sqlite'}"},
-                "duckdb": {"url": f"duckdb:///{work / f'{size}.duckdb'}"},
+        return parse_config(
+            {
+                "source": {"dsn": source.dsn(db), "slot": f"ml_{size}"},
+                "log": {"path": str(work / f"log_{size}")},
+                "apply": {"max_changes": max_changes, "latency": "1s"},
+                "tables": {"public.accounts": {}, "public.history": {}},
+                "targets": {
+                    "pg": {"url": target.url(tdb)},
+                    "sqlite": {"url": f"sqlite:///{work / f'{size}.sqlite'}"},
+                    "duckdb": {"url": f"duckdb:///{work / f'{size}.duckdb'}"},
+                },
             },
-        }, work / "bench.toml")
+            work / "bench.toml",
+        )
 
     conf = config(size)
     Capture(conf, once=True).run()  # slot and publication

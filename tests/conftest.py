@@ -62,6 +62,15 @@ def pg(pg_cluster: Any, request: pytest.FixtureRequest) -> Iterator[PgDatabase]:
 
 
 @pytest.fixture
+def target_dbs(pg_cluster: Any) -> Iterator[list[str]]:
+    """Names of databases a test creates in the shared cluster (as targets), dropped after it."""
+    created: list[str] = []
+    yield created
+    for db in created:
+        pg_cluster.drop_database(db)
+
+
+@pytest.fixture
 def pg_cluster_factory() -> Iterator[Callable[..., Any]]:
     """Start dedicated clusters with their own settings (e.g. ``logical_decoding_work_mem``); all stopped after."""
     from mirrorline.pgcluster import PgCluster

@@ -14,13 +14,28 @@ from mirrorline.workload import COLUMNS, TABLES, source_rows
 BOOLEAN_COLUMNS = {("public.accounts", "active")}
 
 
-def config_text(source_dsn: str, log: Path, targets: dict[str, tuple[str, str]], *, max_changes: int = 1_000_000,
-                latency: str = "100ms", threads: int = 1) -> str:
+def config_text(
+    source_dsn: str,
+    log: Path,
+    targets: dict[str, tuple[str, str]],
+    *,
+    max_changes: int = 1_000_000,
+    latency: str = "100ms",
+    threads: int = 1,
+) -> str:
     """``targets``: name -> (url, mode)."""
     lines = [
-        "[source]", f'dsn = "{source_dsn}"', 'slot = "mirrorline"',
-        "[log]", f'path = "{log}"', "segment_changes = 500", 'segment_seconds = "200ms"',
-        "[apply]", f'latency = "{latency}"', f"max_changes = {max_changes}", f"threads = {threads}",
+        "[source]",
+        f'dsn = "{source_dsn}"',
+        'slot = "mirrorline"',
+        "[log]",
+        f'path = "{log}"',
+        "segment_changes = 500",
+        'segment_seconds = "200ms"',
+        "[apply]",
+        f'latency = "{latency}"',
+        f"max_changes = {max_changes}",
+        f"threads = {threads}",
     ]
     for t in TABLES:
         lines += [f'[tables."{t}"]']
@@ -60,8 +75,9 @@ def target_rows(kind: str, url: str, table: str) -> list[tuple[Any, ...]]:
         conn = psycopg2.connect(url)
         try:
             with conn.cursor() as cur:
-                cur.execute(f"SELECT {', '.join(f'{c!r}::text'.replace(chr(39), chr(34)) for c in cols)} "
-                            f"FROM {d.table(table)}")
+                cur.execute(
+                    f"SELECT {', '.join(f'{c!r}::text'.replace(chr(39), chr(34)) for c in cols)} FROM {d.table(table)}"
+                )
                 return sorted(cur.fetchall(), key=repr)
         finally:
             conn.close()
@@ -87,5 +103,7 @@ def assert_same(source_dsn: str, kind: str, url: str) -> None:
         if src != tgt:
             missing = set(src) - set(tgt)
             extra = set(tgt) - set(src)
-            raise AssertionError(f"{table} at {kind}: {len(src)} source rows, {len(tgt)} target rows; "
-                                 f"missing {sorted(missing, key=repr)[:3]}, extra {sorted(extra, key=repr)[:3]}")
+            raise AssertionError(
+                f"{table} at {kind}: {len(src)} source rows, {len(tgt)} target rows; "
+                f"missing {sorted(missing, key=repr)[:3]}, extra {sorted(extra, key=repr)[:3]}"
+            )

@@ -43,7 +43,12 @@ def test_kept_changes_follow_the_fold() -> None:
     iu = list(kept_changes(every, {T: "IU"}))
     assert iu[:2] == [ins, upd]
     assert (iu[2].op, iu[2].key, iu[2].old_key, iu[2].unchanged, iu[2].new) == (
-        Op.INSERT, ("2",), ("1",), frozenset({"v"}), {"id": "2"})
+        Op.INSERT,
+        ("2",),
+        ("1",),
+        frozenset({"v"}),
+        {"id": "2"},
+    )
     assert len(iu) == 3
     ud = list(kept_changes(every, {T: "UD"}))
     assert ud[:3] == [trunc, upd, dele]
@@ -53,11 +58,13 @@ def test_kept_changes_follow_the_fold() -> None:
 
 
 def test_the_statistics_keep_what_the_fold_keeps() -> None:
-    rows = changes_to_table([
-        Change(Position(5, 0), 0, 1, T, Op.TRUNCATE),
-        Change(Position(6, 0), 0, 1, T, Op.UPDATE, ("2",), {"id": "2"}, old_key=("1",)),
-        Change(Position(7, 0), 0, 1, T, Op.INSERT, ("3",), {"id": "3"}),
-    ])
+    rows = changes_to_table(
+        [
+            Change(Position(5, 0), 0, 1, T, Op.TRUNCATE),
+            Change(Position(6, 0), 0, 1, T, Op.UPDATE, ("2",), {"id": "2"}, old_key=("1",)),
+            Change(Position(7, 0), 0, 1, T, Op.INSERT, ("3",), {"id": "3"}),
+        ]
+    )
     st = table_stats(rows)[T]
     assert st.first_kept(frozenset("IU")) == Position(6, 0)  # no TRUNCATE without D; the key change's I
     assert st.first_kept(frozenset("D")) == Position(5, 0)
@@ -71,26 +78,32 @@ def _log(tmp_path: Path) -> None:
     with LogWriter(tmp_path / "log") as w:
         w.record_schema(SCHEMA)
         w.add_transaction(100, 1, [Change(ZERO, 0, 1, T, Op.TRUNCATE)])
-        w.add_transaction(200, 1, [
-            Change(ZERO, 0, 1, T, Op.INSERT, ("3",), {"id": "3", "v": "c", "big": "B3"}),
-            Change(ZERO, 0, 1, T, Op.INSERT, ("4",), {"id": "4", "v": "bad", "big": "B4"}),
-            # the key changes, the TOASTed column not sent: with "IU" only the new key is inserted, big from row 1
-            Change(ZERO, 0, 1, T, Op.UPDATE, ("10",), {"id": "10", "v": "a2"}, frozenset({"big"}), old_key=("1",)),
-        ])
+        w.add_transaction(
+            200,
+            1,
+            [
+                Change(ZERO, 0, 1, T, Op.INSERT, ("3",), {"id": "3", "v": "c", "big": "B3"}),
+                Change(ZERO, 0, 1, T, Op.INSERT, ("4",), {"id": "4", "v": "bad", "big": "B4"}),
+                # the key changes, the TOASTed column not sent: with "IU" only the new key is inserted, big from row 1
+                Change(ZERO, 0, 1, T, Op.UPDATE, ("10",), {"id": "10", "v": "a2"}, frozenset({"big"}), old_key=("1",)),
+            ],
+        )
 
 
 @pytest.mark.spark
 @pytest.mark.parametrize("kind", ["sqlite", "duckdb", "postgresql"])
-def test_a_unit_failing_in_bulk_is_re_applied_with_the_same_actions(tmp_path: Path, spark: Any, kind: str,
-                                                                      request: pytest.FixtureRequest) -> None:
+def test_a_unit_failing_in_bulk_is_re_applied_with_the_same_actions(
+    tmp_path: Path, spark: Any, kind: str, request: pytest.FixtureRequest
+) -> None:
     _log(tmp_path)
     rows = [(1, "a", "B1"), (2, "b", "B2")]
     if kind == "sqlite":
         url = f"sqlite:///{tmp_path / 't.db'}"
         db = sqlite3.connect(tmp_path / "t.db")
         db.execute("CREATE TABLE t (id INTEGER PRIMARY KEY, v TEXT, big TEXT)")
-        db.execute("CREATE TRIGGER no_bad BEFORE INSERT ON t WHEN NEW.v = 'bad' "
-                   "BEGIN SELECT RAISE(ABORT, 'bad value'); END")
+        db.execute(
+            "CREATE TRIGGER no_bad BEFORE INSERT ON t WHEN NEW.v = 'bad' BEGIN SELECT RAISE(ABORT, 'bad value'); END"
+        )
         db.executemany("INSERT INTO t VALUES (?, ?, ?)", rows)
         db.commit()
         db.close()
@@ -107,9 +120,15 @@ def test_a_unit_failing_in_bulk_is_re_applied_with_the_same_actions(tmp_path: Pa
         url = pg.url
         pg.execute("CREATE TABLE t (id bigint PRIMARY KEY, v text CHECK (v <> 'bad'), big text)")
         pg.execute("INSERT INTO t VALUES (1, 'a', 'B1'), (2, 'b', 'B2')")
-    conf = parse({"source": {"dsn": "postgresql://nobody@127.0.0.1:1/x"}, "log": {"path": str(tmp_path / "log")},
-                  "tables": {T: {"actions": "IU"}},
-                  "targets": {"x": {"url": url, "on_error": "reject"}}}, tmp_path / "m.toml")
+    conf = parse(
+        {
+            "source": {"dsn": "postgresql://nobody@127.0.0.1:1/x"},
+            "log": {"path": str(tmp_path / "log")},
+            "tables": {T: {"actions": "IU"}},
+            "targets": {"x": {"url": url, "on_error": "reject"}},
+        },
+        tmp_path / "m.toml",
+    )
     a = Applier(conf)
     a._spark = spark
     reports = a.catch_up()

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
+from apply_support import ITEMS, ORDERS, P, batch, change, fetch, net, open_target, sql
 from mirrorline.errors import ApplyError
-from test_apply_support import ITEMS, ORDERS, P, batch, change, fetch, net, open_target, sql
 
 pytestmark = [pytest.mark.pg, pytest.mark.spark]
 
@@ -21,8 +21,7 @@ def leftover_worktables(t: Any) -> list[Any]:
 
 
 @pytest.mark.parametrize(("mode", "threads"), [("update", 1), ("mirror", 2)])
-def test_worktables_loaded_from_spark_tasks(mode: str, threads: int, spark: Any, request: Any,
-                                            tmp_path: Path) -> None:
+def test_worktables_loaded_from_spark_tasks(mode: str, threads: int, spark: Any, request: Any, tmp_path: Path) -> None:
     t = open_target("postgresql", request, tmp_path, mode, threads=threads, parallel_rows=0)
     seed = [net("public.items", "I", [i], {"id": i, "name": f"n{i}", "qty": i, "note": "x"}) for i in range(200)]
     seed += [net("public.orders", "I", [i], {"id": i, "item": i, "status": "new"}) for i in range(50)]
@@ -47,8 +46,16 @@ def test_parallel_path_failure_goes_serial_and_cleans_up(spark: Any, request: An
     t = open_target("postgresql", request, tmp_path, parallel_rows=0)
     t.ensure_schema([ITEMS])
     sql(t, 'ALTER TABLE "public"."items" ADD CONSTRAINT named CHECK (name IS NOT NULL)')
-    changes = [change("public.items", "I", [i], {"id": i, "name": None if i == 3 else "ok", "qty": 1, "note": None},
-                      pos=P(0x10, i)) for i in range(5)]
+    changes = [
+        change(
+            "public.items",
+            "I",
+            [i],
+            {"id": i, "name": None if i == 3 else "ok", "qty": 1, "note": None},
+            pos=P(0x10, i),
+        )
+        for i in range(5)
+    ]
     rows = [net(c.table, "I", c.key, dict(c.new or {}), pos=c.pos) for c in changes]
     with pytest.raises(ApplyError) as e:
         t.apply(batch(spark, rows, P(0), P(0x10, 4)), {ITEMS.table: ITEMS}, changes)
@@ -62,8 +69,18 @@ def test_spark_task_staging_keeps_columns_not_sent(mode: str, spark: Any, reques
     seed = [net("public.items", "I", [i], {"id": i, "name": f"n{i}", "qty": i, "note": f"toast{i}"}) for i in range(20)]
     t.apply(batch(spark, seed, P(0), P(0x100)), {ITEMS.table: ITEMS})
     unit = [net("public.items", "D", [i], pos=P(0x110, i)) for i in range(10)]
-    unit += [net("public.items", "I", [100 + i], {"id": 100 + i, "name": "moved", "qty": i}, ["note"], P(0x110, i),
-                 moved_from=[i]) for i in range(10)]
+    unit += [
+        net(
+            "public.items",
+            "I",
+            [100 + i],
+            {"id": 100 + i, "name": "moved", "qty": i},
+            ["note"],
+            P(0x110, i),
+            moved_from=[i],
+        )
+        for i in range(10)
+    ]
     b = batch(spark, unit, P(0x100), P(0x200))
     b.net = b.net.repartition(3)
     t.apply(b, {ITEMS.table: ITEMS})
@@ -72,8 +89,9 @@ def test_spark_task_staging_keeps_columns_not_sent(mode: str, spark: Any, reques
     assert not [r for r in items if r[2] is None] and leftover_worktables(t) == []
 
 
-def test_units_share_one_connection_and_one_the_server_ended_is_replaced(spark: Any, request: Any,
-                                                                         tmp_path: Path) -> None:
+def test_units_share_one_connection_and_one_the_server_ended_is_replaced(
+    spark: Any, request: Any, tmp_path: Path
+) -> None:
     import time
 
     import psycopg2
@@ -82,16 +100,22 @@ def test_units_share_one_connection_and_one_the_server_ended_is_replaced(spark: 
     items = [net("public.items", "I", [i], {"id": i, "name": f"n{i}", "qty": i, "note": None}) for i in range(3)]
     t.apply(batch(spark, items, P(0), P(0x10)), SCHEMAS)
     pid = sql(t, "SELECT pg_backend_pid()")[0][0]
-    t.apply(batch(spark, [net("public.items", "U", [1], {"id": 1, "qty": 5}, unchanged=["name", "note"])],
-                  P(0x10), P(0x20)), SCHEMAS)
+    t.apply(
+        batch(
+            spark, [net("public.items", "U", [1], {"id": 1, "qty": 5}, unchanged=["name", "note"])], P(0x10), P(0x20)
+        ),
+        SCHEMAS,
+    )
     assert sql(t, "SELECT pg_backend_pid()")[0][0] == pid  # one backend served both units and the queries
 
     # a unit that fails (a bad value) rolls back; its connection serves the next unit
-    bad = [change("public.items", "I", [7], {"id": 7, "name": "x", "qty": "not a number", "note": None},
-                  pos=P(0x30))]
+    bad = [change("public.items", "I", [7], {"id": 7, "name": "x", "qty": "not a number", "note": None}, pos=P(0x30))]
     with pytest.raises(ApplyError):
-        t.apply(batch(spark, [net(c.table, "I", c.key, dict(c.new or {}), pos=c.pos) for c in bad], P(0x20), P(0x30)),
-                SCHEMAS, bad)
+        t.apply(
+            batch(spark, [net(c.table, "I", c.key, dict(c.new or {}), pos=c.pos) for c in bad], P(0x20), P(0x30)),
+            SCHEMAS,
+            bad,
+        )
     assert sql(t, "SELECT pg_backend_pid()")[0][0] == pid and t.applied_position() == P(0x20)
 
     # the server ends the idle connection: the next unit opens a new one and lands

@@ -6,12 +6,12 @@ import pyarrow as pa
 import pytest
 
 from mirrorline.apply import deal
-from mirrorline.apply import rows as R
+from mirrorline.apply import rows as work_rows
 from mirrorline.apply.duckdb import DUCKDB
-from mirrorline.apply.engine import AppliedState
 from mirrorline.apply.postgresql import POSTGRESQL
 from mirrorline.apply.sql import MASK_SEP, mask_of, parse_mask
 from mirrorline.apply.sqlite import SQLITE
+from mirrorline.apply.state import AppliedState
 from mirrorline.apply.types import base_type, duckdb_type, sqlite_type
 from mirrorline.errors import TargetError
 from mirrorline.model import Column, TableSchema
@@ -25,15 +25,17 @@ def test_seed000_join_update_is_the_worktable_update() -> None:
     # 000 example 2: update T set T.c=#rs_uT.c from T,#rs_uT where T.k=#rs_uT.k
     assert POSTGRESQL.join_update(T, "w_u", ["c"], None) == (
         'UPDATE "public"."T" AS t SET "c" = CAST(w."c" AS integer) FROM w_u AS w '
-        'WHERE t."k" = CAST(w._ml_k0 AS integer)')
+        'WHERE t."k" = CAST(w._ml_k0 AS integer)'
+    )
     assert DUCKDB.join_update(T, "w_u", ["c"], None) == (
-        'UPDATE "main"."T" AS t SET "c" = CAST(w."c" AS INTEGER) FROM w_u AS w '
-        'WHERE t."k" = CAST(w._ml_k0 AS INTEGER)')
+        'UPDATE "main"."T" AS t SET "c" = CAST(w."c" AS INTEGER) FROM w_u AS w WHERE t."k" = CAST(w._ml_k0 AS INTEGER)'
+    )
 
 
 def test_join_delete_per_dialect() -> None:
     assert POSTGRESQL.join_delete(T, "w_d") == (
-        'DELETE FROM "public"."T" AS t USING w_d AS w WHERE t."k" = CAST(w._ml_k0 AS integer)')
+        'DELETE FROM "public"."T" AS t USING w_d AS w WHERE t."k" = CAST(w._ml_k0 AS integer)'
+    )
     assert DUCKDB.join_delete(T, "w_d").startswith('DELETE FROM "main"."T" AS t USING w_d AS w WHERE')
     sqlite = SQLITE.join_delete(T, "w_d")
     assert sqlite.startswith('DELETE FROM "T" WHERE rowid IN (SELECT t.rowid FROM w_d AS w JOIN "T" AS t ON t."k" = ')
@@ -55,13 +57,15 @@ def test_every_identifier_is_quoted() -> None:
     assert DUCKDB.table("public.orders") == '"main"."orders"'
     ddl = DUCKDB.create_table(ODD)
     assert ddl[0] == 'CREATE SCHEMA IF NOT EXISTS "sales"'
-    assert ddl[1] == ('CREATE TABLE IF NOT EXISTS "sales"."we""ird" ("i""d" BIGINT NOT NULL, "v" BLOB, '
-                      'PRIMARY KEY ("i""d"))')
+    assert ddl[1] == (
+        'CREATE TABLE IF NOT EXISTS "sales"."we""ird" ("i""d" BIGINT NOT NULL, "v" BLOB, PRIMARY KEY ("i""d"))'
+    )
 
 
 def test_update_writes_only_the_given_columns_and_filters_masks() -> None:
-    s = TableSchema("public.t", (Column("id", "integer", nullable=False), Column("a", "text"), Column("b", "jsonb")),
-                    key=("id",))
+    s = TableSchema(
+        "public.t", (Column("id", "integer", nullable=False), Column("a", "text"), Column("b", "jsonb")), key=("id",)
+    )
     stmt = POSTGRESQL.join_update(s, "w", ["a"], [mask_of(["b"])])
     assert 'SET "a" = w."a" FROM' in stmt and '"b" =' not in stmt
     assert stmt.endswith("AND COALESCE(w._ml_unchanged, '') IN ('b')")
@@ -91,29 +95,35 @@ def test_serial_one_row_worktable() -> None:
 
 
 def test_mirror_image_keeps_unchanged_columns_from_the_target() -> None:
-    s = TableSchema("public.t", (Column("id", "integer", nullable=False), Column("a", "text"), Column("b", "text")),
-                    key=("id",))
+    s = TableSchema(
+        "public.t", (Column("id", "integer", nullable=False), Column("a", "text"), Column("b", "text")), key=("id",)
+    )
     stmt = POSTGRESQL.mirror_image(s, "w", "w_m", ["a", "b"], frozenset({"b"}), ["b"])
-    assert stmt.startswith('CREATE TEMP TABLE w_m AS SELECT CAST(w._ml_k0 AS integer) AS "id", w."a" AS "a", '
-                           't."b" AS "b" FROM w AS w JOIN "public"."t" AS t ON')
+    assert stmt.startswith(
+        'CREATE TEMP TABLE w_m AS SELECT CAST(w._ml_k0 AS integer) AS "id", w."a" AS "a", '
+        't."b" AS "b" FROM w AS w JOIN "public"."t" AS t ON'
+    )
 
 
-@pytest.mark.parametrize(("pg", "sqlite", "duck"), [
-    ("integer", "INTEGER", "INTEGER"),
-    ("bigint", "INTEGER", "BIGINT"),
-    ("boolean", "INTEGER", "BOOLEAN"),
-    ("numeric(10,2)", "TEXT", "DECIMAL(10,2)"),
-    ("numeric", "TEXT", "VARCHAR"),
-    ("numeric(60,2)", "TEXT", "VARCHAR"),
-    ("character varying(20)", "TEXT", "VARCHAR"),
-    ("bytea", "BLOB", "BLOB"),
-    ("timestamp with time zone", "TEXT", "TIMESTAMPTZ"),
-    ("timestamp(3) without time zone", "TEXT", "TIMESTAMP"),
-    ("jsonb", "TEXT", "JSON"),
-    ("integer[]", "TEXT", "VARCHAR"),
-    ("uuid", "TEXT", "UUID"),
-    ("double precision", "REAL", "DOUBLE"),
-])
+@pytest.mark.parametrize(
+    ("pg", "sqlite", "duck"),
+    [
+        ("integer", "INTEGER", "INTEGER"),
+        ("bigint", "INTEGER", "BIGINT"),
+        ("boolean", "INTEGER", "BOOLEAN"),
+        ("numeric(10,2)", "TEXT", "DECIMAL(10,2)"),
+        ("numeric", "TEXT", "VARCHAR"),
+        ("numeric(60,2)", "TEXT", "VARCHAR"),
+        ("character varying(20)", "TEXT", "VARCHAR"),
+        ("bytea", "BLOB", "BLOB"),
+        ("timestamp with time zone", "TEXT", "TIMESTAMPTZ"),
+        ("timestamp(3) without time zone", "TEXT", "TIMESTAMP"),
+        ("jsonb", "TEXT", "JSON"),
+        ("integer[]", "TEXT", "VARCHAR"),
+        ("uuid", "TEXT", "UUID"),
+        ("double precision", "REAL", "DOUBLE"),
+    ],
+)
 def test_type_mapping(pg: str, sqlite: str, duck: str) -> None:
     assert sqlite_type("public.t", "c", pg).target_type == sqlite
     assert duckdb_type("public.t", "c", pg).target_type == duck
@@ -146,23 +156,42 @@ def test_applied_state_min_over_tables() -> None:
 
 
 def test_flatten_net_rows_to_worktable_rows() -> None:
-    s = TableSchema("public.t", (Column("id", "integer", nullable=False), Column("a", "text"), Column("b", "text")),
-                    key=("id",))
-    net = pa.table({
-        "table": ["public.t", "public.t"], "kind": ["U", "U"], "key": [["1"], ["2"]],
-        "new": pa.array([[("id", "1"), ("a", "x")], [("id", "2"), ("a", None), ("b", "y")]],
-                        pa.map_(pa.string(), pa.string())),
-        "unchanged": [["b"], []], "lsn": [1, 1], "seq": [0, 1],
-    })
-    w = R.flatten(net, s, "U")
+    s = TableSchema(
+        "public.t", (Column("id", "integer", nullable=False), Column("a", "text"), Column("b", "text")), key=("id",)
+    )
+    net = pa.table(
+        {
+            "table": ["public.t", "public.t"],
+            "kind": ["U", "U"],
+            "key": [["1"], ["2"]],
+            "new": pa.array(
+                [[("id", "1"), ("a", "x")], [("id", "2"), ("a", None), ("b", "y")]], pa.map_(pa.string(), pa.string())
+            ),
+            "unchanged": [["b"], []],
+            "lsn": [1, 1],
+            "seq": [0, 1],
+        }
+    )
+    w = work_rows.flatten(net, s, "U")
     assert w.column_names == ["_ml_k0", "a", "b", "_ml_unchanged"]
-    assert w.to_pylist() == [{"_ml_k0": "1", "a": "x", "b": None, "_ml_unchanged": "b"},
-                             {"_ml_k0": "2", "a": None, "b": "y", "_ml_unchanged": ""}]
-    assert R.flatten(net, s, "I").column_names == ["id", "a", "b", "_ml_unchanged", "_ml_m0", "_ml_lsn", "_ml_seq"]
+    assert w.to_pylist() == [
+        {"_ml_k0": "1", "a": "x", "b": None, "_ml_unchanged": "b"},
+        {"_ml_k0": "2", "a": None, "b": "y", "_ml_unchanged": ""},
+    ]
+    assert work_rows.flatten(net, s, "I").column_names == [
+        "id",
+        "a",
+        "b",
+        "_ml_unchanged",
+        "_ml_m0",
+        "_ml_lsn",
+        "_ml_seq",
+    ]
     moved = net.append_column("moved_from", pa.array([["7"], None], pa.list_(pa.string())))
-    assert R.flatten(moved, s, "I").select(["_ml_unchanged", "_ml_m0", "_ml_lsn", "_ml_seq"]).to_pylist() == [
+    assert work_rows.flatten(moved, s, "I").select(["_ml_unchanged", "_ml_m0", "_ml_lsn", "_ml_seq"]).to_pylist() == [
         {"_ml_unchanged": "b", "_ml_m0": "7", "_ml_lsn": "1", "_ml_seq": "0"},
-        {"_ml_unchanged": "", "_ml_m0": None, "_ml_lsn": "1", "_ml_seq": "1"}]
+        {"_ml_unchanged": "", "_ml_m0": None, "_ml_lsn": "1", "_ml_seq": "1"},
+    ]
     assert mask_of(["x", "y"]) == f"x{MASK_SEP}y"
 
 
@@ -170,18 +199,29 @@ def test_worktable_rows_come_in_key_order() -> None:
     # integer keys as numbers (10 after 9), text keys as text, composite keys column by column
     s = TableSchema("public.t", (Column("id", "bigint", nullable=False), Column("a", "text")), key=("id",))
     ids = ["10", "9", "-3", "100"]
-    net = pa.table({
-        "table": ["public.t"] * 4, "kind": ["U"] * 4, "key": [[i] for i in ids],
-        "new": pa.array([[("id", i), ("a", f"v{i}")] for i in ids], pa.map_(pa.string(), pa.string())),
-        "unchanged": pa.array([[]] * 4, pa.list_(pa.string())), "lsn": [1] * 4, "seq": [0, 1, 2, 3],
-    })
-    assert R.flatten(net, s, "U")["_ml_k0"].to_pylist() == ["-3", "9", "10", "100"]
-    assert R.flatten(net, s, "D")["_ml_k0"].to_pylist() == ["-3", "9", "10", "100"]
-    assert R.flatten(net, s, "I")["id"].to_pylist() == ["-3", "9", "10", "100"]
-    assert R.flatten(net, s, "I")["a"].to_pylist() == ["v-3", "v9", "v10", "v100"]  # whole rows move together
-    t = TableSchema("public.t", (Column("k", "text", nullable=False), Column("n", "integer", nullable=False)),
-                    key=("k", "n"))
+    net = pa.table(
+        {
+            "table": ["public.t"] * 4,
+            "kind": ["U"] * 4,
+            "key": [[i] for i in ids],
+            "new": pa.array([[("id", i), ("a", f"v{i}")] for i in ids], pa.map_(pa.string(), pa.string())),
+            "unchanged": pa.array([[]] * 4, pa.list_(pa.string())),
+            "lsn": [1] * 4,
+            "seq": [0, 1, 2, 3],
+        }
+    )
+    assert work_rows.flatten(net, s, "U")["_ml_k0"].to_pylist() == ["-3", "9", "10", "100"]
+    assert work_rows.flatten(net, s, "D")["_ml_k0"].to_pylist() == ["-3", "9", "10", "100"]
+    assert work_rows.flatten(net, s, "I")["id"].to_pylist() == ["-3", "9", "10", "100"]
+    assert work_rows.flatten(net, s, "I")["a"].to_pylist() == ["v-3", "v9", "v10", "v100"]  # whole rows move together
+    t = TableSchema(
+        "public.t", (Column("k", "text", nullable=False), Column("n", "integer", nullable=False)), key=("k", "n")
+    )
     keys = [["b", "2"], ["a", "10"], ["b", "1"], ["a", "9"]]
     net2 = net.set_column(net.schema.get_field_index("key"), "key", pa.array(keys, pa.list_(pa.string())))
-    assert R.flatten(net2, t, "D").to_pylist() == [{"_ml_k0": "a", "_ml_k1": "9"}, {"_ml_k0": "a", "_ml_k1": "10"},
-                                                   {"_ml_k0": "b", "_ml_k1": "1"}, {"_ml_k0": "b", "_ml_k1": "2"}]
+    assert work_rows.flatten(net2, t, "D").to_pylist() == [
+        {"_ml_k0": "a", "_ml_k1": "9"},
+        {"_ml_k0": "a", "_ml_k1": "10"},
+        {"_ml_k0": "b", "_ml_k1": "1"},
+        {"_ml_k0": "b", "_ml_k1": "2"},
+    ]

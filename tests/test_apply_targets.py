@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
+from apply_support import ITEMS, KINDS, MODES, ORDERS, P, batch, fetch, net, open_target, sql
 from mirrorline.apply.stage import Stager
 from mirrorline.errors import TargetError
 from mirrorline.model import Column, TableSchema
-from test_apply_support import ITEMS, KINDS, MODES, ORDERS, P, batch, fetch, net, open_target, sql
 
 pytestmark = pytest.mark.spark
 
@@ -20,15 +20,18 @@ COLS = ["id", "name", "qty", "note"]
 
 
 def seed(spark: Any, target: Any) -> None:
-    rows = [net("public.items", "I", [i], {"id": i, "name": f"n{i}", "qty": i * 10, "note": f"note{i}"})
-            for i in range(1, 6)]
+    rows = [
+        net("public.items", "I", [i], {"id": i, "name": f"n{i}", "qty": i * 10, "note": f"note{i}"})
+        for i in range(1, 6)
+    ]
     target.apply(batch(spark, rows, P(0), P(0x100)), SCHEMAS)
 
 
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("kind", KINDS)
-def test_net_deletes_updates_inserts_and_exactly_once(kind: str, mode: str, spark: Any, request: Any,
-                                                      tmp_path: Path) -> None:
+def test_net_deletes_updates_inserts_and_exactly_once(
+    kind: str, mode: str, spark: Any, request: Any, tmp_path: Path
+) -> None:
     t = open_target(kind, request, tmp_path, mode)
     seed(spark, t)
     assert fetch(t, "public.items", COLS)[0] == (1, "n1", 10, "note1")
@@ -43,8 +46,13 @@ def test_net_deletes_updates_inserts_and_exactly_once(kind: str, mode: str, spar
     b2 = batch(spark, rows, P(0x100), P(0x200, 3))
     res = t.apply(b2, SCHEMAS)
     assert res.rows["public.items"] == {"D": 2, "U": 2, "I": 2}
-    expected = [(2, "n2", 99, "note2"), (3, "N3", 33, None), (4, "new4", 4, "r"), (5, "n5", 50, "note5"),
-                (9, "n9", 9, "y")]
+    expected = [
+        (2, "n2", 99, "note2"),
+        (3, "N3", 33, None),
+        (4, "new4", 4, "r"),
+        (5, "n5", 50, "note5"),
+        (9, "n9", 9, "y"),
+    ]
     assert fetch(t, "public.items", COLS) == expected
     assert t.applied_position() == P(0x200, 3)
     # exactly once: the same unit again (or an older one) changes nothing
@@ -76,8 +84,7 @@ def test_seed000_example2_update_through_a_worktable(kind: str, spark: Any, requ
 
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("kind", KINDS)
-def test_unchanged_column_sets_differ_per_row(kind: str, mode: str, spark: Any, request: Any,
-                                              tmp_path: Path) -> None:
+def test_unchanged_column_sets_differ_per_row(kind: str, mode: str, spark: Any, request: Any, tmp_path: Path) -> None:
     t = open_target(kind, request, tmp_path, mode)
     seed(spark, t)
     rows = [
@@ -88,32 +95,41 @@ def test_unchanged_column_sets_differ_per_row(kind: str, mode: str, spark: Any, 
     ]
     t.apply(batch(spark, rows, P(0x100), P(0x200)), SCHEMAS)
     assert fetch(t, "public.items", COLS)[:4] == [
-        (1, "n1", 1, "note1"), (2, "x", 2, "note2"), (3, "y", 3, "z"), (4, "n4", 40, "note4")]
+        (1, "n1", 1, "note1"),
+        (2, "x", 2, "note2"),
+        (3, "y", 3, "z"),
+        (4, "n4", 40, "note4"),
+    ]
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_tables_and_columns_created_from_the_logged_schema(kind: str, spark: Any, request: Any,
-                                                           tmp_path: Path) -> None:
+def test_tables_and_columns_created_from_the_logged_schema(kind: str, spark: Any, request: Any, tmp_path: Path) -> None:
     t = open_target(kind, request, tmp_path)
-    schema = TableSchema("sales.orders", (Column("id", "bigint", nullable=False), Column("total", "numeric(10,2)")),
-                         key=("id",))
-    t.apply(batch(spark, [net("sales.orders", "I", [1], {"id": 1, "total": "12.50"})], P(0), P(1)),
-            {"sales.orders": schema})
+    schema = TableSchema(
+        "sales.orders", (Column("id", "bigint", nullable=False), Column("total", "numeric(10,2)")), key=("id",)
+    )
+    t.apply(
+        batch(spark, [net("sales.orders", "I", [1], {"id": 1, "total": "12.50"})], P(0), P(1)), {"sales.orders": schema}
+    )
     wider = TableSchema("sales.orders", (*schema.columns, Column("paid", "boolean")), key=("id",), version=2)
-    t.apply(batch(spark, [net("sales.orders", "I", [2], {"id": 2, "total": "3.00", "paid": "t"})], P(1), P(2)),
-            {"sales.orders": wider})
+    t.apply(
+        batch(spark, [net("sales.orders", "I", [2], {"id": 2, "total": "3.00", "paid": "t"})], P(1), P(2)),
+        {"sales.orders": wider},
+    )
     got = [(int(a), str(b), c) for a, b, c in fetch(t, "sales.orders", ["id", "total", "paid"])]
     assert got == [(1, "12.50", None), (2, "3.00", True if kind != "sqlite" else 1)]
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_a_type_the_target_cannot_hold_is_refused_before_any_data(kind: str, spark: Any, request: Any,
-                                                                  tmp_path: Path) -> None:
+def test_a_type_the_target_cannot_hold_is_refused_before_any_data(
+    kind: str, spark: Any, request: Any, tmp_path: Path
+) -> None:
     t = open_target(kind, request, tmp_path)
     seed(spark, t)
     bad_type = "no_such_type" if kind == "postgresql" else "tsvector"
-    schema = TableSchema("public.docs", (Column("id", "integer", nullable=False), Column("body", bad_type)),
-                         key=("id",))
+    schema = TableSchema(
+        "public.docs", (Column("id", "integer", nullable=False), Column("body", bad_type)), key=("id",)
+    )
     rows = [net("public.items", "D", [1]), net("public.docs", "I", [1], {"id": 1, "body": "x"})]
     with pytest.raises(TargetError) as e:
         t.apply(batch(spark, rows, P(0x100), P(0x200)), {**SCHEMAS, "public.docs": schema})
@@ -141,12 +157,16 @@ class _Boom(Stager):
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_an_exception_mid_apply_leaves_data_and_position_untouched(kind: str, spark: Any, request: Any,
-                                                                   tmp_path: Path, monkeypatch: Any) -> None:
+def test_an_exception_mid_apply_leaves_data_and_position_untouched(
+    kind: str, spark: Any, request: Any, tmp_path: Path, monkeypatch: Any
+) -> None:
     t = open_target(kind, request, tmp_path)
     seed(spark, t)
-    rows = [net("public.items", "D", [1]), net("public.items", "D", [2]),
-            net("public.orders", "I", [7], {"id": 7, "item": 3, "status": "new"})]
+    rows = [
+        net("public.items", "D", [1]),
+        net("public.items", "D", [2]),
+        net("public.orders", "I", [7], {"id": 7, "item": 3, "status": "new"}),
+    ]
     b = batch(spark, rows, P(0x100), P(0x200))
     real = type(t).stager
     monkeypatch.setattr(type(t), "stager", lambda self, *a: _Boom(real(self, *a), "public.orders"))
@@ -162,12 +182,14 @@ def test_an_exception_mid_apply_leaves_data_and_position_untouched(kind: str, sp
 
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("kind", KINDS)
-def test_seed003_example_with_two_apply_threads(kind: str, mode: str, spark: Any, request: Any,
-                                                tmp_path: Path) -> None:
+def test_seed003_example_with_two_apply_threads(kind: str, mode: str, spark: Any, request: Any, tmp_path: Path) -> None:
     """003's example (TABLE1..3, keycol/othercol) with two apply threads: per-table positions, same result."""
-    schemas = {f"public.table{i}": TableSchema(f"public.table{i}", (Column("keycol", "text", nullable=False),
-                                                                   Column("othercol", "text")), key=("keycol",))
-               for i in (1, 2, 3)}
+    schemas = {
+        f"public.table{i}": TableSchema(
+            f"public.table{i}", (Column("keycol", "text", nullable=False), Column("othercol", "text")), key=("keycol",)
+        )
+        for i in (1, 2, 3)
+    }
     t = open_target(kind, request, tmp_path, mode, threads=2)
     before = [net("public.table1", "I", [v], {"keycol": v, "othercol": "old"}) for v in ("kv2", "kv3")]
     before.append(net("public.table2", "I", ["kv1"], {"keycol": "kv1", "othercol": "old"}))
@@ -195,22 +217,27 @@ def test_seed003_example_with_two_apply_threads(kind: str, mode: str, spark: Any
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_per_table_positions_let_a_restart_apply_only_what_is_missing(kind: str, spark: Any, request: Any,
-                                                                      tmp_path: Path) -> None:
+def test_per_table_positions_let_a_restart_apply_only_what_is_missing(
+    kind: str, spark: Any, request: Any, tmp_path: Path
+) -> None:
     t = open_target(kind, request, tmp_path, threads=2)
     seed(spark, t)
     # a target-only constraint makes the orders lane fail; the items lane commits with its own position
     if kind == "duckdb":  # DuckDB cannot add a CHECK constraint afterwards: create the table with it
-        sql(t, 'CREATE TABLE "main"."orders" (id BIGINT PRIMARY KEY, item INTEGER CHECK (item < 100), '
-               "status VARCHAR)")
+        sql(t, 'CREATE TABLE "main"."orders" (id BIGINT PRIMARY KEY, item INTEGER CHECK (item < 100), status VARCHAR)')
     t.ensure_schema([ORDERS])
     if kind == "sqlite":
-        sql(t, 'CREATE TRIGGER no_big_orders BEFORE INSERT ON "orders" WHEN NEW.item > 100 '
-               "BEGIN SELECT RAISE(ABORT, 'item too big'); END")
+        sql(
+            t,
+            'CREATE TRIGGER no_big_orders BEFORE INSERT ON "orders" WHEN NEW.item > 100 '
+            "BEGIN SELECT RAISE(ABORT, 'item too big'); END",
+        )
     elif kind == "postgresql":
         sql(t, 'ALTER TABLE "public"."orders" ADD CONSTRAINT small_items CHECK (item < 100)')
-    rows = [net("public.items", "I", [20], {"id": 20, "name": "n20", "qty": 1, "note": None}),
-            net("public.orders", "I", [1], {"id": 1, "item": 500, "status": "new"})]
+    rows = [
+        net("public.items", "I", [20], {"id": 20, "name": "n20", "qty": 1, "note": None}),
+        net("public.orders", "I", [1], {"id": 1, "item": 500, "status": "new"}),
+    ]
     b = batch(spark, rows, P(0x100), P(0x200))
     with pytest.raises(TargetError):
         t.apply(b, SCHEMAS)
@@ -236,8 +263,9 @@ def test_a_unit_that_would_skip_or_repeat_changes_is_refused(spark: Any, request
     gap = batch(spark, [net("public.items", "D", [1])], P(0x150), P(0x200))
     with pytest.raises(TargetError, match="skip the changes in between"):
         t.apply(gap, SCHEMAS)
-    t.apply(batch(spark, [net("public.orders", "I", [1], {"id": 1, "item": 1, "status": "a"})], P(0x100), P(0x180)),
-            SCHEMAS)
+    t.apply(
+        batch(spark, [net("public.orders", "I", [1], {"id": 1, "item": 1, "status": "a"})], P(0x100), P(0x180)), SCHEMAS
+    )
     # the target is at 0/180 now: a unit 0/100..0/200 would apply 0/100..0/180 a second time
     both = batch(spark, [net("public.items", "D", [1]), net("public.orders", "D", [1])], P(0x100), P(0x200))
     with pytest.raises(TargetError, match="twice"):
@@ -252,8 +280,9 @@ PATHS = [pytest.param({}, id="whole"), pytest.param({"driver_rows": 1}, id="by-t
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("kind", KINDS)
-def test_key_change_keeps_columns_not_sent(kind: str, mode: str, path: dict[str, Any], spark: Any, request: Any,
-                                           tmp_path: Path) -> None:
+def test_key_change_keeps_columns_not_sent(
+    kind: str, mode: str, path: dict[str, Any], spark: Any, request: Any, tmp_path: Path
+) -> None:
     """Inserts marking columns unchanged (a key-changing update of TOASTed values) take them from the target's rows
     at moved_from, read before the deletes: moved keys, two column sets, a swap of two keys, an update too."""
     t = open_target(kind, request, tmp_path, mode, **path)
@@ -273,15 +302,21 @@ def test_key_change_keeps_columns_not_sent(kind: str, mode: str, path: dict[str,
     res = t.apply(batch(spark, rows, P(0x100), P(0x200)), SCHEMAS)
     assert res.rows["public.items"] == {"D": 4, "U": 1, "I": 5}
     assert fetch(t, "public.items", COLS) == [
-        (11, "m11", 110, "note1"), (12, "n2", 120, "note2"), (13, "n13", 13, "plain"), (3, "s3", 3, "note4"),
-        (4, "s4", 4, "note3"), (5, "n5", 55, "note5")]
+        (11, "m11", 110, "note1"),
+        (12, "n2", 120, "note2"),
+        (13, "n13", 13, "plain"),
+        (3, "s3", 3, "note4"),
+        (4, "s4", 4, "note3"),
+        (5, "n5", 55, "note5"),
+    ]
     assert t.applied_position() == P(0x200)
 
 
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("kind", KINDS)
-def test_key_change_from_a_missing_row_is_an_error(kind: str, mode: str, spark: Any, request: Any,
-                                                   tmp_path: Path) -> None:
+def test_key_change_from_a_missing_row_is_an_error(
+    kind: str, mode: str, spark: Any, request: Any, tmp_path: Path
+) -> None:
     from mirrorline.errors import ApplyError
 
     t = open_target(kind, request, tmp_path, mode)
@@ -295,7 +330,11 @@ def test_key_change_from_a_missing_row_is_an_error(kind: str, mode: str, spark: 
         t.apply(batch(spark, rows, P(0x100), P(0x200)), SCHEMAS)
     ctx = e.value.context
     assert (ctx["table"], ctx["key"], ctx["moved_from"], ctx["position"]) == (
-        "public.items", ["20"], ["99"], str(P(0x120, 2)))
+        "public.items",
+        ["20"],
+        ["99"],
+        str(P(0x120, 2)),
+    )
     assert "note" in str(e.value) and "99" in str(e.value)
     assert len(fetch(t, "public.items", COLS)) == 5 and t.applied_position() == P(0x100)
     # no moved_from at all (a unit stored before moved_from existed): an error too, never a NULL
@@ -306,14 +345,19 @@ def test_key_change_from_a_missing_row_is_an_error(kind: str, mode: str, spark: 
 
 
 @pytest.mark.parametrize("kind", ["sqlite", "postgresql"])
-def test_a_target_keeps_its_connection_between_units_and_closes_it_at_the_end(kind: str, spark: Any, request: Any,
-                                                                              tmp_path: Path) -> None:
+def test_a_target_keeps_its_connection_between_units_and_closes_it_at_the_end(
+    kind: str, spark: Any, request: Any, tmp_path: Path
+) -> None:
     t = open_target(kind, request, tmp_path)
-    t.apply(batch(spark, [net("public.items", "I", [1], {"id": 1, "name": "a", "qty": 1, "note": None})],
-                  P(0), P(0x10)), {ITEMS.table: ITEMS})
+    t.apply(
+        batch(spark, [net("public.items", "I", [1], {"id": 1, "name": "a", "qty": 1, "note": None})], P(0), P(0x10)),
+        {ITEMS.table: ITEMS},
+    )
     kept = list(t._idle)
-    t.apply(batch(spark, [net("public.items", "I", [2], {"id": 2, "name": "b", "qty": 2, "note": None})],
-                  P(0x10), P(0x20)), {ITEMS.table: ITEMS})
+    t.apply(
+        batch(spark, [net("public.items", "I", [2], {"id": 2, "name": "b", "qty": 2, "note": None})], P(0x10), P(0x20)),
+        {ITEMS.table: ITEMS},
+    )
     assert len(kept) == 1 and t._idle == kept  # the same connection served the second unit, and is idle again
     t.close()
     assert t._idle == []
@@ -322,8 +366,9 @@ def test_a_target_keeps_its_connection_between_units_and_closes_it_at_the_end(ki
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_a_snapshot_chunk_loads_by_the_kinds_bulk_path_and_the_session_is_reset_after(kind: str, request: Any,
-                                                                                     tmp_path: Path) -> None:
+def test_a_snapshot_chunk_loads_by_the_kinds_bulk_path_and_the_session_is_reset_after(
+    kind: str, request: Any, tmp_path: Path
+) -> None:
     t = open_target(kind, request, tmp_path)
     t.ensure_schema([ITEMS])
     chunk = tmp_path / "chunk.csv"

@@ -95,13 +95,17 @@ def txn(lsn: int, *msgs: Message, xid: int = 500) -> list[Message]:
 
 def test_positions_timestamps_tables_and_every_op() -> None:
     asm, schemas = make()
-    events = feed(asm, ORDERS, *txn(
-        0x16B374D848,
-        Insert(None, 1, ["1", "first", "1.50"]),
-        Update(None, 1, None, None, ["1", "second", "1.50"]),
-        Delete(None, 1, "K", ["1", None, None]),
-        Truncate(None, 0, (1,)),
-    ))
+    events = feed(
+        asm,
+        ORDERS,
+        *txn(
+            0x16B374D848,
+            Insert(None, 1, ["1", "first", "1.50"]),
+            Update(None, 1, None, None, ["1", "second", "1.50"]),
+            Delete(None, 1, "K", ["1", None, None]),
+            Truncate(None, 0, (1,)),
+        ),
+    )
     assert events == [Committed(500, 0x16B374D848, 0x16B374D848 + 48, TS + PG_EPOCH_UNIX_US, 4)]
     changes = taken(asm)
     assert [c.pos for c in changes] == [Position(0x16B374D848, i) for i in range(4)]
@@ -124,8 +128,12 @@ def test_commit_timestamp_is_unix_microseconds() -> None:
     # 2024-01-01T00:00:00Z is 1704067200 s after the Unix epoch, 757382400 s after PostgreSQL's
     (ev,) = feed(asm, ORDERS, *txn(100, Insert(None, 1, ["1", "a", "1"])))[-1:]
     assert isinstance(ev, Committed)
-    feed(asm, Begin(200, 757_382_400_000_000, 7), Insert(None, 1, ["2", "a", "1"]),
-         Commit(0, 200, 248, 757_382_400_000_000))
+    feed(
+        asm,
+        Begin(200, 757_382_400_000_000, 7),
+        Insert(None, 1, ["2", "a", "1"]),
+        Commit(0, 200, 248, 757_382_400_000_000),
+    )
     assert taken(asm)[-1].commit_ts == 1_704_067_200_000_000
 
 
@@ -154,8 +162,11 @@ def test_old_key_sent_but_unchanged_is_not_a_key_change() -> None:
 def test_replica_identity_full_uses_the_primary_key_found_at_reconcile() -> None:
     tables = {"public.events": TableInfo("public.events", primary_key=("at",))}
     asm, schemas = make(tables)
-    feed(asm, FULL, *txn(100, Update(None, 2, "O", ["1", "b", "k"], ["1", "b", "k2"]),
-                         Delete(None, 2, "O", ["1", "b", "k2"])))
+    feed(
+        asm,
+        FULL,
+        *txn(100, Update(None, 2, "O", ["1", "b", "k"], ["1", "b", "k2"]), Delete(None, 2, "O", ["1", "b", "k2"])),
+    )
     up, de = taken(asm)
     assert up.key == ("1",) and up.old_key is None and de.key == ("1",)
     assert schemas.recorded[0].key == ("at",)
@@ -194,8 +205,10 @@ def test_tables_not_configured_are_dropped_and_counted() -> None:
 def test_truncate_of_several_tables_is_one_change_each() -> None:
     asm, _ = make()
     feed(asm, ORDERS, FULL, *txn(100, Truncate(None, 1, (2, 1))))
-    assert [(c.table, c.op, c.pos.seq) for c in taken(asm)] == [("public.events", Op.TRUNCATE, 0),
-                                                               ("public.orders", Op.TRUNCATE, 1)]
+    assert [(c.table, c.op, c.pos.seq) for c in taken(asm)] == [
+        ("public.events", Op.TRUNCATE, 0),
+        ("public.orders", Op.TRUNCATE, 1),
+    ]
 
 
 def test_column_add_and_drop_give_new_schema_versions() -> None:
@@ -246,8 +259,13 @@ def test_large_transaction_goes_to_a_spill_in_chunks() -> None:
 
 def test_transactions_at_or_before_skip_through_are_skipped() -> None:
     asm, _ = make(skip_through=200)
-    events = feed(asm, ORDERS, *txn(100, Insert(None, 1, ["1", "a", "1"])),
-                  *txn(200, Insert(None, 1, ["2", "a", "1"])), *txn(300, Insert(None, 1, ["3", "a", "1"])))
+    events = feed(
+        asm,
+        ORDERS,
+        *txn(100, Insert(None, 1, ["1", "a", "1"])),
+        *txn(200, Insert(None, 1, ["2", "a", "1"])),
+        *txn(300, Insert(None, 1, ["3", "a", "1"])),
+    )
     assert [type(e) for e in events] == [SkippedTxn, SkippedTxn, Committed]
     assert [c.key for c in taken(asm)] == [("3",)]
 
@@ -259,16 +277,30 @@ def test_streamed_transaction_blocks_subtransactions_and_commit() -> None:
     asm, _ = make()
     events = feed(
         asm,
-        StreamStart(700, True), replace(ORDERS, xid=700),
-        Insert(700, 1, ["1", "a", "1"]), Insert(700, 1, ["2", "a", "1"]), StreamStop(),
-        ORDERS, *txn(150, Insert(None, 1, ["9", "other", "1"]), xid=650),  # an ordinary one in between
-        StreamStart(700, False), Insert(701, 1, ["3", "sub", "1"]), Insert(701, 1, ["4", "sub", "1"]),
-        Insert(700, 1, ["5", "a", "1"]), StreamStop(),
+        StreamStart(700, True),
+        replace(ORDERS, xid=700),
+        Insert(700, 1, ["1", "a", "1"]),
+        Insert(700, 1, ["2", "a", "1"]),
+        StreamStop(),
+        ORDERS,
+        *txn(150, Insert(None, 1, ["9", "other", "1"]), xid=650),  # an ordinary one in between
+        StreamStart(700, False),
+        Insert(701, 1, ["3", "sub", "1"]),
+        Insert(701, 1, ["4", "sub", "1"]),
+        Insert(700, 1, ["5", "a", "1"]),
+        StreamStop(),
         StreamCommit(700, 0, 300, 348, TS),
     )
     kinds = [(type(e).__name__, getattr(e, "subxid", None)) for e in events]
-    assert kinds == [("SpillChanges", 700), ("SpillBlockEnd", None), ("Committed", None), ("SpillChanges", 701),
-                     ("SpillChanges", 700), ("SpillBlockEnd", None), ("SpillCommit", None)]
+    assert kinds == [
+        ("SpillChanges", 700),
+        ("SpillBlockEnd", None),
+        ("Committed", None),
+        ("SpillChanges", 701),
+        ("SpillChanges", 700),
+        ("SpillBlockEnd", None),
+        ("SpillCommit", None),
+    ]
     spilled = [c for e in events if isinstance(e, SpillChanges) for c in to_changes(e.rows)]
     assert [c.key for c in spilled] == [("1",), ("2",), ("3",), ("4",), ("5",)]
     assert [c.pos.seq for c in spilled] == [0, 1, 2, 3, 4]  # arrival order; lsn 0 until the commit
@@ -280,8 +312,9 @@ def test_streamed_transaction_blocks_subtransactions_and_commit() -> None:
 
 def test_stream_abort_of_a_subtransaction_and_of_the_whole() -> None:
     asm, _ = make()
-    events = feed(asm, ORDERS, StreamStart(700, True), Insert(701, 1, ["1", "a", "1"]), StreamStop(),
-                  StreamAbort(700, 701))
+    events = feed(
+        asm, ORDERS, StreamStart(700, True), Insert(701, 1, ["1", "a", "1"]), StreamStop(), StreamAbort(700, 701)
+    )
     assert events[-1] == SpillAbort(700, 701)
     assert asm.open_streams == {700}
     events = feed(asm, StreamAbort(700, 700))
@@ -298,8 +331,15 @@ def test_stream_sent_again_from_its_first_segment_discards_the_stale_spill() -> 
 def test_stream_relation_applies_inside_its_stream_and_globally_after_commit() -> None:
     asm, _ = make()
     wider = replace(ORDERS, xid=700, columns=(*ORDERS.columns, col("extra", 25)))
-    events = feed(asm, ORDERS, StreamStart(700, True), wider, Insert(700, 1, ["1", "a", "1", "x"]), StreamStop(),
-                  *txn(150, Insert(None, 1, ["2", "a", "1"])))  # concurrent ordinary transaction: old schema
+    events = feed(
+        asm,
+        ORDERS,
+        StreamStart(700, True),
+        wider,
+        Insert(700, 1, ["1", "a", "1", "x"]),
+        StreamStop(),
+        *txn(150, Insert(None, 1, ["2", "a", "1"])),
+    )  # concurrent ordinary transaction: old schema
     assert [c.schema_version for c in taken(asm)] == [1]
     spilled = next(e for e in events if isinstance(e, SpillChanges))
     assert [c.schema_version for c in to_changes(spilled.rows)] == [2]
@@ -309,23 +349,38 @@ def test_stream_relation_applies_inside_its_stream_and_globally_after_commit() -
 
 def test_streamed_transaction_already_in_the_log_is_discarded_at_commit() -> None:
     asm, _ = make(skip_through=300)
-    events = feed(asm, ORDERS, StreamStart(700, True), Insert(700, 1, ["1", "a", "1"]), StreamStop(),
-                  StreamCommit(700, 0, 300, 348, TS))
+    events = feed(
+        asm,
+        ORDERS,
+        StreamStart(700, True),
+        Insert(700, 1, ["1", "a", "1"]),
+        StreamStop(),
+        StreamCommit(700, 0, 300, 348, TS),
+    )
     assert events[-2:] == [SpillAbort(700, 700), SkippedTxn(700, 300, 348)]
 
 
 def test_big_stream_block_is_chunked() -> None:
     asm, _ = make(chunk_changes=2)
-    events = feed(asm, ORDERS, StreamStart(700, True), *[Insert(700, 1, [str(i), "a", "1"]) for i in range(5)],
-                  StreamStop())
+    events = feed(
+        asm, ORDERS, StreamStart(700, True), *[Insert(700, 1, [str(i), "a", "1"]) for i in range(5)], StreamStop()
+    )
     assert [type(e) for e in events] == [SpillChanges, SpillChanges, SpillChanges, SpillBlockEnd]
     assert [e.rows.num_rows for e in events if isinstance(e, SpillChanges)] == [2, 2, 1]
 
 
 def test_reset_drops_open_work_and_aborts_open_spills() -> None:
     asm, _ = make(chunk_changes=2)
-    feed(asm, ORDERS, *txn(100, Insert(None, 1, ["1", "a", "1"])), StreamStart(700, True),
-         Insert(700, 1, ["2", "a", "1"]), StreamStop(), Begin(200, TS, 9), *[Insert(None, 1, ["3", "a", "1"])] * 3)
+    feed(
+        asm,
+        ORDERS,
+        *txn(100, Insert(None, 1, ["1", "a", "1"])),
+        StreamStart(700, True),
+        Insert(700, 1, ["2", "a", "1"]),
+        StreamStop(),
+        Begin(200, TS, 9),
+        *[Insert(None, 1, ["3", "a", "1"])] * 3,
+    )
     events = asm.reset()
     assert events == [SpillAbort(700, 700), SpillAbort(9, 9)]
     assert not asm.in_transaction and asm.open_streams == frozenset() and asm.relations == {}
@@ -335,17 +390,20 @@ def test_reset_drops_open_work_and_aborts_open_spills() -> None:
 # ------------------------------------------------------------------------------------------------ protocol errors
 
 
-@pytest.mark.parametrize(("msgs", "reason"), [
-    ([Insert(None, 1, ["1", "a", "1"])], "outside a transaction"),
-    ([Begin(1, 2, 3), Insert(None, 9, ["1"])], "relation id 9 that no Relation message described"),
-    ([Begin(1, 2, 3), Begin(4, 5, 6)], "still open"),
-    ([Commit(0, 1, 2, 3)], "without a Begin"),
-    ([Begin(1, 2, 3), Commit(0, 5, 6, 3)], "differs from the Begin's final LSN"),
-    ([Begin(1, 2, 3), Insert(None, 1, ["1", "a"])], "has 2 columns but its Relation message has 3"),
-    ([Begin(1, 2, 3), Insert(None, 1, ["1", b"a", "1"], 2)], "binary-format"),
-    ([Begin(1, 2, 3), Insert(None, 1, ["1", UNCHANGED, "1"], 1)], "unchanged TOAST"),
-    ([StreamStop()], "Stream Stop outside"),
-])
+@pytest.mark.parametrize(
+    ("msgs", "reason"),
+    [
+        ([Insert(None, 1, ["1", "a", "1"])], "outside a transaction"),
+        ([Begin(1, 2, 3), Insert(None, 9, ["1"])], "relation id 9 that no Relation message described"),
+        ([Begin(1, 2, 3), Begin(4, 5, 6)], "still open"),
+        ([Commit(0, 1, 2, 3)], "without a Begin"),
+        ([Begin(1, 2, 3), Commit(0, 5, 6, 3)], "differs from the Begin's final LSN"),
+        ([Begin(1, 2, 3), Insert(None, 1, ["1", "a"])], "has 2 columns but its Relation message has 3"),
+        ([Begin(1, 2, 3), Insert(None, 1, ["1", b"a", "1"], 2)], "binary-format"),
+        ([Begin(1, 2, 3), Insert(None, 1, ["1", UNCHANGED, "1"], 1)], "unchanged TOAST"),
+        ([StreamStop()], "Stream Stop outside"),
+    ],
+)
 def test_protocol_errors(msgs: list[Message], reason: str) -> None:
     asm, _ = make()
     feed(asm, ORDERS)
@@ -371,5 +429,8 @@ def test_real_postgresql_messages_assemble() -> None:
     assert isinstance(t, pa.Table)
     changes = list(to_changes(t))
     assert [(c.op, c.key, c.old_key) for c in changes] == [
-        (Op.INSERT, ("1",), None), (Op.UPDATE, ("1",), None), (Op.UPDATE, ("3",), ("2",)), (Op.DELETE, ("1",), None),
+        (Op.INSERT, ("1",), None),
+        (Op.UPDATE, ("1",), None),
+        (Op.UPDATE, ("3",), ("2",)),
+        (Op.DELETE, ("1",), None),
     ]

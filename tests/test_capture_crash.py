@@ -56,8 +56,10 @@ class Workload(threading.Thread):
     def insert(self, cur: Any, k: int, count: int, pad: int = 5) -> Counter[tuple[str, int, str | None]]:
         lo = self.next_id
         self.next_id += count
-        cur.execute("INSERT INTO work SELECT g, %s, repeat('p', %s) FROM generate_series(%s, %s) g",
-                    (k, pad, lo, lo + count - 1))
+        cur.execute(
+            "INSERT INTO work SELECT g, %s, repeat('p', %s) FROM generate_series(%s, %s) g",
+            (k, pad, lo, lo + count - 1),
+        )
         return Counter(("I", i, str(k)) for i in range(lo, lo + count))
 
     def one(self, conn: Any, cur: Any, k: int) -> None:
@@ -98,8 +100,10 @@ class Workload(threading.Thread):
 
 def start_capture(cfg: Path, once: bool = False) -> subprocess.Popen[bytes]:
     err = cfg.parent / f"capture-{time.monotonic_ns()}.err"
-    proc = subprocess.Popen([sys.executable, "-m", "mirrorline.cli.main", "capture", *(["--once"] if once else []),
-                             "-c", str(cfg)], stderr=err.open("wb"))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mirrorline.cli.main", "capture", *(["--once"] if once else []), "-c", str(cfg)],
+        stderr=err.open("wb"),
+    )
     proc.err_path = err  # type: ignore[attr-defined]
     return proc
 
@@ -124,8 +128,10 @@ def test_sigkill_at_random_moments_loses_and_duplicates_nothing(pg_cluster_facto
     cluster = pg_cluster_factory(logical_decoding_work_mem="64kB")
     cluster.execute("CREATE TABLE work (id bigint PRIMARY KEY, v int NOT NULL, pad text)")
     cfg = tmp_path / "mirrorline.toml"
-    cfg.write_text(f'[source]\ndsn = "{cluster.dsn()}"\n[log]\npath = "log"\nsegment_changes = 2000\n'
-                   f'segment_seconds = "200ms"\n[tables."public.work"]\n')
+    cfg.write_text(
+        f'[source]\ndsn = "{cluster.dsn()}"\n[log]\npath = "log"\nsegment_changes = 2000\n'
+        f'segment_seconds = "200ms"\n[tables."public.work"]\n'
+    )
     seed = int(os.environ.get("MIRRORLINE_CRASH_SEED", random.randrange(1 << 30)))
     rng = random.Random(seed)
     first = start_capture(cfg)
@@ -156,8 +162,10 @@ def test_sigkill_at_random_moments_loses_and_duplicates_nothing(pg_cluster_facto
     got = list(log.read())
     positions = [c.pos for c in got]
     assert positions == sorted(positions) and len(set(positions)) == len(positions), f"seed {seed}"
-    txns = [Counter((c.op.value, int(c.key[0]), c.new["v"] if c.new is not None else None) for c in group)
-            for _, group in groupby(got, key=lambda c: c.pos.lsn)]
+    txns = [
+        Counter((c.op.value, int(c.key[0]), c.new["v"] if c.new is not None else None) for c in group)
+        for _, group in groupby(got, key=lambda c: c.pos.lsn)
+    ]
     expected = [t for t in work.history if t]
     assert len(txns) == len(expected), f"seed {seed}: {len(txns)} transactions in the log, {len(expected)} committed"
     for i, (have, want) in enumerate(zip(txns, expected, strict=True)):

@@ -66,7 +66,7 @@ def row_message(draw: Any, relid: int) -> Message:
     if old_kind == "K":
         old = [draw(st.integers(0, 5)).__str__()] + [None] * (ncols - 1)
     elif old_kind == "O":
-        old = [draw(st.integers(0, 5)).__str__(), *vals[1:ncols - 1], draw(maybe)]
+        old = [draw(st.integers(0, 5)).__str__(), *vals[1 : ncols - 1], draw(maybe)]
     flags = 1 if UNCHANGED in vals else 0
     return Update(None, relid, old_kind, old, vals, flags)
 
@@ -169,8 +169,11 @@ def run(msgs: list[bytes | str], fast: bool, chunk: int = 1_000_000) -> tuple[li
 def _normal(events: list[Event]) -> list[Any]:
     """Committed.rows of the hot path counts rows of tables not captured too, and the hot path cuts spilled rows
     into other pieces (the rows themselves are compared apart): compare the rest."""
-    return [(type(e).__name__, e.xid, getattr(e, "commit_lsn", None)) if isinstance(e, Committed) else e
-            for e in events if not isinstance(e, SpillChanges)]
+    return [
+        (type(e).__name__, e.xid, getattr(e, "commit_lsn", None)) if isinstance(e, Committed) else e
+        for e in events
+        if not isinstance(e, SpillChanges)
+    ]
 
 
 @settings(max_examples=60)
@@ -191,6 +194,7 @@ def test_hot_path_gives_the_reference_rows_and_events(msgs: list[bytes | str]) -
 def test_hot_path_chunks_large_transactions_like_the_reference(msgs: list[bytes | str], chunk: int) -> None:
     _, ref_changes, _ = run(msgs, fast=False, chunk=chunk)
     _, changes, _ = run(msgs, fast=True, chunk=chunk)
+
     def plain(items: list[Any]) -> list[str]:  # where a row went (taken or spilled) may differ: compare rows
         return sorted(repr(c[2] if isinstance(c, tuple) else c) for c in items)
 
@@ -207,7 +211,7 @@ def test_damaged_row_message_is_the_same_decode_error_on_both_paths(msgs: list[b
     m = msgs[i]
     assert isinstance(m, bytes)
     cut = data.draw(st.integers(1, len(m) - 1))
-    damaged = [*msgs[:i], m[:cut] + data.draw(st.binary(max_size=3)), *msgs[i + 1:]]
+    damaged = [*msgs[:i], m[:cut] + data.draw(st.binary(max_size=3)), *msgs[i + 1 :]]
     outcomes = []
     for fast in (False, True):
         try:
@@ -229,8 +233,11 @@ def test_many_small_transactions_are_decoded_together(monkeypatch: pytest.Monkey
     monkeypatch.setattr(batching_module, "decode_rows", counting)
     msgs: list[bytes | str] = [encode(RELS[1])]
     for t in range(100):
-        msgs += [encode(Begin(100 + t, 0, t)), encode(Insert(None, 1, [str(t), "a", None])),
-                 encode(Commit(0, 100 + t, 100 + t, 0))]
+        msgs += [
+            encode(Begin(100 + t, 0, t)),
+            encode(Insert(None, 1, [str(t), "a", None])),
+            encode(Commit(0, 100 + t, 100 + t, 0)),
+        ]
     _, changes, _ = run(msgs, fast=True)
     assert calls == [100]
     assert [(c.pos.lsn, c.pos.seq, c.xid) for c in changes] == [(100 + t, 0, t) for t in range(100)]

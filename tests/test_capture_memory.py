@@ -33,8 +33,9 @@ def test_two_million_row_transaction_keeps_capture_under_300_mb(pg_cluster_facto
     cfg = tmp_path / "mirrorline.toml"
     cfg.write_text(f'[source]\ndsn = "{cluster.dsn()}"\n[log]\npath = "log"\n[tables."public.big"]\n')
     err = tmp_path / "capture.err"
-    proc = subprocess.Popen([sys.executable, "-m", "mirrorline.cli.main", "capture", "-c", str(cfg)],
-                            stderr=err.open("wb"))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mirrorline.cli.main", "capture", "-c", str(cfg)], stderr=err.open("wb")
+    )
     try:
         deadline = time.monotonic() + 60
         while "capturing" not in err.read_text():

@@ -20,10 +20,17 @@ from mirrorline.position import parse_lsn
 pytestmark = pytest.mark.pg
 
 
-def make_config(dsn: str, folder: Path, tables: dict[str, dict[str, Any]], slot: str = "mirrorline",
-                **log: Any) -> Config:
-    return parse({"source": {"dsn": dsn, "slot": slot, "publication": "mirrorline"},
-                  "log": {"path": str(folder / "log"), **log}, "tables": tables}, folder / "mirrorline.toml")
+def make_config(
+    dsn: str, folder: Path, tables: dict[str, dict[str, Any]], slot: str = "mirrorline", **log: Any
+) -> Config:
+    return parse(
+        {
+            "source": {"dsn": dsn, "slot": slot, "publication": "mirrorline"},
+            "log": {"path": str(folder / "log"), **log},
+            "tables": tables,
+        },
+        folder / "mirrorline.toml",
+    )
 
 
 def capture_once(config: Config) -> Any:
@@ -69,17 +76,22 @@ def test_every_op_kind_several_tables_toast_key_change_truncate_full(pg: Any, tm
     got = changes(cfg)
     ops = [(c.table, c.op.value, c.key) for c in got]
     assert ops == [
-        ("public.orders", "I", ("1",)), ("public.orders", "I", ("2",)),
-        ("public.lines", "I", ("1", "1")), ("public.lines", "I", ("1", "2")),
+        ("public.orders", "I", ("1",)),
+        ("public.orders", "I", ("2",)),
+        ("public.lines", "I", ("1", "1")),
+        ("public.lines", "I", ("1", "2")),
         ("public.orders", "U", ("1",)),
         ("public.orders", "U", ("3",)),
         ("public.lines", "U", ("1", "2")),
         ("public.lines", "D", ("1", "1")),
-        ("public.events", "I", ("1", "x")), ("public.events", "I", ("1", "y")),
+        ("public.events", "I", ("1", "x")),
+        ("public.events", "I", ("1", "y")),
         ("public.events", "U", ("1", "x")),
         ("public.events", "D", ("1", "y")),
-        ("public.orders", "D", ("3",)), ("public.orders", "I", ("4",)),
-        ("public.lines", "T", ()), ("public.events", "T", ()),
+        ("public.orders", "D", ("3",)),
+        ("public.orders", "I", ("4",)),
+        ("public.lines", "T", ()),
+        ("public.events", "T", ()),
     ]
     by = dict(enumerate(got))
     assert by[0].new == {"id": "1", "note": "one", "amount": "1.50", "big": big}
@@ -110,13 +122,21 @@ def test_column_add_and_drop_are_new_schema_versions(pg: Any, tmp_path: Path) ->
     pg.execute("CREATE TABLE t (id int PRIMARY KEY, a text)")
     cfg = make_config(pg.dsn, tmp_path, {"public.t": {}})
     capture_once(cfg)
-    for sql in ("INSERT INTO t VALUES (1, 'x')", "ALTER TABLE t ADD COLUMN b numeric(5,1)",
-                "INSERT INTO t VALUES (2, 'y', 5)", "ALTER TABLE t DROP COLUMN a", "INSERT INTO t VALUES (3, 6)"):
+    for sql in (
+        "INSERT INTO t VALUES (1, 'x')",
+        "ALTER TABLE t ADD COLUMN b numeric(5,1)",
+        "INSERT INTO t VALUES (2, 'y', 5)",
+        "ALTER TABLE t DROP COLUMN a",
+        "INSERT INTO t VALUES (3, 6)",
+    ):
         pg.execute(sql)
     capture_once(cfg)
     got = changes(cfg)
     assert [(c.new, c.schema_version) for c in got] == [
-        ({"id": "1", "a": "x"}, 1), ({"id": "2", "a": "y", "b": "5.0"}, 2), ({"id": "3", "b": "6.0"}, 3)]
+        ({"id": "1", "a": "x"}, 1),
+        ({"id": "2", "a": "y", "b": "5.0"}, 2),
+        ({"id": "3", "b": "6.0"}, 3),
+    ]
     log = ChangeLog(cfg.log.path)
     assert [c.name for c in log.schema("public.t", 3).columns] == ["id", "b"]
     # a type first seen in a Relation message is named with format_type, looked up on the source
@@ -157,8 +177,9 @@ def test_log_ahead_of_the_slot_skips_what_it_already_holds(pg: Any, tmp_path: Pa
     assert (stats.skipped, stats.changes) == (2, 1)
 
 
-def test_streamed_transactions_committed_aborted_and_rolled_back_savepoint(pg_cluster_factory: Any,
-                                                                          tmp_path: Path) -> None:
+def test_streamed_transactions_committed_aborted_and_rolled_back_savepoint(
+    pg_cluster_factory: Any, tmp_path: Path
+) -> None:
     cluster = pg_cluster_factory(logical_decoding_work_mem="64kB")
     cluster.execute("CREATE TABLE big (id int PRIMARY KEY, pad text); CREATE TABLE small (id int PRIMARY KEY)")
     cfg = make_config(cluster.dsn(), tmp_path, {"public.big": {}, "public.small": {}})
@@ -171,8 +192,7 @@ def test_streamed_transactions_committed_aborted_and_rolled_back_savepoint(pg_cl
         COMMIT;
     """)
     cluster.execute("INSERT INTO small VALUES (1)")
-    cluster.execute("BEGIN; INSERT INTO big SELECT g, repeat('y', 100) FROM generate_series(30001, 36000) g; "
-                    "ROLLBACK")
+    cluster.execute("BEGIN; INSERT INTO big SELECT g, repeat('y', 100) FROM generate_series(30001, 36000) g; ROLLBACK")
     cluster.execute("INSERT INTO small VALUES (2)")
     stats = capture_once(cfg)
     assert stats.streamed == 1 and stats.aborted == 1 and stats.aborted_subxacts == 1
@@ -210,8 +230,10 @@ def test_dropped_connection_reconnects_and_continues(pg: Any, tmp_path: Path) ->
         for i in range(1, 6):
             pg.execute(f"INSERT INTO t SELECT g FROM generate_series({i * 100 - 99}, {i * 100}) g")
             time.sleep(0.3)
-            pg.execute("SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots "
-                       "WHERE slot_name = 'mirrorline' AND active_pid IS NOT NULL")
+            pg.execute(
+                "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots "
+                "WHERE slot_name = 'mirrorline' AND active_pid IS NOT NULL"
+            )
         pg.execute("INSERT INTO t VALUES (1000)")
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and ChangeLog(cfg.log.path).count() < 501:

@@ -21,8 +21,9 @@ pytestmark = pytest.mark.pg
 
 
 def config(dsn: str, folder: Path, tables: dict[str, dict[str, Any]]) -> Config:
-    return parse({"source": {"dsn": dsn}, "log": {"path": str(folder / "log")}, "tables": tables},
-                 folder / "mirrorline.toml")
+    return parse(
+        {"source": {"dsn": dsn}, "log": {"path": str(folder / "log")}, "tables": tables}, folder / "mirrorline.toml"
+    )
 
 
 def write_config(folder: Path, dsn: str, tables: list[str], extra: str = "") -> Path:
@@ -33,8 +34,9 @@ def write_config(folder: Path, dsn: str, tables: list[str], extra: str = "") -> 
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "mirrorline.cli.main", "capture", *args], capture_output=True,
-                          text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "mirrorline.cli.main", "capture", *args], capture_output=True, text=True, timeout=120
+    )
 
 
 @pytest.fixture
@@ -51,26 +53,38 @@ def test_tables_keys_and_identities(pg: Any, conn: Any, tmp_path: Path) -> None:
         CREATE TABLE idx (a int NOT NULL, b int NOT NULL, c text);
         CREATE UNIQUE INDEX idx_ab ON idx (b, a); ALTER TABLE idx REPLICA IDENTITY USING INDEX idx_ab;
     """)
-    tables = describe_tables(conn, config(pg.dsn, tmp_path, {"public.pk": {}, "public.full_t": {},
-                                                             "public.idx": {"key": ["a"]}}))
+    tables = describe_tables(
+        conn, config(pg.dsn, tmp_path, {"public.pk": {}, "public.full_t": {}, "public.idx": {"key": ["a"]}})
+    )
     assert tables["public.pk"].primary_key == ("id",) and tables["public.pk"].info.not_null == {"id", "v"}
     assert tables["public.full_t"].identity == ("a", "b") and tables["public.full_t"].primary_key == ()
     assert tables["public.idx"].identity == ("b", "a") and tables["public.idx"].info.key == ("a",)
     assert [c.type_name for c in tables["public.pk"].columns] == ["integer", "text"]
 
 
-@pytest.mark.parametrize(("setup", "tables", "message"), [
-    ("", {"public.nope": {}}, r'tables\."public\.nope": no table public\.nope in the source database'),
-    ("CREATE TABLE t (a int)", {"public.t": {}}, "has no primary key and no REPLICA IDENTITY FULL"),
-    ("CREATE TABLE t (a int PRIMARY KEY); ALTER TABLE t REPLICA IDENTITY NOTHING", {"public.t": {}},
-     "REPLICA IDENTITY NOTHING"),
-    ("CREATE VIEW t AS SELECT 1 AS a", {"public.t": {}}, "is a view"),
-    ("CREATE TABLE t (a int PRIMARY KEY, b int)", {"public.t": {"key": ["b"]}}, "not in public.t's replica identity"),
-    ("CREATE TABLE t (a int PRIMARY KEY)", {"public.t": {"key": ["zz"]}}, "has no column"),
-    ("CREATE TABLE t (a text, b jsonb); ALTER TABLE t REPLICA IDENTITY FULL", {"public.t": {}}, "no usable key"),
-])
-def test_tables_that_cannot_be_captured_are_clear_errors(pg: Any, conn: Any, tmp_path: Path, setup: str,
-                                                        tables: dict[str, Any], message: str) -> None:
+@pytest.mark.parametrize(
+    ("setup", "tables", "message"),
+    [
+        ("", {"public.nope": {}}, r'tables\."public\.nope": no table public\.nope in the source database'),
+        ("CREATE TABLE t (a int)", {"public.t": {}}, "has no primary key and no REPLICA IDENTITY FULL"),
+        (
+            "CREATE TABLE t (a int PRIMARY KEY); ALTER TABLE t REPLICA IDENTITY NOTHING",
+            {"public.t": {}},
+            "REPLICA IDENTITY NOTHING",
+        ),
+        ("CREATE VIEW t AS SELECT 1 AS a", {"public.t": {}}, "is a view"),
+        (
+            "CREATE TABLE t (a int PRIMARY KEY, b int)",
+            {"public.t": {"key": ["b"]}},
+            "not in public.t's replica identity",
+        ),
+        ("CREATE TABLE t (a int PRIMARY KEY)", {"public.t": {"key": ["zz"]}}, "has no column"),
+        ("CREATE TABLE t (a text, b jsonb); ALTER TABLE t REPLICA IDENTITY FULL", {"public.t": {}}, "no usable key"),
+    ],
+)
+def test_tables_that_cannot_be_captured_are_clear_errors(
+    pg: Any, conn: Any, tmp_path: Path, setup: str, tables: dict[str, Any], message: str
+) -> None:
     if setup:
         pg.execute(setup)
     with pytest.raises(ConfigError, match=message) as e:
@@ -79,8 +93,10 @@ def test_tables_that_cannot_be_captured_are_clear_errors(pg: Any, conn: Any, tmp
 
 
 def test_publication_is_reconciled_with_the_configuration(pg: Any, conn: Any) -> None:
-    pg.execute("CREATE TABLE a (id int PRIMARY KEY); CREATE TABLE b (id int PRIMARY KEY); "
-               'CREATE SCHEMA "Odd"; CREATE TABLE "Odd"."c d" (id int PRIMARY KEY)')
+    pg.execute(
+        "CREATE TABLE a (id int PRIMARY KEY); CREATE TABLE b (id int PRIMARY KEY); "
+        'CREATE SCHEMA "Odd"; CREATE TABLE "Odd"."c d" (id int PRIMARY KEY)'
+    )
     r = reconcile_publication(conn, "pub", ["public.a", "public.b"])
     assert (r.created, r.added, r.removed) == (True, ["public.a", "public.b"], [])
     r = reconcile_publication(conn, "pub", ["public.a", "public.b"])
@@ -88,8 +104,9 @@ def test_publication_is_reconciled_with_the_configuration(pg: Any, conn: Any) ->
     r = reconcile_publication(conn, "pub", ["public.b", "Odd.c d"])
     assert (r.created, r.added, r.removed) == (False, ["Odd.c d"], ["public.a"])
     assert r.summary() == "publication pub: added Odd.c d; removed public.a"
-    rows = pg.execute("SELECT schemaname || '.' || tablename FROM pg_publication_tables WHERE pubname = 'pub' "
-                      "ORDER BY 1")
+    rows = pg.execute(
+        "SELECT schemaname || '.' || tablename FROM pg_publication_tables WHERE pubname = 'pub' ORDER BY 1"
+    )
     assert rows == [("Odd.c d",), ("public.b",)]
     pg.execute("ALTER PUBLICATION pub SET (publish = 'insert')")
     r = reconcile_publication(conn, "pub", ["public.b", "Odd.c d"])

@@ -67,4 +67,8 @@ def test_verbose_before_or_after_the_command() -> None:
 
     p = build_parser()
     assert [p.parse_args(a).verbose for a in (["-v", "status"], ["status", "-v"], ["status"], ["-vv", "status"])] == [
-        1, 1, 0, 2]
+        1,
+        1,
+        0,
+        2,
+    ]

@@ -23,10 +23,14 @@ from mirrorline.model import Change, Column, Op, TableSchema
 from mirrorline.pipeline import Applier
 from mirrorline.position import ZERO, Position
 
-A = TableSchema("public.a", (Column("id", "bigint", nullable=False), Column("v", "text"), Column("w", "integer")),
-                ("id",))
-B = TableSchema("public.b", (Column("k1", "text", nullable=False), Column("k2", "integer", nullable=False),
-                             Column("note", "text")), ("k1", "k2"))
+A = TableSchema(
+    "public.a", (Column("id", "bigint", nullable=False), Column("v", "text"), Column("w", "integer")), ("id",)
+)
+B = TableSchema(
+    "public.b",
+    (Column("k1", "text", nullable=False), Column("k2", "integer", nullable=False), Column("note", "text")),
+    ("k1", "k2"),
+)
 
 
 def _inserts(seed: int, n: int) -> list[Change]:
@@ -35,7 +39,7 @@ def _inserts(seed: int, n: int) -> list[Change]:
     out = []
     for i in range(1, n + 1):
         if rnd.random() < 0.6:
-            new = {"id": str(i), "v": rnd.choice([None, f"v{i}", "", "a,b\"c"]), "w": rnd.choice([None, str(i % 7)])}
+            new = {"id": str(i), "v": rnd.choice([None, f"v{i}", "", 'a,b"c']), "w": rnd.choice([None, str(i % 7)])}
             out.append(Change(Position(10 + i, 0), 0, 1, "public.a", Op.INSERT, (str(i),), new))
         else:
             new = {"k1": f"x{i % 13}", "k2": str(i), "note": rnd.choice([None, "n"])}
@@ -52,8 +56,9 @@ def test_which_units_qualify() -> None:
     upd = Change(Position(99, 0), 0, 1, "public.a", Op.UPDATE, ("1",), {"id": "1", "v": "x", "w": None})
     dele = Change(Position(99, 0), 0, 1, "public.a", Op.DELETE, ("1",))
     trunc = Change(Position(99, 0), 0, 1, "public.b", Op.TRUNCATE)
-    moved = Change(Position(99, 0), 0, 1, "public.a", Op.UPDATE, ("100",), {"id": "100", "v": None, "w": None},
-                   old_key=("1",))
+    moved = Change(
+        Position(99, 0), 0, 1, "public.a", Op.UPDATE, ("100",), {"id": "100", "v": None, "w": None}, old_key=("1",)
+    )
     for other in (upd, dele, trunc, moved):
         assert not qualifies(table_stats(changes_to_table([*_inserts(1, 20), other])))
     assert not qualifies({})
@@ -68,8 +73,14 @@ def test_the_net_rows_are_the_general_paths(spark: Any, seed: int, tmp_path: Pat
     inside = [c for c in changes if start < c.pos <= end]
     for actions in (None, {"public.b": "UD"}):
         want = compile_changes(changes_frame(spark, changes), actions=actions, start=start, end=end)
-        got = compile_inserts(changes_frame(spark, changes), table_stats(changes_to_table(inside)),
-                              {"public.a": A, "public.b": B}, start, end, actions)
+        got = compile_inserts(
+            changes_frame(spark, changes),
+            table_stats(changes_to_table(inside)),
+            {"public.a": A, "public.b": B},
+            start,
+            end,
+            actions,
+        )
         assert got is not None and got.net is None and got.inserts is not None
         assert (got.start, got.end, got.changes) == (start, end, len(inside))
         assert got.counts() == want.counts()
@@ -87,7 +98,9 @@ def test_a_key_inserted_twice_goes_to_the_general_path_and_its_error(spark: Any)
     changes = _inserts(3, 50)
     twice = Change(Position(200, 0), 0, 1, "public.a", Op.INSERT, ("7",), {"id": "7", "v": "again", "w": None})
     changes = [c for c in changes if c.key != ("7",)] + [
-        Change(Position(17, 0), 0, 1, "public.a", Op.INSERT, ("7",), {"id": "7", "v": "first", "w": None}), twice]
+        Change(Position(17, 0), 0, 1, "public.a", Op.INSERT, ("7",), {"id": "7", "v": "first", "w": None}),
+        twice,
+    ]
     stats = table_stats(changes_to_table(sorted(changes, key=lambda c: c.pos)))
     assert qualifies(stats)
     end = Position(200, 0)
@@ -102,13 +115,19 @@ def _log(tmp_path: Path, changes: list[Change], per_txn: int = 100) -> None:
         w.record_schema(A)
         w.record_schema(B)
         for i in range(0, len(changes), per_txn):
-            w.add_transaction(1000 + i, 1, changes[i:i + per_txn])
+            w.add_transaction(1000 + i, 1, changes[i : i + per_txn])
 
 
 def _pipeline(tmp_path: Path, **urls: str) -> Applier:
     targets = {n: {"url": u} for n, u in (urls or {"t": f"sqlite:///{tmp_path / 't.db'}"}).items()}
-    conf = parse({"source": {"dsn": "postgresql://nobody@127.0.0.1:1/x"}, "log": {"path": str(tmp_path / "log")},
-                  "targets": targets}, tmp_path / "m.toml")
+    conf = parse(
+        {
+            "source": {"dsn": "postgresql://nobody@127.0.0.1:1/x"},
+            "log": {"path": str(tmp_path / "log")},
+            "targets": targets,
+        },
+        tmp_path / "m.toml",
+    )
     a = Applier(conf)
     a.small_unit, a.catch_up_changes = 100, 500  # 1,000 changes behind: one large unit
     return a
@@ -131,8 +150,9 @@ def _spy(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
 
 
 @pytest.mark.spark
-def test_a_pipeline_applies_an_inserts_only_unit_exactly(tmp_path: Path, spark: Any, pg: Any,
-                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_pipeline_applies_an_inserts_only_unit_exactly(
+    tmp_path: Path, spark: Any, pg: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import duckdb
 
     changes = _inserts(4, 1000)
@@ -143,8 +163,11 @@ def test_a_pipeline_applies_an_inserts_only_unit_exactly(tmp_path: Path, spark: 
     reports = a.catch_up()
     a.close()
     assert [r.changes for r in reports] == [1000] and calls == [True]
-    want_a = sorted((int(c.new["id"]), c.new["v"], None if c.new["w"] is None else int(c.new["w"]))
-                    for c in changes if c.table == "public.a" and c.new)
+    want_a = sorted(
+        (int(c.new["id"]), c.new["v"], None if c.new["w"] is None else int(c.new["w"]))
+        for c in changes
+        if c.table == "public.a" and c.new
+    )
     want_b = sorted((c.new["k1"], int(c.new["k2"]), c.new["note"]) for c in changes if c.table == "public.b" and c.new)
     qa, qb = "SELECT id, v, w FROM a ORDER BY id", "SELECT k1, k2, note FROM b ORDER BY k1, k2"
     db = sqlite3.connect(tmp_path / "t.db")
@@ -158,7 +181,8 @@ def test_a_pipeline_applies_an_inserts_only_unit_exactly(tmp_path: Path, spark: 
 
 @pytest.mark.spark
 def test_inserts_copied_straight_into_a_table_that_holds_one_of_them_stop_naming_it(
-        tmp_path: Path, spark: Any, pg: Any) -> None:
+    tmp_path: Path, spark: Any, pg: Any
+) -> None:
     changes = _inserts(6, 1000)
     _log(tmp_path, changes)
     clash = next(c for c in reversed(changes) if c.table == "public.a")
@@ -175,8 +199,9 @@ def test_inserts_copied_straight_into_a_table_that_holds_one_of_them_stop_naming
 
 
 @pytest.mark.spark
-def test_a_pipeline_stops_on_a_key_inserted_twice_and_keeps_its_position(tmp_path: Path, spark: Any,
-                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_pipeline_stops_on_a_key_inserted_twice_and_keeps_its_position(
+    tmp_path: Path, spark: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     changes = _inserts(5, 1000)
     first = next(c for c in changes if c.table == "public.a")
     changes.append(Change(ZERO, 0, 1, "public.a", Op.INSERT, first.key, first.new))

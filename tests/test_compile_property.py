@@ -87,10 +87,14 @@ def test_invalid_histories_raise_the_named_error(spark: Any, seed: int) -> None:
         shift = i * 1_000_000
         assert (e.table, e.key) == (prefixed(i, inj.table), inj.key), _describe(inj.history)
         assert (e.context["first_op"], e.first_pos.lsn - shift, e.first_pos.seq) == (
-            inj.first[0], inj.first[1].lsn, inj.first[1].seq
+            inj.first[0],
+            inj.first[1].lsn,
+            inj.first[1].seq,
         )
         assert (e.context["second_op"], e.second_pos.lsn - shift, e.second_pos.seq) == (
-            inj.second[0], inj.second[1].lsn, inj.second[1].seq
+            inj.second[0],
+            inj.second[1].lsn,
+            inj.second[1].seq,
         )
 
     # compiling stops at the unit's earliest, the same as the reference's
@@ -99,5 +103,8 @@ def test_invalid_histories_raise_the_named_error(spark: Any, seed: int) -> None:
     with pytest.raises(InvalidSequenceError) as want:
         fold(changes)
     assert (got.value.table, got.value.key, got.value.first_pos, got.value.second_pos) == (
-        want.value.table, want.value.key, want.value.first_pos, want.value.second_pos
+        want.value.table,
+        want.value.key,
+        want.value.first_pos,
+        want.value.second_pos,
     )

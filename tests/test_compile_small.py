@@ -45,8 +45,9 @@ def _general(spark: Any, changes: list[Change], actions: Actions | None) -> NetR
 
 def _simple(changes: list[Change]) -> bool:
     """No TRUNCATE and no key change leaving columns unsent: what the small path takes."""
-    return not any(c.op is Op.TRUNCATE or (c.old_key is not None and c.old_key != c.key and c.unchanged)
-                   for c in changes)
+    return not any(
+        c.op is Op.TRUNCATE or (c.old_key is not None and c.old_key != c.key and c.unchanged) for c in changes
+    )
 
 
 SIMPLE = [n for n, c in CASES.items() if c.error is None and _simple(c.changes())]
@@ -118,8 +119,11 @@ def test_generated_histories_equal_the_general_path_and_the_reference(spark: Any
 @given(st.integers(0, 2**32 - 1))
 def test_generated_invalid_histories_raise_the_general_paths_error(spark: Any, seed: int) -> None:
     rnd = random.Random(seed)
-    injected = [inj for h in random_histories(seed, 50) if _simple(h.changes)
-                and (inj := inject(Picker(rnd=rnd), h)) is not None]
+    injected = [
+        inj
+        for h in random_histories(seed, 50)
+        if _simple(h.changes) and (inj := inject(Picker(rnd=rnd), h)) is not None
+    ]
     hs = [replace(inj.history) for inj in injected]
     changes, actions = pack(hs)
     if not _simple(changes):
@@ -129,4 +133,8 @@ def test_generated_invalid_histories_raise_the_general_paths_error(spark: Any, s
     with pytest.raises(InvalidSequenceError) as got:
         _small(spark, SmallUnits(spark, actions or None), changes)
     assert (got.value.table, got.value.key, got.value.first_pos, got.value.second_pos) == (
-        want.value.table, want.value.key, want.value.first_pos, want.value.second_pos)
+        want.value.table,
+        want.value.key,
+        want.value.first_pos,
+        want.value.second_pos,
+    )

@@ -66,8 +66,9 @@ def valid_results(spark: Any) -> dict[str, NetResult]:
     return {name: _case_part(result, i) for i, name in enumerate(VALID)}
 
 
-def test_log_statistics_give_the_same_result_as_the_metadata_job(spark: Any,
-                                                                  valid_results: dict[str, NetResult]) -> None:
+def test_log_statistics_give_the_same_result_as_the_metadata_job(
+    spark: Any, valid_results: dict[str, NetResult]
+) -> None:
     """Every valid case again, the tables' metadata (order, TRUNCATEs, key changes) from the log's statistics of
     the changes instead of a Spark job: the same result, table order included."""
     changes, actions = _packed(VALID)
@@ -176,7 +177,8 @@ def test_out_keeps_the_net_rows_as_parquet(spark: Any, tmp_path: Path) -> None:
     batch.release()  # not a scratch folder: stays
     net = spark.read.schema(NET_DDL).parquet(str(out))
     assert sorted((r["kind"], r["key"][0], dict(r["new"] or {}).get("c")) for r in net.collect()) == [
-        ("D", "2", None), ("I", "1", "2")
+        ("D", "2", None),
+        ("I", "1", "2"),
     ]
 
 

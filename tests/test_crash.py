@@ -27,8 +27,12 @@ KILLS = 20
 
 def _mirrorline(*args: str, log_file: Path) -> subprocess.Popen[bytes]:
     out = open(log_file, "ab")  # noqa: SIM115 - handed to the child
-    return subprocess.Popen([sys.executable, "-m", "mirrorline.cli.main", *args], stdout=out, stderr=out,
-                            env={**os.environ, "MIRRORLINE_SPARK_DRIVER_MEMORY": "1g"})
+    return subprocess.Popen(
+        [sys.executable, "-m", "mirrorline.cli.main", *args],
+        stdout=out,
+        stderr=out,
+        env={**os.environ, "MIRRORLINE_SPARK_DRIVER_MEMORY": "1g"},
+    )
 
 
 def _units_logged(path: Path) -> int:
@@ -38,8 +42,9 @@ def _units_logged(path: Path) -> int:
         return 0
 
 
-def _kill_loop(args: list[str], tmp_path: Path, rng: random.Random, between: Callable[[], None] | None = None
-               ) -> tuple[int, int]:
+def _kill_loop(
+    args: list[str], tmp_path: Path, rng: random.Random, between: Callable[[], None] | None = None
+) -> tuple[int, int]:
     """Start ``mirrorline ARGS`` and SIGKILL it, KILLS times: one kill in four at a random moment of its start-up,
     the others a random moment (0-3 s) after it applied a unit, so they land between and inside units. Returns
     (kills that landed on a running process, of which after a unit was applied)."""
@@ -75,11 +80,14 @@ def _finish(args: list[str], tmp_path: Path) -> None:
 def test_apply_killed_at_random_applies_everything_exactly_once(pg, pg_cluster, tmp_path):
     work = Workload(pg.dsn, seed=7)
     work.create()
-    urls = {"pgt": target_url("postgresql", tmp_path, pg_cluster, f"crash_apply_{pg.name[-6:]}"),
-            "lite": target_url("sqlite", tmp_path, pg_cluster, "lite")}
+    urls = {
+        "pgt": target_url("postgresql", tmp_path, pg_cluster, f"crash_apply_{pg.name[-6:]}"),
+        "lite": target_url("sqlite", tmp_path, pg_cluster, "lite"),
+    }
     conf_file = tmp_path / "m.toml"
-    conf_file.write_text(config_text(pg.dsn, tmp_path / "log", {n: (u, "update") for n, u in urls.items()},
-                                     max_changes=150))
+    conf_file.write_text(
+        config_text(pg.dsn, tmp_path / "log", {n: (u, "update") for n, u in urls.items()}, max_changes=150)
+    )
     conf = cfg.load(conf_file)
     Capture(conf, once=True).run()
     work.run(transactions=900)
@@ -120,12 +128,15 @@ def test_apply_killed_while_the_next_unit_compiles_and_this_one_applies(pg, pg_c
     once the log shows N+1's compile started and not finished; afterwards every target equals the source."""
     work = Workload(pg.dsn, seed=13)
     work.create()
-    urls = {"pgt": target_url("postgresql", tmp_path, pg_cluster, f"crash_ahead_{pg.name[-6:]}"),
-            "lite": target_url("sqlite", tmp_path, pg_cluster, "lite"),
-            "duck": target_url("duckdb", tmp_path, pg_cluster, "duck")}
+    urls = {
+        "pgt": target_url("postgresql", tmp_path, pg_cluster, f"crash_ahead_{pg.name[-6:]}"),
+        "lite": target_url("sqlite", tmp_path, pg_cluster, "lite"),
+        "duck": target_url("duckdb", tmp_path, pg_cluster, "duck"),
+    }
     conf_file = tmp_path / "m.toml"
-    conf_file.write_text(config_text(pg.dsn, tmp_path / "log", {n: (u, "update") for n, u in urls.items()},
-                                     max_changes=200))
+    conf_file.write_text(
+        config_text(pg.dsn, tmp_path / "log", {n: (u, "update") for n, u in urls.items()}, max_changes=200)
+    )
     conf = cfg.load(conf_file)
     Capture(conf, once=True).run()
     work.run(transactions=900)

@@ -22,12 +22,20 @@ pytestmark = [pytest.mark.pg, pytest.mark.slow]
 def test_run_killed_at_random_while_the_source_changes(pg, pg_cluster, tmp_path):
     work = Workload(pg.dsn, seed=8)
     work.create()
-    urls = {"lake": target_url("duckdb", tmp_path, pg_cluster, "lake"),
-            "pgt": target_url("postgresql", tmp_path, pg_cluster, f"crash_run_{pg.name[-6:]}")}
+    urls = {
+        "lake": target_url("duckdb", tmp_path, pg_cluster, "lake"),
+        "pgt": target_url("postgresql", tmp_path, pg_cluster, f"crash_run_{pg.name[-6:]}"),
+    }
     conf_file = tmp_path / "m.toml"
-    conf_file.write_text(config_text(pg.dsn, tmp_path / "log",
-                                     {"lake": (urls["lake"], "mirror"), "pgt": (urls["pgt"], "update")},
-                                     max_changes=200, latency="300ms"))
+    conf_file.write_text(
+        config_text(
+            pg.dsn,
+            tmp_path / "log",
+            {"lake": (urls["lake"], "mirror"), "pgt": (urls["pgt"], "update")},
+            max_changes=200,
+            latency="300ms",
+        )
+    )
     Capture(cfg.load(conf_file), once=True).run()  # slot and publication exist before the workload
     stop = threading.Event()
     errors: list[BaseException] = []

@@ -15,40 +15,40 @@ from mirrorline.position import ZERO
 
 # The worked examples of the seed, verbatim (test_the_seed_examples_are_verbatim checks them when the seed is here).
 DELTAFLOOD = [
-    '_table\tzzz\t_xid\t88628916\t_action\tdelete\ta\tfox61\t\t',
-    '_table\tzzz\t_xid\t88628916\t_action\treplace\ta\tfox49\t\t',
-    '_table\tzzz\t_xid\t88628916\t_action\tupdate\ta\tfox61\tb\then62',
-    '_table\tzzz\t_xid\t88628917\t_action\tupdate\ta\tfox17\tb\then60',
-    '_table\tzzz\t_xid\t88628918\t_action\tinsert\ta\tfox62\tb\then17',
-    '_table\tzzz\t_xid\t88628919\t_action\tupdate\ta\tfox99\tb\then38',
-    '_table\tzzz\t_xid\t88628920\t_action\tdelete\ta\tfox54\t\t',
-    '_table\tzzz\t_xid\t88628920\t_action\treplace\ta\tfox11\t\t',
-    '_table\tzzz\t_xid\t88628920\t_action\tupdate\ta\tfox54\tb\then93',
-    '_table\tzzz\t_xid\t88628921\t_action\tupdate\ta\tfox24\tb\then78',
-    '_table\tzzz\t_xid\t88628922\t_action\tupdate\ta\tfox68\tb\then76',
-    '_table\tzzz\t_xid\t88628923\t_action\tupdate\ta\tfox83\tb\then51',
+    "_table\tzzz\t_xid\t88628916\t_action\tdelete\ta\tfox61\t\t",
+    "_table\tzzz\t_xid\t88628916\t_action\treplace\ta\tfox49\t\t",
+    "_table\tzzz\t_xid\t88628916\t_action\tupdate\ta\tfox61\tb\then62",
+    "_table\tzzz\t_xid\t88628917\t_action\tupdate\ta\tfox17\tb\then60",
+    "_table\tzzz\t_xid\t88628918\t_action\tinsert\ta\tfox62\tb\then17",
+    "_table\tzzz\t_xid\t88628919\t_action\tupdate\ta\tfox99\tb\then38",
+    "_table\tzzz\t_xid\t88628920\t_action\tdelete\ta\tfox54\t\t",
+    "_table\tzzz\t_xid\t88628920\t_action\treplace\ta\tfox11\t\t",
+    "_table\tzzz\t_xid\t88628920\t_action\tupdate\ta\tfox54\tb\then93",
+    "_table\tzzz\t_xid\t88628921\t_action\tupdate\ta\tfox24\tb\then78",
+    "_table\tzzz\t_xid\t88628922\t_action\tupdate\ta\tfox68\tb\then76",
+    "_table\tzzz\t_xid\t88628923\t_action\tupdate\ta\tfox83\tb\then51",
 ]
 DAYSTREAM = [
-    '_c\t1507507200\t_s\t0\t_table\tzzz\t_xid\t88628908\t_action\tupdate\ta\tfox47\tb\then30',
-    '_c\t1507507200\t_s\t1\t_table\tzzz\t_xid\t88628909\t_action\tupdate\ta\tfox97\tb\then11',
-    '_c\t1507507200\t_s\t2\t_table\tzzz\t_xid\t88628910\t_action\tupdate\ta\tfox47\tb\then95',
-    '_c\t1507507200\t_s\t3\t_table\tzzz\t_xid\t88628911\t_action\tupdate\ta\tfox97\tb\then38',
-    '_c\t1507507200\t_s\t4\t_table\tzzz\t_xid\t88628912\t_action\tupdate\ta\tfox15\tb\then51',
-    '_c\t1507507200\t_s\t5\t_table\tzzz\t_xid\t88628913\t_action\tupdate\ta\tfox7\tb\then94',
-    '_c\t1507507200\t_s\t6\t_table\tzzz\t_xid\t88628914\t_action\tdelete\ta\tfox70\t\t',
-    '_c\t1507507200\t_s\t7\t_table\tzzz\t_xid\t88628915\t_action\tupdate\ta\tfox53\tb\then83',
-    '_c\t1507507200\t_s\t8\t_table\tzzz\t_xid\t88628916\t_action\tdelete\ta\tfox61\t\t',
-    '_c\t1507507200\t_s\t9\t_table\tzzz\t_xid\t88628916\t_action\treplace\ta\tfox49\t\t',
-    '_c\t1507507200\t_s\t10\t_table\tzzz\t_xid\t88628916\t_action\tupdate\ta\tfox61\tb\then62',
-    '_c\t1507507200\t_s\t11\t_table\tzzz\t_xid\t88628917\t_action\tupdate\ta\tfox17\tb\then60',
-    '_c\t1507507200\t_s\t12\t_table\tzzz\t_xid\t88628918\t_action\tinsert\ta\tfox62\tb\then17',
-    '_c\t1507507200\t_s\t13\t_table\tzzz\t_xid\t88628919\t_action\tupdate\ta\tfox99\tb\then38',
-    '_c\t1507507200\t_s\t14\t_table\tzzz\t_xid\t88628920\t_action\tdelete\ta\tfox54\t\t',
-    '_c\t1507507200\t_s\t15\t_table\tzzz\t_xid\t88628920\t_action\treplace\ta\tfox11\t\t',
-    '_c\t1507507200\t_s\t16\t_table\tzzz\t_xid\t88628920\t_action\tupdate\ta\tfox54\tb\then93',
-    '_c\t1507507200\t_s\t17\t_table\tzzz\t_xid\t88628921\t_action\tupdate\ta\tfox24\tb\then78',
-    '_c\t1507507201\t_s\t0\t_table\tzzz\t_xid\t88628922\t_action\tupdate\ta\tfox68\tb\then76',
-    '_c\t1507507201\t_s\t1\t_table\tzzz\t_xid\t88628923\t_action\tupdate\ta\tfox83\tb\then51',
+    "_c\t1507507200\t_s\t0\t_table\tzzz\t_xid\t88628908\t_action\tupdate\ta\tfox47\tb\then30",
+    "_c\t1507507200\t_s\t1\t_table\tzzz\t_xid\t88628909\t_action\tupdate\ta\tfox97\tb\then11",
+    "_c\t1507507200\t_s\t2\t_table\tzzz\t_xid\t88628910\t_action\tupdate\ta\tfox47\tb\then95",
+    "_c\t1507507200\t_s\t3\t_table\tzzz\t_xid\t88628911\t_action\tupdate\ta\tfox97\tb\then38",
+    "_c\t1507507200\t_s\t4\t_table\tzzz\t_xid\t88628912\t_action\tupdate\ta\tfox15\tb\then51",
+    "_c\t1507507200\t_s\t5\t_table\tzzz\t_xid\t88628913\t_action\tupdate\ta\tfox7\tb\then94",
+    "_c\t1507507200\t_s\t6\t_table\tzzz\t_xid\t88628914\t_action\tdelete\ta\tfox70\t\t",
+    "_c\t1507507200\t_s\t7\t_table\tzzz\t_xid\t88628915\t_action\tupdate\ta\tfox53\tb\then83",
+    "_c\t1507507200\t_s\t8\t_table\tzzz\t_xid\t88628916\t_action\tdelete\ta\tfox61\t\t",
+    "_c\t1507507200\t_s\t9\t_table\tzzz\t_xid\t88628916\t_action\treplace\ta\tfox49\t\t",
+    "_c\t1507507200\t_s\t10\t_table\tzzz\t_xid\t88628916\t_action\tupdate\ta\tfox61\tb\then62",
+    "_c\t1507507200\t_s\t11\t_table\tzzz\t_xid\t88628917\t_action\tupdate\ta\tfox17\tb\then60",
+    "_c\t1507507200\t_s\t12\t_table\tzzz\t_xid\t88628918\t_action\tinsert\ta\tfox62\tb\then17",
+    "_c\t1507507200\t_s\t13\t_table\tzzz\t_xid\t88628919\t_action\tupdate\ta\tfox99\tb\then38",
+    "_c\t1507507200\t_s\t14\t_table\tzzz\t_xid\t88628920\t_action\tdelete\ta\tfox54\t\t",
+    "_c\t1507507200\t_s\t15\t_table\tzzz\t_xid\t88628920\t_action\treplace\ta\tfox11\t\t",
+    "_c\t1507507200\t_s\t16\t_table\tzzz\t_xid\t88628920\t_action\tupdate\ta\tfox54\tb\then93",
+    "_c\t1507507200\t_s\t17\t_table\tzzz\t_xid\t88628921\t_action\tupdate\ta\tfox24\tb\then78",
+    "_c\t1507507201\t_s\t0\t_table\tzzz\t_xid\t88628922\t_action\tupdate\ta\tfox68\tb\then76",
+    "_c\t1507507201\t_s\t1\t_table\tzzz\t_xid\t88628923\t_action\tupdate\ta\tfox83\tb\then51",
 ]
 SEED = Path(__file__).resolve().parents[2] / "shared" / "seeds" / "002_3903d6a2179b2f70.txt"
 ZZZ = TableSchema("public.zzz", (Column("a", "text"), Column("b", "text")), ("a",))
@@ -95,7 +95,12 @@ def test_every_seed_line_parses(text):
 def test_seed_daystream_lines_in_detail():
     first = parse_line(DAYSTREAM[0])
     assert (first.c, first.s, first.xid, first.action, first.columns) == (
-        1507507200_000000, 0, 88628908, "update", {"a": "fox47", "b": "hen30"})
+        1507507200_000000,
+        0,
+        88628908,
+        "update",
+        {"a": "fox47", "b": "hen30"},
+    )
     delete = parse_line(DAYSTREAM[6])  # "... _action delete a fox70 <tab><tab>": the empty pair is ignored
     assert DAYSTREAM[6].endswith("\t\t") and (delete.action, delete.columns) == ("delete", {"a": "fox70"})
     last = parse_line(DAYSTREAM[-1])
@@ -123,7 +128,7 @@ def test_seed_daystream_round_trips_byte_for_byte():
 def test_seed_deltaflood_lines_are_the_tail_of_the_daystream_block():
     """The deltaflood block is the daystream block from _s 8 on, without the _c/_s tags (DESIGN §4)."""
     plain = decode(DELTAFLOOD, default_ts=1507507200_000000)
-    tagged = decode(DAYSTREAM)[-len(plain):]
+    tagged = decode(DAYSTREAM)[-len(plain) :]
     assert [(t.xid, t.changes) for t in plain] == [(t.xid, t.changes) for t in tagged]
     assert [ln.split("\t", 4)[4] for ln in DAYSTREAM[8:]] == DELTAFLOOD
 
@@ -134,8 +139,16 @@ def test_seed_deltaflood_without_timestamps_takes_the_default_time():
 
 @pytest.mark.parametrize(
     ("raw", "escaped"),
-    [("plain", "plain"), ("a\tb", "a\\tb"), ("two\nlines", "two\\nlines"), ("back\\slash", "back\\\\slash"),
-     ("bell\x07", "bell\\007"), ("\r\n", "\\015\\n"), ("", ""), ("café ☃", "café ☃")],
+    [
+        ("plain", "plain"),
+        ("a\tb", "a\\tb"),
+        ("two\nlines", "two\\nlines"),
+        ("back\\slash", "back\\\\slash"),
+        ("bell\x07", "bell\\007"),
+        ("\r\n", "\\015\\n"),
+        ("", ""),
+        ("café ☃", "café ☃"),
+    ],
 )
 def test_escaping_as_deltaflood_does(raw, escaped):
     assert escape(raw) == escaped
@@ -157,8 +170,9 @@ def test_changes_of_every_kind_round_trip():
     changes = [
         Change(ZERO, 0, 5, "s.t", Op.INSERT, ("1",), {"id": "1", "v": "tab\there", "doc": None}, schema_version=2),
         Change(ZERO, 0, 5, "s.t", Op.UPDATE, ("1",), {"id": "1", "v": None}, frozenset({"doc"}), schema_version=2),
-        Change(ZERO, 0, 5, "s.t", Op.UPDATE, ("2",), {"id": "2", "v": "x", "doc": "{}"}, old_key=("1",),
-               schema_version=2),
+        Change(
+            ZERO, 0, 5, "s.t", Op.UPDATE, ("2",), {"id": "2", "v": "x", "doc": "{}"}, old_key=("1",), schema_version=2
+        ),
         Change(ZERO, 0, 5, "s.t", Op.DELETE, ("2",), schema_version=2),
         Change(ZERO, 0, 5, "s.t", Op.TRUNCATE, schema_version=2),
     ]
@@ -178,8 +192,9 @@ def test_changes_of_every_kind_round_trip():
 
 
 def test_update_keeping_its_key_after_replace_has_no_old_key():
-    (txn,) = decode(["_table\tzzz\t_xid\t1\t_action\treplace\ta\tx",
-                     "_table\tzzz\t_xid\t1\t_action\tupdate\ta\tx\tb\ty"])
+    (txn,) = decode(
+        ["_table\tzzz\t_xid\t1\t_action\treplace\ta\tx", "_table\tzzz\t_xid\t1\t_action\tupdate\ta\tx\tb\ty"]
+    )
     assert txn.changes[0].old_key is None
 
 
@@ -226,11 +241,15 @@ def test_malformed_lines(text, reason):
     [
         (["_table\tzzz\t_xid\t1\t_action\tinsert\ta\tx\tc\ty"], "no column"),
         (["_table\tzzz\t_xid\t1\t_action\tdelete\tb\ty"], "lacks key column"),
-        (["_table\tzzz\t_xid\t1\t_action\treplace\ta\tx", "_table\tzzz\t_xid\t1\t_action\tdelete\ta\tx"],
-         "replace line must be followed"),
+        (
+            ["_table\tzzz\t_xid\t1\t_action\treplace\ta\tx", "_table\tzzz\t_xid\t1\t_action\tdelete\ta\tx"],
+            "replace line must be followed",
+        ),
         (["_table\tzzz\t_xid\t1\t_action\treplace\ta\tx"], "replace line must be followed"),
-        (["_table\tzzz\t_xid\t1\t_action\treplace\ta\tx", "_table\tzzz\t_xid\t2\t_action\tupdate\ta\tx"],
-         "replace line must be followed"),
+        (
+            ["_table\tzzz\t_xid\t1\t_action\treplace\ta\tx", "_table\tzzz\t_xid\t2\t_action\tupdate\ta\tx"],
+            "replace line must be followed",
+        ),
         (["_table\tzzz\t_xid\t1\t_action\ttruncate\ta\tx"], "truncate line has no columns"),
         (['_table\tzzz\t_xid\t1\t_action\tinsert\t_unchanged\t["b"]\ta\tx'], "insert cannot have _unchanged"),
     ],

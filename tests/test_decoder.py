@@ -123,8 +123,22 @@ def test_real_messages_from_postgresql_15() -> None:
     for hexdata, in_stream, expected in REAL:
         assert decode(bytes.fromhex(hexdata), in_stream) == expected
         kinds.add(type(expected))
-    assert kinds == {Begin, Commit, Origin, Relation, Type, Insert, Update, Delete, Truncate, LogicalMessage,
-                     StreamStart, StreamStop, StreamCommit, StreamAbort}
+    assert kinds == {
+        Begin,
+        Commit,
+        Origin,
+        Relation,
+        Type,
+        Insert,
+        Update,
+        Delete,
+        Truncate,
+        LogicalMessage,
+        StreamStart,
+        StreamStop,
+        StreamCommit,
+        StreamAbort,
+    }
 
 
 # ------------------------------------------------------------------------------------------------ stream state
@@ -141,8 +155,10 @@ def test_decoder_tracks_stream_blocks() -> None:
     assert d.decode(encode(Insert(None, 3, ["a"], 0))) == Insert(None, 3, ["a"], 0)
 
 
-@pytest.mark.parametrize("inside", [Begin(1, 2, 3), Commit(0, 1, 2, 3), StreamStart(4, False),
-                                    StreamCommit(9, 0, 1, 2, 3), StreamAbort(9, 9)])
+@pytest.mark.parametrize(
+    "inside",
+    [Begin(1, 2, 3), Commit(0, 1, 2, 3), StreamStart(4, False), StreamCommit(9, 0, 1, 2, 3), StreamAbort(9, 9)],
+)
 def test_decoder_refuses_transaction_boundaries_inside_a_block(inside: Message) -> None:
     d = Decoder()
     d.decode(encode(StreamStart(9, True)))
@@ -187,23 +203,28 @@ def test_trailing_bytes_are_an_error() -> None:
         decode(encode(Begin(1, 2, 3)) + b"xx")
 
 
-@pytest.mark.parametrize(("data", "reason"), [
-    (b"I" + struct.pack(">I", 1) + b"X" + struct.pack(">H", 0), "expected 'N'"),
-    (b"D" + struct.pack(">I", 1) + b"N" + struct.pack(">H", 0), "expected 'K' or 'O'"),
-    (b"U" + struct.pack(">I", 1) + b"K" + struct.pack(">H", 0) + b"K", "expected 'N'"),
-    (b"I" + struct.pack(">I", 1) + b"N" + struct.pack(">H", 1) + b"x", "unknown kind"),
-    (b"I" + struct.pack(">I", 1) + b"N" + struct.pack(">H", 1) + b"t" + struct.pack(">i", -1), "length -1"),
-    (b"I" + struct.pack(">I", 1) + b"N" + struct.pack(">H", 1) + b"t" + struct.pack(">i", 9) + b"abc", "exceeds"),
-    (b"I" + struct.pack(">I", 1) + b"N" + struct.pack(">H", 1) + b"t" + struct.pack(">i", 2) + b"\xff\xfe",
-     "not valid UTF-8"),
-    (b"R" + struct.pack(">I", 1) + b"public\0t\0" + b"z" + struct.pack(">H", 0), "unknown replica identity"),
-    (b"R" + struct.pack(">I", 1) + b"public\0t", "unterminated string"),
-    (b"T" + struct.pack(">iB", -1, 0), "negative relation count"),
-    (b"T" + struct.pack(">iB", 1000000, 0), "truncated"),
-    (b"M" + struct.pack(">BQ", 0, 1) + b"p\0" + struct.pack(">i", -3), "negative content length"),
-    (b"S" + struct.pack(">IB", 1, 2), "first segment flag"),
-    (b"C" + bytes(10), "truncated in Commit fields"),
-])
+@pytest.mark.parametrize(
+    ("data", "reason"),
+    [
+        (b"I" + struct.pack(">I", 1) + b"X" + struct.pack(">H", 0), "expected 'N'"),
+        (b"D" + struct.pack(">I", 1) + b"N" + struct.pack(">H", 0), "expected 'K' or 'O'"),
+        (b"U" + struct.pack(">I", 1) + b"K" + struct.pack(">H", 0) + b"K", "expected 'N'"),
+        (b"I" + struct.pack(">I", 1) + b"N" + struct.pack(">H", 1) + b"x", "unknown kind"),
+        (b"I" + struct.pack(">I", 1) + b"N" + struct.pack(">H", 1) + b"t" + struct.pack(">i", -1), "length -1"),
+        (b"I" + struct.pack(">I", 1) + b"N" + struct.pack(">H", 1) + b"t" + struct.pack(">i", 9) + b"abc", "exceeds"),
+        (
+            b"I" + struct.pack(">I", 1) + b"N" + struct.pack(">H", 1) + b"t" + struct.pack(">i", 2) + b"\xff\xfe",
+            "not valid UTF-8",
+        ),
+        (b"R" + struct.pack(">I", 1) + b"public\0t\0" + b"z" + struct.pack(">H", 0), "unknown replica identity"),
+        (b"R" + struct.pack(">I", 1) + b"public\0t", "unterminated string"),
+        (b"T" + struct.pack(">iB", -1, 0), "negative relation count"),
+        (b"T" + struct.pack(">iB", 1000000, 0), "truncated"),
+        (b"M" + struct.pack(">BQ", 0, 1) + b"p\0" + struct.pack(">i", -3), "negative content length"),
+        (b"S" + struct.pack(">IB", 1, 2), "first segment flag"),
+        (b"C" + bytes(10), "truncated in Commit fields"),
+    ],
+)
 def test_malformed_messages(data: bytes, reason: str) -> None:
     with pytest.raises(DecodeError, match=reason):
         decode(data)
@@ -249,8 +270,9 @@ _mutation = st.one_of(
 
 @settings(max_examples=600)
 @given(st.sampled_from(REAL), st.lists(_mutation, min_size=1, max_size=4))
-def test_fuzz_mutations_of_real_messages(vector: tuple[str, bool, Message], mutations: list[tuple[str, int, int]]
-                                         ) -> None:
+def test_fuzz_mutations_of_real_messages(
+    vector: tuple[str, bool, Message], mutations: list[tuple[str, int, int]]
+) -> None:
     data = bytearray(bytes.fromhex(vector[0]))
     for op, at, value in mutations:
         i = at % (len(data) + (op == "insert")) if data or op == "insert" else 0
@@ -272,8 +294,7 @@ def test_fuzz_truncations_of_real_messages(vector: tuple[str, bool, Message], cu
         decode(data[:n], vector[1])
 
 
-_values = st.lists(st.one_of(st.none(), st.just(UNCHANGED), st.text(max_size=20), st.binary(max_size=8)),
-                   max_size=6)
+_values = st.lists(st.one_of(st.none(), st.just(UNCHANGED), st.text(max_size=20), st.binary(max_size=8)), max_size=6)
 
 
 @settings(max_examples=300)

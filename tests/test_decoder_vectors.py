@@ -62,8 +62,16 @@ def encode(m: Message) -> bytes:
         return b"O" + struct.pack(">Q", m.commit_lsn) + _s(m.name)
     if isinstance(m, Relation):
         cols = b"".join(bytes([c.flags]) + _s(c.name) + struct.pack(">Ii", c.type_oid, c.typmod) for c in m.columns)
-        return (b"R" + _xid(m.xid) + struct.pack(">I", m.relid) + _s(m.namespace) + _s(m.name)
-                + m.replica_identity.encode() + struct.pack(">H", len(m.columns)) + cols)
+        return (
+            b"R"
+            + _xid(m.xid)
+            + struct.pack(">I", m.relid)
+            + _s(m.namespace)
+            + _s(m.name)
+            + m.replica_identity.encode()
+            + struct.pack(">H", len(m.columns))
+            + cols
+        )
     if isinstance(m, Type):
         return b"Y" + _xid(m.xid) + struct.pack(">I", m.type_oid) + _s(m.namespace) + _s(m.name)
     if isinstance(m, Insert):
@@ -74,11 +82,21 @@ def encode(m: Message) -> bytes:
     if isinstance(m, Delete):
         return b"D" + _xid(m.xid) + struct.pack(">I", m.relid) + m.old_kind.encode() + encode_tuple(m.old)
     if isinstance(m, Truncate):
-        return (b"T" + _xid(m.xid) + struct.pack(">iB", len(m.relids), m.options)
-                + struct.pack(f">{len(m.relids)}I", *m.relids))
+        return (
+            b"T"
+            + _xid(m.xid)
+            + struct.pack(">iB", len(m.relids), m.options)
+            + struct.pack(f">{len(m.relids)}I", *m.relids)
+        )
     if isinstance(m, LogicalMessage):
-        return (b"M" + _xid(m.xid) + struct.pack(">BQ", m.flags, m.lsn) + _s(m.prefix)
-                + struct.pack(">i", len(m.content)) + m.content)
+        return (
+            b"M"
+            + _xid(m.xid)
+            + struct.pack(">BQ", m.flags, m.lsn)
+            + _s(m.prefix)
+            + struct.pack(">i", len(m.content))
+            + m.content
+        )
     if isinstance(m, StreamStart):
         return b"S" + struct.pack(">IB", m.xid, int(m.first_segment))
     if isinstance(m, StreamStop):
@@ -98,41 +116,63 @@ def col(name: str, oid: int = 25, key: bool = False, typmod: int = -1) -> Relati
 # (hex, in_stream, decoded): captured from PostgreSQL 15.
 REAL: list[tuple[str, bool, Message]] = [
     ("4200000000015095c0000303bca04ee1b9000002d5", False, Begin(22058432, 848533608391097, 725)),
-    ("52000040007075626c69630074006400030169640000000017ffffffff00760000000019ffffffff006e00000006a4000a0006", False,
-     Relation(None, 16384, "public", "t", "d", (col("id", 23, True), col("v", 25), col("n", 1700, typmod=655366)))),
+    (
+        "52000040007075626c69630074006400030169640000000017ffffffff00760000000019ffffffff006e00000006a4000a0006",
+        False,
+        Relation(None, 16384, "public", "t", "d", (col("id", 23, True), col("v", 25), col("n", 1700, typmod=655366))),
+    ),
     ("49000040004e00037400000001317400000001617400000004312e3530", False, Insert(None, 16384, ["1", "a", "1.50"], 0)),
-    ("430000000000015095c000000000015095f0000303bca04ee1b9", False,
-     Commit(0, 22058432, 22058480, 848533608391097)),
-    ("55000040004e00037400000001317400000001627400000004312e3530", False,
-     Update(None, 16384, None, None, ["1", "b", "1.50"], 0)),
-    ("55000040004b00037400000001326e6e4e00037400000001336e7400000004322e3030", False,
-     Update(None, 16384, "K", ["2", None, None], ["3", None, "2.00"], 0)),
+    ("430000000000015095c000000000015095f0000303bca04ee1b9", False, Commit(0, 22058432, 22058480, 848533608391097)),
+    (
+        "55000040004e00037400000001317400000001627400000004312e3530",
+        False,
+        Update(None, 16384, None, None, ["1", "b", "1.50"], 0),
+    ),
+    (
+        "55000040004b00037400000001326e6e4e00037400000001336e7400000004322e3030",
+        False,
+        Update(None, 16384, "K", ["2", None, None], ["3", None, "2.00"], 0),
+    ),
     ("44000040004b00037400000001316e6e", False, Delete(None, 16384, "K", ["1", None, None], 0)),
-    ("55000040074f00027400000001317400000001784e0002740000000131740000000179", False,
-     Update(None, 16391, "O", ["1", "x"], ["1", "y"], 0)),
+    (
+        "55000040074f00027400000001317400000001784e0002740000000131740000000179",
+        False,
+        Update(None, 16391, "O", ["1", "x"], ["1", "y"], 0),
+    ),
     ("44000040074f0002740000000131740000000179", False, Delete(None, 16391, "O", ["1", "y"], 0)),
-    ("55000040004e0003740000000137757400000004392e3030", False,
-     Update(None, 16384, None, None, ["7", UNCHANGED, "9.00"], 1)),
+    (
+        "55000040004e0003740000000137757400000004392e3030",
+        False,
+        Update(None, 16384, None, None, ["7", UNCHANGED, "9.00"], 1),
+    ),
     ("5400000002000000400000004007", False, Truncate(None, 0, (16384, 16391))),
     ("4d01000000000150aef8706678000000000568656c6c6f", False, LogicalMessage(None, 1, 22064888, "pfx", b"hello")),
     ("4d00000000000150af3070667800000000026e74", False, LogicalMessage(None, 0, 22064944, "pfx", b"nt")),
     ("4f00000000000000ab75703100", False, Origin(171, "up1")),
     ("59000040017075626c6963006d6f6f6400", False, Type(None, 16385, "public", "mood")),
     ("53000002dd01", False, StreamStart(733, True)),
-    ("52000002dd000040007075626c69630074006400030169640000000017ffffffff00760000000019ffffffff006e00000006a4000a0006",
-     True, Relation(733, 16384, "public", "t", "d", (col("id", 23, True), col("v", 25),
-                                                        col("n", 1700, typmod=655366)))),
+    (
+        "52000002dd000040007075626c69630074006400030169640000000017ffffffff00760000000019ffffffff006e00000006a4000a0006",
+        True,
+        Relation(733, 16384, "public", "t", "d", (col("id", 23, True), col("v", 25), col("n", 1700, typmod=655366))),
+    ),
     ("59000002d7000040017075626c6963006d6f6f6400", True, Type(727, 16385, "public", "mood")),
     ("49000002d7000040054e00027400000001327400000003736164", True, Insert(727, 16389, ["2", "sad"], 0)),
-    ("4d000002d7010000000001563cb8700000000009696e2073747265616d", True,
-     LogicalMessage(727, 1, 22428856, "p", b"in stream")),
+    (
+        "4d000002d7010000000001563cb8700000000009696e2073747265616d",
+        True,
+        LogicalMessage(727, 1, 22428856, "p", b"in stream"),
+    ),
     ("55000002d7000040054e000274000000013274000000026f6b", True, Update(727, 16389, None, None, ["2", "ok"], 0)),
     ("44000002d7000040054b00027400000001336e", True, Delete(727, 16389, "K", ["3", None], 0)),
     ("54000002d7000000010000004005", True, Truncate(727, 0, (16389,))),
     ("45", True, StreamStop()),
     ("41000002dd000002de", False, StreamAbort(733, 734)),
-    ("63000002d70000000000015643a80000000001564478000303bca67f015b", False,
-     StreamCommit(727, 0, 22430632, 22430840, 848533712208219)),
+    (
+        "63000002d70000000000015643a80000000001564478000303bca67f015b",
+        False,
+        StreamCommit(727, 0, 22430632, 22430840, 848533712208219),
+    ),
 ]
 
 

@@ -54,7 +54,8 @@ def test_export_from_a_time_or_a_position(tmp_path):
     assert export(tmp_path / "log", from_ts=1507507201_000000) == DAYSTREAM[18:]
     assert export(tmp_path / "log", after=Position(14, 0)) == DAYSTREAM[18:]
     assert export(tmp_path / "log", after=Position(1, 0), upto=Position(2, 0)) == [
-        DAYSTREAM[1].replace("_s\t1", "_s\t0")]  # _s numbers the lines of this export within each second
+        DAYSTREAM[1].replace("_s\t1", "_s\t0")
+    ]  # _s numbers the lines of this export within each second
 
 
 def test_log_to_daystream_to_log_round_trip(tmp_path):
@@ -63,11 +64,15 @@ def test_log_to_daystream_to_log_round_trip(tmp_path):
     schema = TableSchema("s.t", (Column("id", "bigint"), Column("v", "text"), Column("doc", "jsonb")), ("id",))
     src = tmp_path / "src"
     txns = [
-        [Change(ZERO, 0, 7, "s.t", Op.INSERT, ("1",), {"id": "1", "v": "a\tb\\c\nd", "doc": None}),
-         Change(ZERO, 0, 7, "s.t", Op.INSERT, ("2",), {"id": "2", "v": None, "doc": '{"k": "é"}'})],
+        [
+            Change(ZERO, 0, 7, "s.t", Op.INSERT, ("1",), {"id": "1", "v": "a\tb\\c\nd", "doc": None}),
+            Change(ZERO, 0, 7, "s.t", Op.INSERT, ("2",), {"id": "2", "v": None, "doc": '{"k": "é"}'}),
+        ],
         [Change(ZERO, 0, 8, "s.t", Op.UPDATE, ("1",), {"id": "1", "v": "x"}, frozenset({"doc"}))],
-        [Change(ZERO, 0, 9, "s.t", Op.UPDATE, ("3",), {"id": "3", "v": "y", "doc": "[]"}, old_key=("2",)),
-         Change(ZERO, 0, 9, "s.t", Op.DELETE, ("1",))],
+        [
+            Change(ZERO, 0, 9, "s.t", Op.UPDATE, ("3",), {"id": "3", "v": "y", "doc": "[]"}, old_key=("2",)),
+            Change(ZERO, 0, 9, "s.t", Op.DELETE, ("1",)),
+        ],
         [Change(ZERO, 0, 10, "s.t", Op.TRUNCATE)],
     ]
     with LogWriter(src) as w:
@@ -77,9 +82,11 @@ def test_log_to_daystream_to_log_round_trip(tmp_path):
     lines = export(src)
     assert len(lines) == 7
     dst = tmp_path / "dst"
-    r = import_daystream(dst, [write(tmp_path / "x.ds", lines)],
-                         {"s.t": TableConfig("s.t", key=("id",), columns={"id": "bigint", "v": "text",
-                                                                           "doc": "jsonb"})})
+    r = import_daystream(
+        dst,
+        [write(tmp_path / "x.ds", lines)],
+        {"s.t": TableConfig("s.t", key=("id",), columns={"id": "bigint", "v": "text", "doc": "jsonb"})},
+    )
     assert r.transactions == 4 and r.changes == 6
 
     def strip(c: Change) -> tuple:

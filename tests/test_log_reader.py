@@ -82,8 +82,15 @@ def test_readers_each_at_their_own_position(log):
 
 @pytest.mark.parametrize(
     ("ts", "first"),
-    [(0, Position(100, 0)), (1 * S, Position(100, 0)), (1 * S + 1, Position(200, 0)), (5 * S, Position(500, 0)),
-     (7 * S - 1, Position(700, 0)), (10 * S, Position(1000, 0)), (11 * S, None)],
+    [
+        (0, Position(100, 0)),
+        (1 * S, Position(100, 0)),
+        (1 * S + 1, Position(200, 0)),
+        (5 * S, Position(500, 0)),
+        (7 * S - 1, Position(700, 0)),
+        (10 * S, Position(1000, 0)),
+        (11 * S, None),
+    ],
 )
 def test_from_a_timestamp(log, ts, first):
     got = list(log.read_from_time(ts))

@@ -20,8 +20,18 @@ def ch(i: int) -> Change:
         return Change(ZERO, 0, i, "public.t", op, (str(i),))
     unchanged = frozenset({"doc"}) if i % 8 == 1 else frozenset()
     new = {"id": str(i), "note": None if i % 5 == 0 else f"n{i}\t"}
-    return Change(ZERO, 0, i, "s.u" if i % 3 == 0 else "public.t", op, (str(i),), new, unchanged,
-                  ("x",) if i % 8 == 3 else None, 1 + i % 2)
+    return Change(
+        ZERO,
+        0,
+        i,
+        "s.u" if i % 3 == 0 else "public.t",
+        op,
+        (str(i),),
+        new,
+        unchanged,
+        ("x",) if i % 8 == 3 else None,
+        1 + i % 2,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -64,13 +74,29 @@ def expected(log: ChangeLog, after, upto) -> list[dict]:
 
 @pytest.mark.parametrize(
     ("after", "upto"),
-    [(None, None), (Position(100, 3), Position(400, 4)), (Position(400, 1), Position(900, 5)),
-     (Position(1200, 6), None), (ZERO, Position(300, 6))],
+    [
+        (None, None),
+        (Position(100, 3), Position(400, 4)),
+        (Position(400, 1), Position(900, 5)),
+        (Position(1200, 6), None),
+        (ZERO, Position(300, 6)),
+    ],
 )
 def test_spark_equals_python(spark, log, after, upto):
     df = read_spark(log, after, upto, spark=spark)
-    assert df.columns == ["lsn", "seq", "ts", "xid", "table", "op", "key", "old_key", "new", "unchanged",
-                          "schema_version"]
+    assert df.columns == [
+        "lsn",
+        "seq",
+        "ts",
+        "xid",
+        "table",
+        "op",
+        "key",
+        "old_key",
+        "new",
+        "unchanged",
+        "schema_version",
+    ]
     types = dict(df.dtypes)
     assert types["lsn"] == "bigint" and types["new"] == "map<string,string>" and types["key"] == "array<string>"
     assert types["schema_version"] == "int"

@@ -36,8 +36,10 @@ def counted(changes: list[Change]) -> dict[str, TableStats]:
         if kind == "K":
             a["kc"] += 1
             a["mv"] += bool(c.unchanged)
-    return {t: TableStats(a["count"], a["first"], a["last"], tuple(a["truncates"]), a["kc"], a["mv"])
-            for t, a in acc.items()}
+    return {
+        t: TableStats(a["count"], a["first"], a["last"], tuple(a["truncates"]), a["kc"], a["mv"])
+        for t, a in acc.items()
+    }
 
 
 def history_changes(seed: int) -> list[Change]:
@@ -78,8 +80,12 @@ def test_an_update_naming_its_own_key_as_old_key_is_no_key_change() -> None:
 
 
 def test_first_kept_follows_the_actions() -> None:
-    s = TableStats(5, {"K": Position(1, 0), "U": Position(2, 0), "T": Position(3, 0), "I": Position(4, 0),
-                       "D": Position(5, 0)}, Position(5, 0), (Position(3, 0),))
+    s = TableStats(
+        5,
+        {"K": Position(1, 0), "U": Position(2, 0), "T": Position(3, 0), "I": Position(4, 0), "D": Position(5, 0)},
+        Position(5, 0),
+        (Position(3, 0),),
+    )
     assert s.first_kept(frozenset("IUD")) == Position(1, 0)
     assert s.first_kept(frozenset("U")) == Position(2, 0)  # a key change is kept with its D or its I
     assert s.first_kept(frozenset("I")) == Position(1, 0)
@@ -97,8 +103,11 @@ def ch(i: int, op: Op = Op.INSERT, table: str = "public.t", **kw) -> Change:
 def test_every_segment_kind_carries_its_statistics_and_the_reader_sums_any_range(tmp_path: Path) -> None:
     with LogWriter(tmp_path, segment_changes=4) as w:
         for lsn in range(10, 60, 10):
-            w.add_transaction(lsn, lsn, [ch(lsn), ch(lsn + 1, Op.UPDATE, old_key=(str(lsn),)),
-                                         ch(lsn + 2, table="s.o"), ch(lsn, Op.DELETE)])
+            w.add_transaction(
+                lsn,
+                lsn,
+                [ch(lsn), ch(lsn + 1, Op.UPDATE, old_key=(str(lsn),)), ch(lsn + 2, table="s.o"), ch(lsn, Op.DELETE)],
+            )
         s = w.open_stream(900)
         s.add(900, [ch(100), ch(0, Op.TRUNCATE, table="s.o")])
         s.add(901, [ch(101, Op.UPDATE, unchanged=frozenset({"doc"})), ch(300, Op.UPDATE, old_key=("30",))])
@@ -124,8 +133,11 @@ def test_every_segment_kind_carries_its_statistics_and_the_reader_sums_any_range
                 assert log.stats(a, b) == want, (a, b)
     assert log.stats() == counted(everything)
     stream = next(x for x in segs if x.stream)
-    assert len(stream.parts) == 2 and stream.tables is not None and stream.tables["s.o"].truncates == (
-        Position(70, 1), Position(70, 5))
+    assert (
+        len(stream.parts) == 2
+        and stream.tables is not None
+        and stream.tables["s.o"].truncates == (Position(70, 1), Position(70, 5))
+    )
 
 
 def test_segments_without_statistics_are_read_for_them(tmp_path: Path) -> None:
@@ -143,8 +155,7 @@ def test_segments_without_statistics_are_read_for_them(tmp_path: Path) -> None:
     fresh = ChangeLog(tmp_path)
     assert fresh.segments()[0].tables is None
     assert fresh.stats() == counted(list(fresh.read()))
-    assert fresh.stats(Position(10, 0), Position(10, 1)) == counted(list(fresh.read(Position(10, 0),
-                                                                                 Position(10, 1))))
+    assert fresh.stats(Position(10, 0), Position(10, 1)) == counted(list(fresh.read(Position(10, 0), Position(10, 1))))
 
 
 def test_a_damaged_statistics_record_is_a_damaged_segment(tmp_path: Path) -> None:

@@ -28,8 +28,16 @@ def ch(i: int, op: Op = Op.INSERT, table: str = "public.t", xid: int = 7, **kw) 
 
 def strip(c: Change) -> tuple:
     """A change without its position/ts (what the writer is given)."""
-    return (c.xid, c.table, c.op, c.key, dict(c.new) if c.new is not None else None, c.unchanged, c.old_key,
-            c.schema_version)
+    return (
+        c.xid,
+        c.table,
+        c.op,
+        c.key,
+        dict(c.new) if c.new is not None else None,
+        c.unchanged,
+        c.old_key,
+        c.schema_version,
+    )
 
 
 def names(root) -> list[str]:
@@ -67,8 +75,12 @@ def test_round_trip_of_every_field(tmp_path):
 def test_columnwise_conversion_equals_the_row_layout():
     changes = [ch(1), ch(2, Op.UPDATE, unchanged=frozenset({"z", "a"}), old_key=("9",)), ch(3, Op.DELETE)]
     fast = changes_to_arrow(changes, 5, 6)
-    slow = changes_to_table([Change(Position(5, i), 6, c.xid, c.table, c.op, c.key, c.new, c.unchanged, c.old_key,
-                                    c.schema_version) for i, c in enumerate(changes)])
+    slow = changes_to_table(
+        [
+            Change(Position(5, i), 6, c.xid, c.table, c.op, c.key, c.new, c.unchanged, c.old_key, c.schema_version)
+            for i, c in enumerate(changes)
+        ]
+    )
     assert fast.equals(slow)
     bulk = transactions_to_arrow([(5, 6, changes[:2]), (8, 9, changes[2:])])
     assert bulk.column("lsn").to_pylist() == [5, 5, 8] and bulk.column("seq").to_pylist() == [0, 1, 0]
@@ -83,8 +95,10 @@ def test_flushes_by_itself_at_segment_changes_and_keeps_transactions_whole(tmp_p
         assert w.pending == 0
     segs = ChangeLog(tmp_path).segments()
     assert [(s.first, s.last, s.count) for s in segs] == [
-        (Position(100, 0), Position(101, 2), 6), (Position(102, 0), Position(103, 2), 6),
-        (Position(104, 0), Position(105, 2), 6)]
+        (Position(100, 0), Position(101, 2), 6),
+        (Position(102, 0), Position(103, 2), 6),
+        (Position(104, 0), Position(105, 2), 6),
+    ]
     assert [s.prev for s in segs] == [None, Position(101, 2), Position(103, 2)]
     assert names(tmp_path) == sorted(s.name for s in segs)
 
@@ -194,8 +208,14 @@ def test_arrow_input_single_and_many_transactions(tmp_path):
         with pytest.raises(LogError):
             w.add_transactions(transactions_to_arrow([(35, 3, [ch(6)])]))
     got = [(c.pos, c.commit_ts, c.key) for c in ChangeLog(tmp_path).read()]
-    assert got == [(Position(10, 0), 1, ("1",)), (Position(10, 1), 1, ("2",)), (Position(20, 0), 2, ("9",)),
-                   (Position(30, 0), 3, ("3",)), (Position(40, 0), 4, ("4",)), (Position(40, 1), 4, ("5",))]
+    assert got == [
+        (Position(10, 0), 1, ("1",)),
+        (Position(10, 1), 1, ("2",)),
+        (Position(20, 0), 2, ("9",)),
+        (Position(30, 0), 3, ("3",)),
+        (Position(40, 0), 4, ("4",)),
+        (Position(40, 1), 4, ("5",)),
+    ]
 
 
 def test_arrow_input_not_in_the_layout_is_refused(tmp_path):
@@ -287,7 +307,13 @@ def test_background_and_inline_writing_give_the_same_log(tmp_path, background):
         assert w.durable == Position(300, 0) and w.pending == 0 and w.flushed_lsn == 300
     segs = ChangeLog(tmp_path).segments()
     assert [(s.first.lsn, s.last.lsn, s.count) for s in segs] == [
-        (100, 101, 6), (102, 103, 6), (104, 105, 6), (106, 107, 6), (108, 109, 6), (300, 300, 1)]
+        (100, 101, 6),
+        (102, 103, 6),
+        (104, 105, 6),
+        (106, 107, 6),
+        (108, 109, 6),
+        (300, 300, 1),
+    ]
 
 
 def test_an_error_of_the_background_writer_is_raised_and_stops_the_writer(tmp_path, monkeypatch):

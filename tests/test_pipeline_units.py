@@ -20,11 +20,18 @@ def _applier(tmp_path: Path, txns: int, max_changes: int = 1_000_000) -> Applier
     """A log of ``txns`` transactions of 10 changes each (LSN 10, 20, ...)."""
     with LogWriter(tmp_path / "log", segment_changes=5_000) as w:
         for k in range(1, txns + 1):
-            w.add_transaction(k * 10, k, [Change(ZERO, 0, 0, "public.t", Op.INSERT, (f"{k}.{i}",), {"id": "x"})
-                                          for i in range(10)])
-    conf = parse({"source": {"dsn": "postgresql://nobody@127.0.0.1:1/x"}, "log": {"path": str(tmp_path / "log")},
-                  "apply": {"max_changes": max_changes},
-                  "targets": {"t": {"url": f"sqlite:///{tmp_path / 't.db'}"}}}, tmp_path / "m.toml")
+            w.add_transaction(
+                k * 10, k, [Change(ZERO, 0, 0, "public.t", Op.INSERT, (f"{k}.{i}",), {"id": "x"}) for i in range(10)]
+            )
+    conf = parse(
+        {
+            "source": {"dsn": "postgresql://nobody@127.0.0.1:1/x"},
+            "log": {"path": str(tmp_path / "log")},
+            "apply": {"max_changes": max_changes},
+            "targets": {"t": {"url": f"sqlite:///{tmp_path / 't.db'}"}},
+        },
+        tmp_path / "m.toml",
+    )
     a = Applier(conf, open_targets=False)
     a.small_unit, a.catch_up_changes = 1_000, 4_000
     return a
@@ -60,8 +67,9 @@ def test_a_unit_never_passes_upto(tmp_path: Path) -> None:
 def _append(tmp_path: Path, first: int, txns: int) -> None:
     with LogWriter(tmp_path / "log", segment_changes=5_000) as w:
         for k in range(first, first + txns):
-            w.add_transaction(k * 10, k, [Change(ZERO, 0, 0, "public.t", Op.INSERT, (f"{k}.{i}",), {"id": "x"})
-                                          for i in range(10)])
+            w.add_transaction(
+                k * 10, k, [Change(ZERO, 0, 0, "public.t", Op.INSERT, (f"{k}.{i}",), {"id": "x"}) for i in range(10)]
+            )
 
 
 def test_the_next_unit_is_compiled_once_it_fills_while_this_one_applies(tmp_path: Path, spark: Any) -> None:
@@ -101,8 +109,14 @@ def test_a_target_moves_past_the_logs_last_change_only_to_a_covered_position(tmp
     with LogWriter(tmp_path / "log") as w:
         w.record_schema(TableSchema("public.t", (Column("id", "text", nullable=False),), ("id",)))
         w.add_transaction(10, 1, [Change(ZERO, 0, 0, "public.t", Op.INSERT, ("a",), {"id": "a"})])
-    conf = parse({"source": {"dsn": "postgresql://nobody@127.0.0.1:1/x"}, "log": {"path": str(tmp_path / "log")},
-                  "targets": {"t": {"url": f"sqlite:///{tmp_path / 't.db'}"}}}, tmp_path / "m.toml")
+    conf = parse(
+        {
+            "source": {"dsn": "postgresql://nobody@127.0.0.1:1/x"},
+            "log": {"path": str(tmp_path / "log")},
+            "targets": {"t": {"url": f"sqlite:///{tmp_path / 't.db'}"}},
+        },
+        tmp_path / "m.toml",
+    )
     beyond = Position(500, 2**63 - 1)  # a consistent point past the last change (verify's)
     a = Applier(conf, spark=spark)
     a.catch_up(beyond)  # not known to be covered: the log's end

@@ -70,9 +70,16 @@ def test_one_folder_per_process() -> None:
 def test_an_unusable_tmpdir_is_a_clear_error(tmp_path: Path) -> None:
     not_a_dir = tmp_path / "file"
     not_a_dir.write_text("x")
-    code = ("from mirrorline import scratch\nfrom mirrorline.errors import MirrorlineError\n"
-            "try:\n    scratch.folder()\nexcept MirrorlineError as e:\n    print(e)\n")
-    out = subprocess.run([sys.executable, "-c", code], env={**os.environ, "TMPDIR": str(not_a_dir)},
-                         capture_output=True, text=True, timeout=60)
+    code = (
+        "from mirrorline import scratch\nfrom mirrorline.errors import MirrorlineError\n"
+        "try:\n    scratch.folder()\nexcept MirrorlineError as e:\n    print(e)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**os.environ, "TMPDIR": str(not_a_dir)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 0, out.stderr
     assert "cannot make a scratch folder under" in out.stdout and "set TMPDIR to a writable folder" in out.stdout

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,19 +15,11 @@ from mirrorline.errors import SnapshotError
 from mirrorline.snapshot import Options, catch_up, check_folder, export_snapshot, load_snapshot
 from mirrorline.snapshot.plan import parse_chunk_file_name
 from mirrorline.verify import verify
-from test_snapshot_support import Workload, capture_once, create_items, target_urls, write_config
+from snapshot_support import Workload, capture_once, create_items, target_urls, write_config
 
 pytestmark = [pytest.mark.pg, pytest.mark.spark]
 
 SMALL = Options(chunk_mb=0.04, progress=False)
-
-
-@pytest.fixture
-def target_dbs(pg_cluster: Any) -> Iterator[list[str]]:
-    created: list[str] = []
-    yield created
-    for db in created:
-        pg_cluster.drop_database(db)
 
 
 def test_export_load_catch_up_verify(pg: Any, spark: Any, tmp_path: Path, target_dbs: list[str]) -> None:
@@ -92,8 +83,9 @@ def _damage(folder: Path, how: str, other: Path) -> str:
     raise AssertionError(how)
 
 
-def test_damaged_folders_are_refused_and_nothing_is_written(pg: Any, spark: Any, tmp_path: Path,
-                                                            target_dbs: list[str]) -> None:
+def test_damaged_folders_are_refused_and_nothing_is_written(
+    pg: Any, spark: Any, tmp_path: Path, target_dbs: list[str]
+) -> None:
     create_items(pg.dsn, rows=800)
     urls = target_urls(tmp_path, pg.cluster, ["postgresql", "sqlite"], target_dbs)
     cfg = write_config(tmp_path, pg.dsn, urls, {"public.items": {}})

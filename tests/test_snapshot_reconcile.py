@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import sqlite3
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,19 +17,11 @@ from mirrorline.cli.main import main
 from mirrorline.snapshot import Options, catch_up, reconcile_targets
 from mirrorline.status import render_prometheus, status
 from mirrorline.verify import verify
-from test_snapshot_support import CaptureThread, Workload, capture_once, create_items, target_urls, write_config
+from snapshot_support import CaptureThread, Workload, capture_once, create_items, target_urls, write_config
 
 pytestmark = [pytest.mark.pg, pytest.mark.spark]
 
 SMALL = Options(chunk_mb=0.04, progress=False)
-
-
-@pytest.fixture
-def target_dbs(pg_cluster: Any) -> Iterator[list[str]]:
-    created: list[str] = []
-    yield created
-    for db in created:
-        pg_cluster.drop_database(db)
 
 
 def _started(cfg: Any) -> CaptureThread:
@@ -42,8 +33,9 @@ def _started(cfg: Any) -> CaptureThread:
     return cap
 
 
-def test_targets_and_tables_added_while_live(pg: Any, spark: Any, tmp_path: Path, target_dbs: list[str],
-                                             capsys: Any) -> None:
+def test_targets_and_tables_added_while_live(
+    pg: Any, spark: Any, tmp_path: Path, target_dbs: list[str], capsys: Any
+) -> None:
     create_items(pg.dsn, rows=1000)
     create_items(pg.dsn, "public.parts", rows=200, start=10_000)
     urls = target_urls(tmp_path, pg.cluster, ["sqlite", "postgresql"], target_dbs)
@@ -57,8 +49,9 @@ def test_targets_and_tables_added_while_live(pg: Any, spark: Any, tmp_path: Path
     try:
         catch_up(one, "cache")
         # a second target while the first is live (replication keeps going)
-        two = write_config(tmp_path, pg.dsn, {"cache": urls["sqlite"], "dw": urls["postgresql"]},
-                           {"public.items": {}}, "two.toml")
+        two = write_config(
+            tmp_path, pg.dsn, {"cache": urls["sqlite"], "dw": urls["postgresql"]}, {"public.items": {}}, "two.toml"
+        )
         done = {r.target: r for r in reconcile_targets(two, options=SMALL)}
         assert done["dw"].whole and not done["cache"].loaded
     finally:
@@ -66,11 +59,18 @@ def test_targets_and_tables_added_while_live(pg: Any, spark: Any, tmp_path: Path
         cap.stop()
 
     # a table added to the configuration: capture restarts with it (the publication gains it), then the targets
-    three = write_config(tmp_path, pg.dsn, {"cache": urls["sqlite"], "dw": urls["postgresql"]},
-                         {"public.items": {}, "public.parts": {"sequence": 5}}, "three.toml")
+    three = write_config(
+        tmp_path,
+        pg.dsn,
+        {"cache": urls["sqlite"], "dw": urls["postgresql"]},
+        {"public.items": {}, "public.parts": {"sequence": 5}},
+        "three.toml",
+    )
     cap = _started(three)
-    works = [Workload(pg.dsn, max_id=work.next_id + 10, seed=3).start(),
-             Workload(pg.dsn, "public.parts", max_id=10_200, seed=4).start()]
+    works = [
+        Workload(pg.dsn, max_id=work.next_id + 10, seed=3).start(),
+        Workload(pg.dsn, "public.parts", max_id=10_200, seed=4).start(),
+    ]
     try:
         added = {r.target: r for r in reconcile_targets(three, options=SMALL)}
         assert added["cache"].loaded == ["public.parts"] and not added["cache"].whole

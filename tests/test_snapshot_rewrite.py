@@ -10,7 +10,6 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +19,7 @@ import pytest
 from mirrorline.apply import open_target
 from mirrorline.snapshot import Options, catch_up, snapshot_target
 from mirrorline.verify import verify
-from test_snapshot_support import capture_once, target_urls, write_config
+from snapshot_support import capture_once, target_urls, write_config
 
 pytestmark = [pytest.mark.pg, pytest.mark.spark]
 
@@ -49,16 +48,20 @@ class Refill:
             try:
                 with conn.cursor() as cur:
                     while not self._stop.wait(0.002):
-                        cur.execute("SELECT slot_name FROM pg_replication_slots WHERE database = current_database() "
-                                    "AND confirmed_flush_lsn IS NOT NULL")
+                        cur.execute(
+                            "SELECT slot_name FROM pg_replication_slots WHERE database = current_database() "
+                            "AND confirmed_flush_lsn IS NOT NULL"
+                        )
                         new = {r[0] for r in cur.fetchall()} - seen
                         seen |= new
                         if new and self._armed.is_set():
                             self._armed.clear()
                             self.generation += 1
-                            cur.execute("BEGIN; TRUNCATE public.events; INSERT INTO public.events "
-                                        "SELECT i / 10, i %% 10, 'g' || %s FROM generate_series(0, %s) i; COMMIT",
-                                        (self.generation, ROWS - 1))
+                            cur.execute(
+                                "BEGIN; TRUNCATE public.events; INSERT INTO public.events "
+                                "SELECT i / 10, i %% 10, 'g' || %s FROM generate_series(0, %s) i; COMMIT",
+                                (self.generation, ROWS - 1),
+                            )
             finally:
                 conn.close()
         except BaseException as e:
@@ -78,14 +81,6 @@ class Refill:
             raise self.error
 
 
-@pytest.fixture
-def target_dbs(pg_cluster: Any) -> Iterator[list[str]]:
-    created: list[str] = []
-    yield created
-    for db in created:
-        pg_cluster.drop_database(db)
-
-
 def _target_rows(cfg: Any, name: str) -> list[tuple[Any, ...]]:
     t = open_target(cfg.targets[name])
     try:
@@ -98,8 +93,9 @@ def _target_rows(cfg: Any, name: str) -> list[tuple[Any, ...]]:
         t.close()
 
 
-def test_snapshot_of_a_table_truncated_meanwhile_is_whole(pg: Any, spark: Any, tmp_path: Path,
-                                                          target_dbs: list[str]) -> None:
+def test_snapshot_of_a_table_truncated_meanwhile_is_whole(
+    pg: Any, spark: Any, tmp_path: Path, target_dbs: list[str]
+) -> None:
     pg.execute("CREATE TABLE public.events (a integer NOT NULL, b integer NOT NULL, label text)")
     pg.execute("ALTER TABLE public.events REPLICA IDENTITY FULL")
     pg.execute(f"INSERT INTO public.events SELECT i / 10, i % 10, 'g0' FROM generate_series(0, {ROWS - 1}) i")

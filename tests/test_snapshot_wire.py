@@ -3,7 +3,6 @@ every target equal to the source (PostgreSQL, SQLite, DuckDB targets)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -13,19 +12,11 @@ from mirrorline.apply import open_target
 from mirrorline.snapshot import Options, catch_up, consistent_position, snapshot_target
 from mirrorline.snapshot.plan import SEQ_MAX
 from mirrorline.verify import verify
-from test_snapshot_support import Workload, capture_once, create_items, target_urls, write_config
+from snapshot_support import Workload, capture_once, create_items, target_urls, write_config
 
 pytestmark = [pytest.mark.pg, pytest.mark.spark]
 
 SMALL = Options(chunk_mb=0.04, progress=False)  # 5 blocks a chunk: many chunks even for small tables
-
-
-@pytest.fixture
-def target_dbs(pg_cluster: Any) -> Iterator[list[str]]:
-    created: list[str] = []
-    yield created
-    for db in created:
-        pg_cluster.drop_database(db)
 
 
 def test_consistent_position_is_just_before_the_point() -> None:
@@ -36,8 +27,9 @@ def test_consistent_position_is_just_before_the_point() -> None:
     assert Position(0x150575F, 10**6) <= p < Position(0x1505760, 0)
 
 
-def test_snapshot_under_a_workload_then_catch_up_equals_source(pg: Any, spark: Any, tmp_path: Path,
-                                                             target_dbs: list[str]) -> None:
+def test_snapshot_under_a_workload_then_catch_up_equals_source(
+    pg: Any, spark: Any, tmp_path: Path, target_dbs: list[str]
+) -> None:
     create_items(pg.dsn, rows=3000)
     urls = target_urls(tmp_path, pg.cluster, ["postgresql", "sqlite", "duckdb"], target_dbs)
     cfg = write_config(tmp_path, pg.dsn, urls, {"public.items": {"actions": "IDU"}})

@@ -10,11 +10,20 @@ from mirrorline.status import Status, TargetStatus, _warn, render_prometheus, wr
 
 
 def _status() -> Status:
-    return Status(source="host=x", slot="mirrorline", current_lsn=5 << 30, slot_confirmed_lsn=1 << 20,
-                  slot_retained_bytes=3 << 30, log_durable=Position(4 << 30, 2), log_bytes=2 << 30, log_segments=9,
-                  targets=[TargetStatus("fast", "sqlite", "live", Position(4 << 30, 2), 0.0, 0),
-                           TargetStatus("slow", "postgresql", "catching up", Position(1 << 20, 0), 900.0,
-                                        (5 << 30) - (1 << 20))])
+    return Status(
+        source="host=x",
+        slot="mirrorline",
+        current_lsn=5 << 30,
+        slot_confirmed_lsn=1 << 20,
+        slot_retained_bytes=3 << 30,
+        log_durable=Position(4 << 30, 2),
+        log_bytes=2 << 30,
+        log_segments=9,
+        targets=[
+            TargetStatus("fast", "sqlite", "live", Position(4 << 30, 2), 0.0, 0),
+            TargetStatus("slow", "postgresql", "catching up", Position(1 << 20, 0), 900.0, (5 << 30) - (1 << 20)),
+        ],
+    )
 
 
 def test_warnings_name_the_slow_target_and_the_slot(tmp_path: Path) -> None:

@@ -11,13 +11,25 @@ from mirrorline.verify.canonical import checksum, converter, pg_float_text, row_
 
 # (value, float8 text, real text) as PostgreSQL 15 prints them (extra_float_digits = 1)
 FLOATS = [
-    (1e15, "1e+15", "1e+15"), (1e14, "100000000000000", "1e+14"), (1e16, "1e+16", "1e+16"),
-    (1.5e-5, "1.5e-05", "1.5e-05"), (0.0001, "0.0001", "0.0001"), (0.00001, "1e-05", "1e-05"),
-    (123456789012345678.0, "1.2345678901234568e+17", "1.2345679e+17"), (100.0, "100", "100"),
-    (-0.0, "-0", "-0"), (2.5, "2.5", "2.5"), (3.14159e22, "3.14159e+22", "3.14159e+22"),
-    (123456789012345.6, "123456789012345.6", "1.2345679e+14"), (1e6, "1000000", "1e+06"),
-    (999999.0, "999999", "999999"), (1234567.0, "1234567", "1.234567e+06"), (0.1, "0.1", "0.1"),
-    (float("inf"), "Infinity", "Infinity"), (float("-inf"), "-Infinity", "-Infinity"), (float("nan"), "NaN", "NaN"),
+    (1e15, "1e+15", "1e+15"),
+    (1e14, "100000000000000", "1e+14"),
+    (1e16, "1e+16", "1e+16"),
+    (1.5e-5, "1.5e-05", "1.5e-05"),
+    (0.0001, "0.0001", "0.0001"),
+    (0.00001, "1e-05", "1e-05"),
+    (123456789012345678.0, "1.2345678901234568e+17", "1.2345679e+17"),
+    (100.0, "100", "100"),
+    (-0.0, "-0", "-0"),
+    (2.5, "2.5", "2.5"),
+    (3.14159e22, "3.14159e+22", "3.14159e+22"),
+    (123456789012345.6, "123456789012345.6", "1.2345679e+14"),
+    (1e6, "1000000", "1e+06"),
+    (999999.0, "999999", "999999"),
+    (1234567.0, "1234567", "1.234567e+06"),
+    (0.1, "0.1", "0.1"),
+    (float("inf"), "Infinity", "Infinity"),
+    (float("-inf"), "-Infinity", "-Infinity"),
+    (float("nan"), "NaN", "NaN"),
 ]
 
 
@@ -41,8 +53,10 @@ def test_engine_values_to_postgresql_text() -> None:
     assert converter("duckdb", "numeric(10,2)")(Decimal("1.50")) == "1.50"
     assert converter("duckdb", "numeric(12,10)")(Decimal("0E-10")) == "0.0000000000"
     assert converter("duckdb", "date")(dt.date(2024, 1, 2)) == "2024-01-02"
-    assert converter("duckdb", "timestamp without time zone")(dt.datetime(2024, 1, 2, 3, 4, 5, 120000)) \
+    assert (
+        converter("duckdb", "timestamp without time zone")(dt.datetime(2024, 1, 2, 3, 4, 5, 120000))
         == "2024-01-02 03:04:05.12"
+    )
     aware = dt.datetime(2024, 1, 2, 3, 4, 5, tzinfo=dt.timezone(dt.timedelta(hours=2)))
     assert converter("duckdb", "timestamp with time zone")(aware) == "2024-01-02 01:04:05+00"
     assert converter("sqlite", "timestamp with time zone")("2024-01-02 03:04:05+02") == "2024-01-02 01:04:05+00"

@@ -42,8 +42,10 @@ def test_small_warm_up_builds_both_plans_of_the_pipeline(spark):
 
 
 def test_synthetic_rows_are_the_synthetic_unit(spark):
-    assert synthetic_rows(800).to_pylist() == synthetic_unit(spark, 800).toArrow().cast(synthetic_rows(1).schema
-                                                                                         ).to_pylist()
+    assert (
+        synthetic_rows(800).to_pylist()
+        == synthetic_unit(spark, 800).toArrow().cast(synthetic_rows(1).schema).to_pylist()
+    )
     moved = synthetic_rows(800, key_changes=True)
     assert moved.num_rows == 801 and moved.column("old_key")[800].as_py() == ["199"]
 

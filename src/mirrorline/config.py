@@ -15,7 +15,7 @@ from typing import Any
 
 from mirrorline.errors import ConfigError
 
-TARGET_KINDS = ("postgresql", "sqlite", "duckdb", "parquet")
+TARGET_KINDS = ("postgresql", "sqlite", "duckdb")
 MODES = ("update", "mirror")
 ON_ERROR = ("stop", "reject")
 _DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
@@ -131,7 +131,9 @@ def target_location(url: str, base: Path) -> tuple[str, str]:
     scheme = url.split(":", 1)[0].lower() if ":" in url else ""
     if scheme in ("postgresql", "postgres"):
         return "postgresql", url
-    if scheme in ("sqlite", "duckdb", "parquet"):
+    if scheme == "parquet":
+        raise ValueError(f"the parquet target kind is not built: expected one of {', '.join(TARGET_KINDS)}")
+    if scheme in ("sqlite", "duckdb"):
         rest = url[len(scheme) + 1 :]
         if not rest.startswith("///"):
             raise ValueError(f"expected {scheme}:///relative/path or {scheme}:////absolute/path, got {url!r}")
@@ -229,8 +231,11 @@ def parse(data: dict[str, Any], path: Path) -> Config:
         seg_seconds = parse_duration(r.get("segment_seconds", (str, int, float), 0.25))
     except ValueError as e:
         raise r.fail("segment_seconds", str(e)) from None
-    log = LogConfig(path=log_path if log_path.is_absolute() else base / log_path, segment_changes=seg_changes,
-                    segment_seconds=seg_seconds)
+    log = LogConfig(
+        path=log_path if log_path.is_absolute() else base / log_path,
+        segment_changes=seg_changes,
+        segment_seconds=seg_seconds,
+    )
 
     r = _Reader(file, "apply", data.get("apply", {}))
     r.only("latency", "max_changes", "threads", "builders", "on_error")
@@ -251,8 +256,7 @@ def parse(data: dict[str, Any], path: Path) -> Config:
     on_error = r.get("on_error", str, "stop")
     if on_error not in ON_ERROR:
         raise r.fail("on_error", f"expected one of {', '.join(ON_ERROR)}, got {on_error!r}")
-    apply = ApplyConfig(latency=latency, max_changes=max_changes, threads=threads, builders=builders,
-                        on_error=on_error)
+    apply = ApplyConfig(latency=latency, max_changes=max_changes, threads=threads, builders=builders, on_error=on_error)
 
     tables: dict[str, TableConfig] = {}
     r = _Reader(file, "tables", data.get("tables", {}))
@@ -279,8 +283,7 @@ def parse(data: dict[str, Any], path: Path) -> Config:
         t_on_error = t.get("on_error", str, on_error)
         if t_on_error not in ON_ERROR:
             raise t.fail("on_error", f"expected one of {', '.join(ON_ERROR)}, got {t_on_error!r}")
-        targets[name] = TargetConfig(name=name, url=url, kind=kind, location=location, mode=mode,
-                                     on_error=t_on_error)
+        targets[name] = TargetConfig(name=name, url=url, kind=kind, location=location, mode=mode, on_error=t_on_error)
 
     return Config(file=path, source=source, log=log, apply=apply, tables=tables, targets=targets)
 
@@ -290,7 +293,7 @@ def _table(file: str, name: str, spec: Any) -> TableConfig:
     r.only("actions", "sequence", "key", "columns")
     actions = r.get("actions", str, "IDU").upper()
     if not actions or any(a not in "IDU" for a in actions):
-        raise r.fail("actions", f"expected letters among I, D and U (e.g. \"IDU\"), got {actions!r}")
+        raise r.fail("actions", f'expected letters among I, D and U (e.g. "IDU"), got {actions!r}')
     sequence = r.get("sequence", int, -1)
     key = r.get("key", list, [])
     if not all(isinstance(k, str) and k for k in key):
@@ -300,9 +303,10 @@ def _table(file: str, name: str, spec: Any) -> TableConfig:
     columns = r.get("columns", dict, {})
     for col, typ in columns.items():
         if not isinstance(typ, str) or not typ.strip():
-            raise r.fail(f"columns.{col}", "expected a PostgreSQL type name such as \"bigint\" or \"text\"")
+            raise r.fail(f"columns.{col}", 'expected a PostgreSQL type name such as "bigint" or "text"')
     missing = [k for k in key if columns and k not in columns]
     if missing:
         raise r.fail("key", f"names columns not in columns: {', '.join(missing)}")
-    return TableConfig(name=name, actions=frozenset(actions), sequence=max(sequence, -1), key=tuple(key),
-                       columns=dict(columns))
+    return TableConfig(
+        name=name, actions=frozenset(actions), sequence=max(sequence, -1), key=tuple(key), columns=dict(columns)
+    )

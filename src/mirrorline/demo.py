@@ -52,8 +52,10 @@ def run_demo(transactions: int = 2000, large: int = 100_000, keep: str | None = 
         work = Workload(cluster.dsn(), seed=2026)
         work.create()
         work.run(transactions=transactions // 2)
-        _say(f"  workload: {len(work.accounts)} accounts, {len(work.events)} events, {len(work.ledger)} ledger "
-             "rows before replication starts")
+        _say(
+            f"  workload: {len(work.accounts)} accounts, {len(work.events)} events, {len(work.ledger)} ledger "
+            "rows before replication starts"
+        )
 
         conf_file = folder / "mirrorline.toml"
         conf_file.write_text(_config_text(cluster.dsn(), folder))
@@ -78,8 +80,10 @@ def run_demo(transactions: int = 2000, large: int = 100_000, keep: str | None = 
         work.run(transactions=transactions // 2)
         work.large_transaction(large)
         done_lsn = work.mark()
-        _say(f"  more workload while it runs, then one transaction of {2 * large} changes (streamed); "
-             f"{work.statements} statements in all")
+        _say(
+            f"  more workload while it runs, then one transaction of {2 * large} changes (streamed); "
+            f"{work.statements} statements in all"
+        )
         _wait_applied(config, done_lsn, thread, errors)
         runner.stop()
         thread.join(timeout=60)
@@ -92,8 +96,10 @@ def run_demo(transactions: int = 2000, large: int = 100_000, keep: str | None = 
             applied = ", ".join(f"{n} {s:.2f} s" for n, s in u.apply_seconds.items())
             rows = next(iter(u.results.values())).rows if u.results else {}
             net = sum(sum(k.values()) for k in rows.values())
-            _say(f"    unit {u.start}..{u.end}: {u.changes} changes -> {net} net row changes, "
-                 f"compiled {u.compile_seconds:.2f} s, applied {applied}")
+            _say(
+                f"    unit {u.start}..{u.end}: {u.changes} changes -> {net} net row changes, "
+                f"compiled {u.compile_seconds:.2f} s, applied {applied}"
+            )
 
         from mirrorline.status import status
         from mirrorline.verify import verify
@@ -106,8 +112,10 @@ def run_demo(transactions: int = 2000, large: int = 100_000, keep: str | None = 
         report = verify(config)
         _say(report.text().rstrip())
         _say("")
-        _say(f"demo {'passed' if report.ok else 'FOUND DIFFERENCES'} in {time.monotonic() - t_start:.0f} s; "
-             f"files in {folder}" + ("" if keep else " (removed)"))
+        _say(
+            f"demo {'passed' if report.ok else 'FOUND DIFFERENCES'} in {time.monotonic() - t_start:.0f} s; "
+            f"files in {folder}" + ("" if keep else " (removed)")
+        )
         return 0 if report.ok else 1
     finally:
         cluster.stop()
@@ -115,8 +123,9 @@ def run_demo(transactions: int = 2000, large: int = 100_000, keep: str | None = 
             shutil.rmtree(folder, ignore_errors=True)
 
 
-def _wait_applied(config: cfg.Config, lsn: int, thread: threading.Thread, errors: list[BaseException],
-                  timeout: float = 900) -> None:
+def _wait_applied(
+    config: cfg.Config, lsn: int, thread: threading.Thread, errors: list[BaseException], timeout: float = 900
+) -> None:
     """Until the log holds the source's changes up to ``lsn`` and every target has applied the whole log."""
     from mirrorline.apply import open_target
     from mirrorline.log.reader import ChangeLog
@@ -129,8 +138,10 @@ def _wait_applied(config: cfg.Config, lsn: int, thread: threading.Thread, errors
             if errors or not thread.is_alive():
                 return
             durable = log.durable() if log.layout.exists() else None
-            if durable is not None and durable.lsn >= lsn and all(
-                t.applied_positions().position >= durable for t in targets.values()
+            if (
+                durable is not None
+                and durable.lsn >= lsn
+                and all(t.applied_positions().position >= durable for t in targets.values())
             ):
                 return
             time.sleep(0.5)

@@ -35,10 +35,6 @@ class UsageError(MirrorlineError):
     exit_code = 2
 
 
-class NotBuiltError(UsageError):
-    """A command that exists in the interface but whose stage is not built yet."""
-
-
 class ConfigError(MirrorlineError):
     """The configuration file is missing, unreadable or invalid: names the file, the key and the reason."""
 

@@ -90,8 +90,19 @@ class PgCluster:
         if os.geteuid() == 0:
             shutil.chown(self.root, "postgres", "postgres")
         os.chmod(self.root, 0o755)
-        self._run(str(self.bindir / "initdb"), "-D", str(self.datadir), "-U", self.user, "-A", "trust",
-                  "-E", "UTF8", "--locale=C", "--no-sync")
+        self._run(
+            str(self.bindir / "initdb"),
+            "-D",
+            str(self.datadir),
+            "-U",
+            self.user,
+            "-A",
+            "trust",
+            "-E",
+            "UTF8",
+            "--locale=C",
+            "--no-sync",
+        )
         for attempt in range(5):
             self.port = free_port()
             conf = dict(self.settings, port=str(self.port), unix_socket_directories=f"'{self.root}'")
@@ -99,8 +110,18 @@ class PgCluster:
                 f.writelines(f"{k} = {v}\n" for k, v in conf.items())
             with open(self.datadir / "pg_hba.conf", "a") as f:
                 f.write("host replication all 127.0.0.1/32 trust\n")
-            proc = self._run(str(self.bindir / "pg_ctl"), "-D", str(self.datadir), "-l", str(self.root / "server.log"),
-                             "-w", "-t", "60", "start", check=False)
+            proc = self._run(
+                str(self.bindir / "pg_ctl"),
+                "-D",
+                str(self.datadir),
+                "-l",
+                str(self.root / "server.log"),
+                "-w",
+                "-t",
+                "60",
+                "start",
+                check=False,
+            )
             if proc.returncode == 0:
                 return self
             if attempt == 4:
@@ -121,8 +142,17 @@ class PgCluster:
         self.root = None
 
     def restart(self) -> None:
-        self._run(str(self.bindir / "pg_ctl"), "-D", str(self.datadir), "-l", str(self.root / "server.log"),  # type: ignore[operator]
-                  "-m", "fast", "-w", "restart")
+        self._run(
+            str(self.bindir / "pg_ctl"),
+            "-D",
+            str(self.datadir),
+            "-l",
+            str(self.root / "server.log"),  # type: ignore[operator]
+            "-m",
+            "fast",
+            "-w",
+            "restart",
+        )
 
     def dsn(self, dbname: str = "postgres") -> str:
         return f"host=127.0.0.1 port={self.port} user={self.user} dbname={dbname}"
@@ -152,8 +182,10 @@ class PgCluster:
     def drop_database(self, name: str) -> None:
         for (slot,) in self.execute(f"SELECT slot_name FROM pg_replication_slots WHERE database = '{name}'"):
             with contextlib.suppress(Exception):
-                self.execute(f"SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots "
-                             f"WHERE slot_name = '{slot}' AND active_pid IS NOT NULL")
+                self.execute(
+                    f"SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots "
+                    f"WHERE slot_name = '{slot}' AND active_pid IS NOT NULL"
+                )
                 time.sleep(0.1)
                 self.execute(f"SELECT pg_drop_replication_slot('{slot}')")
         self.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')

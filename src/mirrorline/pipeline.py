@@ -55,25 +55,41 @@ class Applier:
     overlap = True  # compile the next unit while the targets apply this one
     catch_up_changes = 200_000  # a backlog this large is caught up in units of max_changes, else of small_unit
 
-    def __init__(self, config: Config, target_names: list[str] | None = None, *, spark: Any = None,
-                 open_targets: bool = True, warm_up: WarmUp | None = None) -> None:
+    def __init__(
+        self,
+        config: Config,
+        target_names: list[str] | None = None,
+        *,
+        spark: Any = None,
+        open_targets: bool = True,
+        warm_up: WarmUp | None = None,
+    ) -> None:
         from mirrorline.log.reader import ChangeLog
 
         if not config.targets:
-            raise ConfigError(str(config.file), "targets", "no target is configured",
-                              hint='add one, e.g. [targets.cache] url = "sqlite:///cache.db"')
+            raise ConfigError(
+                str(config.file),
+                "targets",
+                "no target is configured",
+                hint='add one, e.g. [targets.cache] url = "sqlite:///cache.db"',
+            )
         names = target_names or list(config.targets)
         for n in names:
             if n not in config.targets:
-                raise ConfigError(str(config.file), f"targets.{n}", "no such target",
-                                  hint=f"configured targets: {', '.join(config.targets)}")
+                raise ConfigError(
+                    str(config.file),
+                    f"targets.{n}",
+                    "no such target",
+                    hint=f"configured targets: {', '.join(config.targets)}",
+                )
         self.config = config
         self.names = names
         self.log: ChangeLog = ChangeLog(config.log.path)
         self._spark = spark
         self._warm_up = warm_up  # the first compile waits for it (see mirrorline.compile.warmup)
-        self.actions: dict[str, frozenset[str]] = {t.name: t.actions for t in config.tables.values()
-                                                   if t.actions != frozenset("IDU")}
+        self.actions: dict[str, frozenset[str]] = {
+            t.name: t.actions for t in config.tables.values() if t.actions != frozenset("IDU")
+        }
         self.targets: dict[str, Target] = {}
         if open_targets:
             from mirrorline.apply import open_target
@@ -128,8 +144,9 @@ class Applier:
 
     # -- one unit ----------------------------------------------------------------------------------------------
 
-    def step(self, *, upto: Position | None = None, wait_latency: bool = False,
-             covered: bool = False) -> UnitReport | None:
+    def step(
+        self, *, upto: Position | None = None, wait_latency: bool = False, covered: bool = False
+    ) -> UnitReport | None:
         """Apply one unit to the targets furthest behind. ``upto``: never past this position (default: the log's
         end). ``wait_latency``: leave a unit open until it is full or its first change waited ``latency``.
         ``covered``: the log is known to hold every change up to ``upto`` (capture has passed it), so the targets
@@ -176,21 +193,31 @@ class Applier:
         else:
             if ahead is not None:
                 ahead[0].release()
-            batch, compiled, compile_seconds = self._compile(start, end, stored is not None and stored[1] == end,
-                                                             empty=n_changes == 0)
-        report = UnitReport(start, end, batch.changes if n_changes < 0 else n_changes, group, compiled,
-                            compile_seconds, {})
+            batch, compiled, compile_seconds = self._compile(
+                start, end, stored is not None and stored[1] == end, empty=n_changes == 0
+            )
+        report = UnitReport(
+            start, end, batch.changes if n_changes < 0 else n_changes, group, compiled, compile_seconds, {}
+        )
         schemas = self._schemas(batch.tables + [t for t in batch.truncated if t not in batch.tables], end)
         try:
-            self._apply_group(batch, schemas, group, report, next_unit=len(group) == len(self.targets)
-                              and not any(self._bounds(states[n]) for n in group) and end < limit)
+            self._apply_group(
+                batch,
+                schemas,
+                group,
+                report,
+                next_unit=len(group) == len(self.targets)
+                and not any(self._bounds(states[n]) for n in group)
+                and end < limit,
+            )
         finally:
             batch.release()
         log.info("unit %s..%s (%d changes) applied to %s", start, end, report.changes, ", ".join(group))
         return report
 
-    def _apply_group(self, batch: NetBatch, schemas: dict[str, TableSchema], group: list[str], report: UnitReport,
-                     next_unit: bool) -> None:
+    def _apply_group(
+        self, batch: NetBatch, schemas: dict[str, TableSchema], group: list[str], report: UnitReport, next_unit: bool
+    ) -> None:
         """Apply the unit to every target of the group, each in a thread of its own (each target's position is
         committed with its data, so they need not wait for each other). With ``next_unit``, the next unit is
         compiled meanwhile (see :meth:`_compile_ahead`)."""
@@ -249,8 +276,9 @@ class Applier:
         seen: Position | None = None
         while True:
             durable = self.log.durable()
-            if durable != seen and durable is not None and durable > start \
-                    and self._store.starting_at(start) is None:  # look at the unit again only when the log grew
+            if (
+                durable != seen and durable is not None and durable > start and self._store.starting_at(start) is None
+            ):  # look at the unit again only when the log grew
                 seen = durable
                 end, n, size = self._advance(start, durable)
                 if end is not None and end > start and not (n < size and end >= durable):
@@ -263,8 +291,9 @@ class Applier:
         self._ahead = (batch, seconds)
         log.info("compiled the next unit %s..%s ahead in %.2fs", start, end, seconds)
 
-    def _compile(self, start: Position, end: Position, stored: bool, empty: bool = False
-                 ) -> tuple[NetBatch, bool, float]:
+    def _compile(
+        self, start: Position, end: Position, stored: bool, empty: bool = False
+    ) -> tuple[NetBatch, bool, float]:
         t0 = time.monotonic()
         if stored:
             return self._store.load(self.spark, start, end), False, time.monotonic() - t0
@@ -298,8 +327,9 @@ class Applier:
         if self.config.tables:
             frame = frame.where(F.col("table").isin(list(self.config.tables)))
         if inserts.qualifies(stats, self.actions or None):
-            batch = inserts.compile_inserts(frame, stats, self._schemas(sorted(stats), end), start, end,
-                                            self.actions or None)
+            batch = inserts.compile_inserts(
+                frame, stats, self._schemas(sorted(stats), end), start, end, self.actions or None
+            )
             if batch is not None:
                 return batch
             log.info("unit %s..%s: a key is inserted twice; compiling it the general way", start, end)
@@ -334,16 +364,20 @@ class Applier:
         from mirrorline.compile.reference import kept_changes
 
         configured = self.config.tables
-        yield from kept_changes((c for c in self.log.read(start, end) if not configured or c.table in configured),
-                                self.actions or None)
+        yield from kept_changes(
+            (c for c in self.log.read(start, end) if not configured or c.table in configured), self.actions or None
+        )
 
     def _schemas(self, tables: list[str], end: Position) -> dict[str, TableSchema]:
         out: dict[str, TableSchema] = {}
         for t in tables:
             s = self.log.schema_at(t, end)
             if s is None:
-                raise MirrorlineError(f"the change log has no schema for {t}",
-                                      hint="the log is damaged or was imported without [tables] columns", table=t)
+                raise MirrorlineError(
+                    f"the change log has no schema for {t}",
+                    hint="the log is damaged or was imported without [tables] columns",
+                    table=t,
+                )
             out[t] = s
         return out
 
@@ -363,8 +397,9 @@ class Applier:
 
     # -- loops -------------------------------------------------------------------------------------------------
 
-    def catch_up(self, upto: Position | None = None, on_unit: Callable[[UnitReport], None] | None = None,
-                 covered: bool = False) -> list[UnitReport]:
+    def catch_up(
+        self, upto: Position | None = None, on_unit: Callable[[UnitReport], None] | None = None, covered: bool = False
+    ) -> list[UnitReport]:
         """Apply until every target has reached ``upto`` (default: the log's end now); ``covered``: see
         :meth:`step`."""
         target = upto if upto is not None else (self.log.durable() or ZERO)
@@ -379,8 +414,13 @@ class Applier:
         self.prune()
         return reports
 
-    def follow(self, stop: threading.Event, on_unit: Callable[[UnitReport], None] | None = None,
-               poll: float = 0.05, until: Callable[[], bool] | None = None) -> None:
+    def follow(
+        self,
+        stop: threading.Event,
+        on_unit: Callable[[UnitReport], None] | None = None,
+        poll: float = 0.05,
+        until: Callable[[], bool] | None = None,
+    ) -> None:
         """Apply continuously until ``stop`` is set (or ``until()`` holds), closing units by latency or size."""
         last_prune = time.monotonic()
         while not stop.is_set():
@@ -410,8 +450,14 @@ class Runner:
     of the one that failed is raised. Positions stay consistent whatever the stop: the log only holds committed
     transactions, and each target's position is committed with its data."""
 
-    def __init__(self, config: Config, *, once: bool = False, on_unit: Callable[[UnitReport], None] | None = None,
-                 on_message: Callable[[str], None] | None = None) -> None:
+    def __init__(
+        self,
+        config: Config,
+        *,
+        once: bool = False,
+        on_unit: Callable[[UnitReport], None] | None = None,
+        on_message: Callable[[str], None] | None = None,
+    ) -> None:
         from mirrorline.capture.session import Capture
 
         self.config = config
@@ -463,16 +509,17 @@ class Runner:
             from mirrorline.compile.warmup import WarmUp
             from mirrorline.sparkenv import get_spark
 
-            warm = WarmUp(get_spark, {t.name: t.actions for t in self.config.tables.values()
-                                      if t.actions != frozenset("IDU")} or None)
+            warm = WarmUp(
+                get_spark,
+                {t.name: t.actions for t in self.config.tables.values() if t.actions != frozenset("IDU")} or None,
+            )
             while not (self._ready.wait(0.1) or self._capture_done.is_set()):
                 pass
             if self._capture_error is None and not self._stop.is_set():
                 self._reconcile()
             applier = Applier(self.config, warm_up=warm)
             self.loaded.set()
-            applier.follow(self._stop, on_unit=self._unit,
-                           until=self._capture_done.is_set if self.once else None)
+            applier.follow(self._stop, on_unit=self._unit, until=self._capture_done.is_set if self.once else None)
             if self.once and self._capture_error is None and not self._stop.is_set():
                 for r in applier.catch_up():
                     self._unit(r)

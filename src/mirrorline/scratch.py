@@ -70,8 +70,11 @@ def folder() -> Path:
                 d = Path(tempfile.mkdtemp(prefix=f"{os.getpid()}-", dir=root))
                 fd = os.open(d / _LOCK, os.O_RDWR | os.O_CREAT, 0o600)
             except OSError as e:
-                raise MirrorlineError(f"cannot make a scratch folder under {root}: {e.strerror or e}",
-                                      hint="set TMPDIR to a writable folder with free space", path=str(root)) from None
+                raise MirrorlineError(
+                    f"cannot make a scratch folder under {root}: {e.strerror or e}",
+                    hint="set TMPDIR to a writable folder with free space",
+                    path=str(root),
+                ) from None
             fcntl.flock(fd, fcntl.LOCK_EX)
             if (d / _LOCK).exists():
                 break

@@ -55,8 +55,10 @@ def build_class_archive() -> tuple[Path | None, str]:
         return final, f"class archive: {final}"
     tmp = final.with_name(f".{final.name}.{os.getpid()}")
     env = {**os.environ, "MIRRORLINE_CLASS_ARCHIVE_BUILD": str(tmp)}
-    code = "from mirrorline.sparkenv import get_spark; from mirrorline.compile.warmup import warm_small; " \
-           "warm_small(get_spark())"
+    code = (
+        "from mirrorline.sparkenv import get_spark; from mirrorline.compile.warmup import warm_small; "
+        "warm_small(get_spark())"
+    )
     why = "the JVM wrote no archive"
     try:
         final.parent.mkdir(parents=True, exist_ok=True)
@@ -69,8 +71,11 @@ def build_class_archive() -> tuple[Path | None, str]:
     except (OSError, subprocess.TimeoutExpired) as e:
         why = str(e)
     tmp.unlink(missing_ok=True)
-    return None, f"class archive not built ({why}); Spark starts without one, slower (set XDG_CACHE_HOME to a " \
-                 "writable folder and run ./dev setup again)"
+    return (
+        None,
+        f"class archive not built ({why}); Spark starts without one, slower (set XDG_CACHE_HOME to a "
+        "writable folder and run ./dev setup again)",
+    )
 
 
 def get_spark(master: str | None = None, app: str = "mirrorline", conf: dict[str, str] | None = None) -> SparkSession:

@@ -35,10 +35,16 @@ class TargetStatus:
     error: str = ""
 
     def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "kind": self.kind, "state": self.state,
-                "position": str(self.position) if self.position is not None else None,
-                "lag_seconds": None if self.lag_seconds is None else round(self.lag_seconds, 3),
-                "lag_bytes": self.lag_bytes, "tables": self.tables, "error": self.error or None}
+        return {
+            "name": self.name,
+            "kind": self.kind,
+            "state": self.state,
+            "position": str(self.position) if self.position is not None else None,
+            "lag_seconds": None if self.lag_seconds is None else round(self.lag_seconds, 3),
+            "lag_bytes": self.lag_bytes,
+            "tables": self.tables,
+            "error": self.error or None,
+        }
 
 
 @dataclass
@@ -60,11 +66,18 @@ class Status:
     def to_json(self) -> dict[str, Any]:
         return {
             "source": {"dsn": self.source, "current_lsn": _lsn(self.current_lsn)},
-            "slot": {"name": self.slot, "active": self.slot_active, "restart_lsn": _lsn(self.slot_restart_lsn),
-                     "confirmed_flush_lsn": _lsn(self.slot_confirmed_lsn),
-                     "retained_wal_bytes": self.slot_retained_bytes},
-            "log": {"durable": str(self.log_durable) if self.log_durable else None, "bytes": self.log_bytes,
-                    "segments": self.log_segments},
+            "slot": {
+                "name": self.slot,
+                "active": self.slot_active,
+                "restart_lsn": _lsn(self.slot_restart_lsn),
+                "confirmed_flush_lsn": _lsn(self.slot_confirmed_lsn),
+                "retained_wal_bytes": self.slot_retained_bytes,
+            },
+            "log": {
+                "durable": str(self.log_durable) if self.log_durable else None,
+                "bytes": self.log_bytes,
+                "segments": self.log_segments,
+            },
             "targets": [t.to_json() for t in self.targets],
             "warnings": self.warnings,
             "errors": self.errors,
@@ -73,12 +86,16 @@ class Status:
     def text(self) -> str:
         lines = [f"source {self.source}: current WAL {_lsn(self.current_lsn) or '?'}"]
         if self.slot_retained_bytes is not None:
-            lines.append(f"slot {self.slot}: {'active' if self.slot_active else 'inactive'}, confirmed "
-                         f"{_lsn(self.slot_confirmed_lsn)}, retains {_size(self.slot_retained_bytes)} of WAL")
+            lines.append(
+                f"slot {self.slot}: {'active' if self.slot_active else 'inactive'}, confirmed "
+                f"{_lsn(self.slot_confirmed_lsn)}, retains {_size(self.slot_retained_bytes)} of WAL"
+            )
         else:
             lines.append(f"slot {self.slot}: not created yet")
-        lines.append(f"log: {self.log_segments} segment(s), {_size(self.log_bytes)}, durable up to "
-                     f"{self.log_durable or 'nothing'}")
+        lines.append(
+            f"log: {self.log_segments} segment(s), {_size(self.log_bytes)}, durable up to "
+            f"{self.log_durable or 'nothing'}"
+        )
         for t in self.targets:
             lag = ""
             if t.lag_seconds is not None or t.lag_bytes is not None:
@@ -119,9 +136,12 @@ def _source(config: Config, st: Status) -> None:
         with conn.cursor() as cur:
             cur.execute("SELECT pg_current_wal_lsn()::text")
             st.current_lsn = parse_lsn(cur.fetchone()[0])
-            cur.execute("SELECT restart_lsn::text, confirmed_flush_lsn::text, active, "
-                        "pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)::bigint "
-                        "FROM pg_replication_slots WHERE slot_name = %s", (src.slot,))
+            cur.execute(
+                "SELECT restart_lsn::text, confirmed_flush_lsn::text, active, "
+                "pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)::bigint "
+                "FROM pg_replication_slots WHERE slot_name = %s",
+                (src.slot,),
+            )
             row = cur.fetchone()
             if row:
                 st.slot_restart_lsn = parse_lsn(row[0]) if row[0] else None
@@ -157,10 +177,10 @@ def _tree_size(p: Path) -> int:
 
 def _target(config: Config, name: str, st: Status, cl: Any) -> TargetStatus:
     from mirrorline.apply import open_target
-    from mirrorline.snapshot import state as S
+    from mirrorline.snapshot import state as snapstate
 
     tcfg = config.targets[name]
-    ts = TargetStatus(name, tcfg.kind, S.NEW, None)
+    ts = TargetStatus(name, tcfg.kind, snapstate.NEW, None)
     if tcfg.kind == "parquet":
         ts.error = "status of parquet targets is not built"
         return ts
@@ -169,7 +189,7 @@ def _target(config: Config, name: str, st: Status, cl: Any) -> TargetStatus:
         try:
             s = target.session()
             try:
-                snaps = S.read(s)
+                snaps = snapstate.read(s)
             finally:
                 s.close()
             applied = target.applied_positions().position if snaps else None
@@ -189,7 +209,7 @@ def _target(config: Config, name: str, st: Status, cl: Any) -> TargetStatus:
     confirmed = st.slot_confirmed_lsn or 0
     ends = [r.end_lsn for t, r in snaps.items() if t in config.tables and r.state == "loaded"]
     caught_up = log_has_all and bool(ends) and confirmed >= max(ends)
-    ts.state = S.target_state(snaps, config.tables, applied, caught_up)
+    ts.state = snapstate.target_state(snaps, config.tables, applied, caught_up)
     if cl is not None and not log_has_all:
         first = cl.first_ts_after(applied)
         ts.lag_seconds = max(0.0, time.time() - first / 1e6) if first is not None else 0.0
@@ -213,8 +233,13 @@ def status(config: Config) -> Status:
     return st
 
 
-def _warn(config: Config, st: Status, lag_seconds: float = LAG_WARN_SECONDS, lag_bytes: int = LAG_WARN_BYTES,
-          slot_bytes: int = SLOT_WARN_BYTES) -> None:
+def _warn(
+    config: Config,
+    st: Status,
+    lag_seconds: float = LAG_WARN_SECONDS,
+    lag_bytes: int = LAG_WARN_BYTES,
+    slot_bytes: int = SLOT_WARN_BYTES,
+) -> None:
     loaded = [t for t in st.targets if t.position is not None]
     if loaded:
         slowest = min(loaded, key=lambda t: t.position or Position(0))
@@ -225,10 +250,13 @@ def _warn(config: Config, st: Status, lag_seconds: float = LAG_WARN_SECONDS, lag
             st.warnings.append(
                 f"target {slowest.name} is {slowest.lag_seconds or 0:.0f} s / {_size(slowest.lag_bytes or 0)} behind: "
                 f"the log keeps everything after its position {slowest.position} ({_size(st.log_bytes)} now); "
-                "speed it up, or remove it from the configuration")
+                "speed it up, or remove it from the configuration"
+            )
     if st.slot_retained_bytes is not None and st.slot_retained_bytes > slot_bytes:
-        st.warnings.append(f"slot {st.slot} retains {_size(st.slot_retained_bytes)} of WAL on the source: capture "
-                           f"is behind or stopped (confirmed {_lsn(st.slot_confirmed_lsn)})")
+        st.warnings.append(
+            f"slot {st.slot} retains {_size(st.slot_retained_bytes)} of WAL on the source: capture "
+            f"is behind or stopped (confirmed {_lsn(st.slot_confirmed_lsn)})"
+        )
 
 
 # ------------------------------------------------------------------------------------------------------ Prometheus
@@ -244,8 +272,7 @@ def render_prometheus(st: Status) -> str:
 
     out: list[str] = []
 
-    def metric(name: str, kind: str, help_text: str, samples: list[tuple[dict[str, str], float | int | None]]
-               ) -> None:
+    def metric(name: str, kind: str, help_text: str, samples: list[tuple[dict[str, str], float | int | None]]) -> None:
         rows = [(labels, v) for labels, v in samples if v is not None]
         if not rows:
             return
@@ -256,26 +283,54 @@ def render_prometheus(st: Status) -> str:
             out.append(f"{name}{{{lab}}} {v}" if lab else f"{name} {v}")
 
     slot = {"slot": st.slot}
-    metric("mirrorline_source_wal_lsn", "gauge", "The source's current WAL position (bytes).",
-           [({}, st.current_lsn)])
-    metric("mirrorline_slot_retained_wal_bytes", "gauge", "WAL the replication slot keeps on the source.",
-           [(slot, st.slot_retained_bytes)])
-    metric("mirrorline_slot_confirmed_flush_lsn", "gauge", "What capture has confirmed as durable (bytes).",
-           [(slot, st.slot_confirmed_lsn)])
+    metric("mirrorline_source_wal_lsn", "gauge", "The source's current WAL position (bytes).", [({}, st.current_lsn)])
+    metric(
+        "mirrorline_slot_retained_wal_bytes",
+        "gauge",
+        "WAL the replication slot keeps on the source.",
+        [(slot, st.slot_retained_bytes)],
+    )
+    metric(
+        "mirrorline_slot_confirmed_flush_lsn",
+        "gauge",
+        "What capture has confirmed as durable (bytes).",
+        [(slot, st.slot_confirmed_lsn)],
+    )
     metric("mirrorline_log_bytes", "gauge", "Size of the change log's retained segments.", [({}, st.log_bytes)])
     metric("mirrorline_log_segments", "gauge", "Retained segments in the change log.", [({}, st.log_segments)])
-    metric("mirrorline_log_durable_lsn", "gauge", "Commit LSN of the log's last durable change.",
-           [({}, st.log_durable.lsn if st.log_durable else None)])
-    metric("mirrorline_target_applied_lsn", "gauge", "Commit LSN of the target's applied position.",
-           [({"target": t.name}, t.position.lsn if t.position else None) for t in st.targets])
-    metric("mirrorline_target_lag_seconds", "gauge", "Age of the oldest change the target has not applied.",
-           [({"target": t.name}, t.lag_seconds) for t in st.targets])
-    metric("mirrorline_target_lag_bytes", "gauge", "WAL between the target's applied position and the source.",
-           [({"target": t.name}, t.lag_bytes) for t in st.targets])
-    metric("mirrorline_target_state", "gauge", "1 for the target's current state.",
-           [({"target": t.name, "state": s}, 1 if t.state == s else 0) for t in st.targets for s in STATES])
-    metric("mirrorline_warnings", "gauge", "Warnings status reports (slow target, growing slot).",
-           [({}, len(st.warnings))])
+    metric(
+        "mirrorline_log_durable_lsn",
+        "gauge",
+        "Commit LSN of the log's last durable change.",
+        [({}, st.log_durable.lsn if st.log_durable else None)],
+    )
+    metric(
+        "mirrorline_target_applied_lsn",
+        "gauge",
+        "Commit LSN of the target's applied position.",
+        [({"target": t.name}, t.position.lsn if t.position else None) for t in st.targets],
+    )
+    metric(
+        "mirrorline_target_lag_seconds",
+        "gauge",
+        "Age of the oldest change the target has not applied.",
+        [({"target": t.name}, t.lag_seconds) for t in st.targets],
+    )
+    metric(
+        "mirrorline_target_lag_bytes",
+        "gauge",
+        "WAL between the target's applied position and the source.",
+        [({"target": t.name}, t.lag_bytes) for t in st.targets],
+    )
+    metric(
+        "mirrorline_target_state",
+        "gauge",
+        "1 for the target's current state.",
+        [({"target": t.name, "state": s}, 1 if t.state == s else 0) for t in st.targets for s in STATES],
+    )
+    metric(
+        "mirrorline_warnings", "gauge", "Warnings status reports (slow target, growing slot).", [({}, len(st.warnings))]
+    )
     return "\n".join(out) + "\n"
 
 

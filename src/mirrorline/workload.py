@@ -98,18 +98,30 @@ class Workload:
             note = _word(rng) if rng.random() < 0.7 else None
             if self.big_notes and rng.random() < 0.2:
                 note = big_text(rng)
-            cur.execute("INSERT INTO public.accounts VALUES (%s, %s, %s, %s, %s, %s)",
-                        (i, _word(rng), round(rng.uniform(-1000, 1000), 2), rng.random() < 0.5,
-                         f"2024-{rng.randint(1, 12):02d}-{rng.randint(1, 28):02d}", note))
+            cur.execute(
+                "INSERT INTO public.accounts VALUES (%s, %s, %s, %s, %s, %s)",
+                (
+                    i,
+                    _word(rng),
+                    round(rng.uniform(-1000, 1000), 2),
+                    rng.random() < 0.5,
+                    f"2024-{rng.randint(1, 12):02d}-{rng.randint(1, 28):02d}",
+                    note,
+                ),
+            )
             self.accounts.add(i)
         elif r < 0.75:
             i = rng.choice(sorted(self.accounts))
             if rng.random() < 0.5:  # leaves note (maybe TOASTed) unchanged
-                cur.execute("UPDATE public.accounts SET balance = balance + %s, active = NOT active WHERE id = %s",
-                            (round(rng.uniform(-50, 50), 2), i))
+                cur.execute(
+                    "UPDATE public.accounts SET balance = balance + %s, active = NOT active WHERE id = %s",
+                    (round(rng.uniform(-50, 50), 2), i),
+                )
             else:
-                cur.execute("UPDATE public.accounts SET owner = %s, note = %s WHERE id = %s",
-                            (_word(rng), _word(rng, 12) if rng.random() < 0.8 else None, i))
+                cur.execute(
+                    "UPDATE public.accounts SET owner = %s, note = %s WHERE id = %s",
+                    (_word(rng), _word(rng, 12) if rng.random() < 0.8 else None, i),
+                )
         elif r < 0.82:  # the key changes: delete of the old key + insert of the new one downstream
             i = rng.choice(sorted(self.accounts))
             j = self.next_id
@@ -151,20 +163,25 @@ class Workload:
             k = (rng.randint(1, 28), rng.randint(1, 10**6))
             if k in self.ledger:
                 return
-            cur.execute("INSERT INTO public.ledger VALUES (%s, %s, %s, %s)",
-                        (f"2024-02-{k[0]:02d}", k[1], rng.randint(-10**12, 10**12), _word(rng, 20)))
+            cur.execute(
+                "INSERT INTO public.ledger VALUES (%s, %s, %s, %s)",
+                (f"2024-02-{k[0]:02d}", k[1], rng.randint(-(10**12), 10**12), _word(rng, 20)),
+            )
             self.ledger.add(k)
         elif r < 0.85:
             k = rng.choice(sorted(self.ledger))
-            cur.execute("UPDATE public.ledger SET amount = amount + 1, memo = %s WHERE day = %s AND seq = %s",
-                        (_word(rng), f"2024-02-{k[0]:02d}", k[1]))
+            cur.execute(
+                "UPDATE public.ledger SET amount = amount + 1, memo = %s WHERE day = %s AND seq = %s",
+                (_word(rng), f"2024-02-{k[0]:02d}", k[1]),
+            )
         else:
             k = rng.choice(sorted(self.ledger))
             cur.execute("DELETE FROM public.ledger WHERE day = %s AND seq = %s", (f"2024-02-{k[0]:02d}", k[1]))
             self.ledger.discard(k)
 
-    def run(self, transactions: int, ops_per_transaction: tuple[int, int] = (1, 8), rollback_share: float = 0.05
-            ) -> None:
+    def run(
+        self, transactions: int, ops_per_transaction: tuple[int, int] = (1, 8), rollback_share: float = 0.05
+    ) -> None:
         """Run ``transactions`` random transactions; some roll back."""
         with self._conn() as conn:
             for _ in range(transactions):
@@ -184,13 +201,16 @@ class Workload:
         first = self.next_id
         self.next_id += rows
         with self._conn() as conn, conn.cursor() as cur:
-            cur.execute("INSERT INTO public.accounts SELECT g, 'bulk' || g, g %% 1000, g %% 2 = 0, '2024-03-01', NULL "
-                        "FROM generate_series(%s, %s) g", (first, first + rows - 1))
-            cur.execute("UPDATE public.accounts SET balance = balance + 1 WHERE id BETWEEN %s AND %s",
-                        (first, first + rows - 1))
+            cur.execute(
+                "INSERT INTO public.accounts SELECT g, 'bulk' || g, g %% 1000, g %% 2 = 0, '2024-03-01', NULL "
+                "FROM generate_series(%s, %s) g",
+                (first, first + rows - 1),
+            )
+            cur.execute(
+                "UPDATE public.accounts SET balance = balance + 1 WHERE id BETWEEN %s AND %s", (first, first + rows - 1)
+            )
             conn.commit()
         self.accounts.update(range(first, first + rows))
-
 
     def mark(self) -> int:
         """Commit one small transaction and return an LSN below its commit record: once the log holds a change at

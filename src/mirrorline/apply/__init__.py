@@ -14,7 +14,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from mirrorline.apply.engine import AppliedState, ApplyResult, Target, deal
+from mirrorline.apply.engine import ApplyResult, Target, deal
+from mirrorline.apply.state import AppliedState
 from mirrorline.config import TargetConfig
 from mirrorline.errors import ConfigError
 

@@ -20,8 +20,12 @@ def read_chunk(path: str | Path, columns: Sequence[str], header: bool = True) ->
     names = [f"c{i}" for i in range(len(columns))]
     ropts = pacsv.ReadOptions(column_names=names, skip_rows=1 if header else 0, block_size=BLOCK)
     popts = pacsv.ParseOptions(newlines_in_values=True, ignore_empty_lines=False)
-    copts = pacsv.ConvertOptions(column_types={n: pa.string() for n in names}, strings_can_be_null=True,
-                                 quoted_strings_can_be_null=False, null_values=[""])
+    copts = pacsv.ConvertOptions(
+        column_types={n: pa.string() for n in names},
+        strings_can_be_null=True,
+        quoted_strings_can_be_null=False,
+        null_values=[""],
+    )
     try:
         reader = pacsv.open_csv(str(path), ropts, popts, copts)
     except pa.ArrowInvalid as e:

@@ -13,7 +13,7 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 
-from mirrorline.apply import types as T
+from mirrorline.apply import types as type_map
 from mirrorline.apply.chunks import read_chunk
 from mirrorline.apply.engine import Target
 from mirrorline.apply.session import Session
@@ -36,10 +36,10 @@ class DuckdbDialect(Dialect):
     default_schema = "main"
     text_type = "VARCHAR"
 
-    def type_info(self, table: str, col: Column) -> T.TypeInfo:
-        return T.duckdb_type(table, col.name, col.type_name)
+    def type_info(self, table: str, col: Column) -> type_map.TypeInfo:
+        return type_map.duckdb_type(table, col.name, col.type_name)
 
-    def conv(self, expr: str, info: T.TypeInfo, table: str = "", column: str = "") -> str:
+    def conv(self, expr: str, info: type_map.TypeInfo, table: str = "", column: str = "") -> str:
         if info.conv == "bytea":  # PostgreSQL's hex form, \x...
             bad = f"error({lit(f'{table}.{column}: not a bytea value: ')} || {expr})"
             return f"CASE WHEN starts_with({expr}, '\\x') THEN unhex(substr({expr}, 3)) ELSE {bad} END"
@@ -89,8 +89,9 @@ class DuckdbSession(Session):
         """Each batch of the file registered as an Arrow view and converted by one INSERT ... SELECT."""
         d = self.dialect
         cols = ", ".join(quote_ident(c) for c in ts.column_names)
-        exprs = ", ".join(d.conv(f"v.c{i}", d.type_info(ts.table, c), ts.table, c.name)
-                          for i, c in enumerate(ts.columns))
+        exprs = ", ".join(
+            d.conv(f"v.c{i}", d.type_info(ts.table, c), ts.table, c.name) for i, c in enumerate(ts.columns)
+        )
         n = 0
         for batch in read_chunk(path, ts.column_names, header):
             n += batch.num_rows
@@ -106,7 +107,9 @@ class DuckdbSession(Session):
         schema, name = self.dialect.names(table)
         rows = self.cur.execute(
             "SELECT column_name FROM information_schema.columns WHERE table_catalog = current_database() "
-            "AND table_schema = ? AND table_name = ? ORDER BY ordinal_position", [schema, name]).fetchall()
+            "AND table_schema = ? AND table_name = ? ORDER BY ordinal_position",
+            [schema, name],
+        ).fetchall()
         return [r[0] for r in rows] or None
 
     def is_data_error(self, exc: BaseException) -> bool:
@@ -135,8 +138,11 @@ class DuckdbTarget(Target):
                 try:
                     self._db = duckdb.connect(self.location)
                 except duckdb.Error as e:
-                    raise TargetError(f"cannot open DuckDB database {self.location}: {e}",
-                                      hint="another process may hold it open", target=self.name) from e
+                    raise TargetError(
+                        f"cannot open DuckDB database {self.location}: {e}",
+                        hint="another process may hold it open",
+                        target=self.name,
+                    ) from e
             return DuckdbSession(self._db)
 
     def close(self) -> None:

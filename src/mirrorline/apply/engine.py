@@ -12,32 +12,34 @@ from the existing row), inserts (insert-select), each from a bulk-loaded worktab
   its own position; the unit end is written once every table is done.
 - A bulk failure rolls back the transaction and re-applies the unit's changes one by one in log order to find the
   first that fails: stop with :class:`ApplyError` naming it, or (``on_error = "reject"``) record it in
-  ``mirrorline_rejects`` and apply the rest, the position advanced.
+  ``mirrorline_rejects`` and apply the rest, the position advanced (:mod:`mirrorline.apply.serial`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import itertools
-import json
 import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from mirrorline.apply import rows as R
-from mirrorline.apply.session import RowMissing, Session
-from mirrorline.apply.sql import GLOBAL_SCOPE, MASK_COL, MASK_SEP, Dialect, key_col, moved_col, parse_mask
+from mirrorline.apply import rows as work_rows
+from mirrorline.apply.serial import reapply
+from mirrorline.apply.session import Session
+from mirrorline.apply.sql import Dialect, key_col, parse_mask
 from mirrorline.apply.stage import ArrowStager, Stager
+from mirrorline.apply.state import AppliedState
+from mirrorline.apply.state import parse as parse_state
+from mirrorline.apply.state import write as write_state
+from mirrorline.apply.state import write_missing as write_missing_state
 from mirrorline.apply.types import cannot_hold
-from mirrorline.compile.reference import marks
 from mirrorline.errors import ApplyError, TargetError, TransientTargetError
-from mirrorline.model import Change, Op, TableSchema
-from mirrorline.position import ZERO, Position
+from mirrorline.model import Change, TableSchema
+from mirrorline.position import Position
 
 if TYPE_CHECKING:
     from mirrorline.compile.batch import NetBatch
@@ -46,31 +48,24 @@ _images = itertools.count(1)
 ChangeSource = Callable[[], Iterable[Change]] | Sequence[Change] | None
 
 
+@dataclass
+class _Unit:
+    """One unit being applied to this target: what every step of it reads."""
+
+    batch: NetBatch
+    schemas: Mapping[str, TableSchema]
+    changes: ChangeSource  # the unit's changes after per-table actions, for the failure path
+    state: AppliedState  # the target's positions before the unit
+    stager: Stager
+    result: ApplyResult
+
+
 class _Mismatch(Exception):
     """A set-based statement touched a different number of rows than the worktable holds."""
 
     def __init__(self, table: str, kind: str, expected: int, got: int) -> None:
         what = {"D": "deleted", "U": "updated", "I": "inserted"}[kind]
         super().__init__(f"{table}: {what} {got} rows, expected {expected}")
-
-
-@dataclass(frozen=True)
-class AppliedState:
-    """What a target has applied: the unit end every table has reached, and each table's own position."""
-
-    unit_end: Position = ZERO
-    tables: dict[str, Position] = field(default_factory=dict)
-
-    @property
-    def position(self) -> Position:
-        """Every change up to this position is applied (per-table positions taken into account)."""
-        if not self.tables:
-            return self.unit_end
-        return max(self.unit_end, min(self.tables.values()))
-
-    def table(self, table: str) -> Position:
-        """Every change of ``table`` up to this position is applied."""
-        return max(self.unit_end, self.tables.get(table, ZERO))
 
 
 @dataclass
@@ -104,10 +99,6 @@ def deal(tables: Sequence[str], threads: int) -> list[list[str]]:
     return lanes
 
 
-def _now() -> str:
-    return datetime.now(UTC).isoformat(timespec="seconds")
-
-
 class Target(ABC):
     """A target database. Subclasses (one module per engine) give the dialect, sessions and bulk paths."""
 
@@ -115,8 +106,16 @@ class Target(ABC):
     dialect: Dialect
     direct_inserts = False  # net inserts loaded straight into the table (Session.insert_rows), not via a worktable
 
-    def __init__(self, name: str, location: str, *, mode: str = "update", on_error: str = "stop",
-                 threads: int = 1, driver_rows: int = 200_000) -> None:
+    def __init__(
+        self,
+        name: str,
+        location: str,
+        *,
+        mode: str = "update",
+        on_error: str = "stop",
+        threads: int = 1,
+        driver_rows: int = 200_000,
+    ) -> None:
         if mode not in ("update", "mirror"):
             raise ValueError(f"mode must be update or mirror, not {mode!r}")
         if on_error not in ("stop", "reject"):
@@ -167,6 +166,23 @@ class Target(ABC):
                     return
         s.disconnect()
 
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[Session]:
+        """A session inside a transaction: committed when the block ends, rolled back when it raises; the session
+        goes back to the target either way. mirrorline's own tables exist by then."""
+        s = self.session()
+        try:
+            self._prepare(s)
+            s.begin()
+            yield s
+            s.commit()
+        except BaseException:
+            with contextlib.suppress(Exception):
+                s.rollback()
+            raise
+        finally:
+            s.close()
+
     def stager(self, batch: NetBatch, schemas: Mapping[str, TableSchema], tables: list[str]) -> Stager:
         """How this unit's worktables get loaded; engines with a parallel path override it for large units."""
         whole = batch.on_driver or 0 < batch.changes <= self.driver_rows or batch.changes == 0
@@ -200,36 +216,21 @@ class Target(ABC):
         s = self.session()
         try:
             self._prepare(s)
-            unit_end, tables = ZERO, {}
-            for scope, lsn, seq, _end_lsn, _end_seq in s.query(self.dialect.read_state()):
-                if scope == GLOBAL_SCOPE:
-                    unit_end = Position(int(lsn), int(seq))
-                else:
-                    tables[scope] = Position(int(lsn), int(seq))
-            return AppliedState(unit_end, tables)
+            return parse_state(s.query(self.dialect.read_state()))
         finally:
             s.close()
 
     def applied_position(self) -> Position:
         return self.applied_positions().position
 
-    def _write_positions(self, s: Session, tables: Iterable[str], end: Position, unit: bool) -> None:
-        now = _now()
-        scopes = list(tables) + ([GLOBAL_SCOPE] if unit else [])
-        for scope in scopes:
-            s.execute(self.dialect.upsert_state(), (scope, end.lsn, end.seq, end.lsn, end.seq, str(end), now))
-
     # -- schema ----------------------------------------------------------------------------------------------------
     def ensure_schema(self, schemas: Iterable[TableSchema]) -> list[str]:
         """Create missing tables and columns from the logged schemas; every type is checked before anything is
         created. Returns what was done, one line each."""
         schemas = list(schemas)
-        s = self.session()
         done: list[str] = []
-        try:
-            self._prepare(s)
+        with self.transaction() as s:
             self.check_types(s, schemas)
-            s.begin()
             for ts in schemas:
                 have = s.table_columns(ts.table)
                 if have is None:
@@ -241,13 +242,6 @@ class Target(ABC):
                     if c.name not in have:
                         s.execute(self.dialect.add_column(ts.table, c))
                         done.append(f"added {ts.table}.{c.name}")
-            s.commit()
-        except BaseException:
-            with contextlib.suppress(Exception):
-                s.rollback()
-            raise
-        finally:
-            s.close()
         return done
 
     # -- apply -----------------------------------------------------------------------------------------------------
@@ -265,46 +259,49 @@ class Target(ABC):
             raise TargetError(
                 f"target {self.name}: the unit starts at {batch.start} but the target has applied only up to "
                 f"{state.position}; applying it would skip the changes in between",
-                hint="apply the units from the target's applied position", target=self.name,
-                position=str(state.position))
+                hint="apply the units from the target's applied position",
+                target=self.name,
+                position=str(state.position),
+            )
         todo = [t for t in tables if state.table(t) < batch.end]
         inside = [t for t in todo if batch.start < state.table(t)]
         if inside:
             raise TargetError(
                 f"target {self.name}: {', '.join(inside)} already applied up to {state.table(inside[0])}, inside the "
                 f"unit {batch.start}..{batch.end}; applying the unit would apply those changes twice",
-                hint="re-form the interrupted unit with the same end (see applied_positions())", target=self.name)
+                hint="re-form the interrupted unit with the same end (see applied_positions())",
+                target=self.name,
+            )
         result.skipped = [t for t in tables if t not in todo]
         missing = [t for t in todo if t not in schemas]
         if missing:
-            raise TargetError(f"target {self.name}: no logged schema for {', '.join(missing)}",
-                              hint="the log must record a table's schema before its changes", target=self.name)
+            raise TargetError(
+                f"target {self.name}: no logged schema for {', '.join(missing)}",
+                hint="the log must record a table's schema before its changes",
+                target=self.name,
+            )
         self.ensure_schema(schemas[t] for t in todo)
-        stager = self.stager(batch, schemas, todo)
+        u = _Unit(batch, schemas, changes, state, self.stager(batch, schemas, todo), result)
         try:
             if self.threads == 1:
                 s = self.session()
                 try:
-                    self._apply_scope(s, stager, todo, batch, schemas, changes, state, result, unit=True)
+                    self._apply_scope(s, u, todo, unit=True)
                 finally:
                     s.close()
             else:
-                self._apply_lanes(stager, tables, todo, batch, schemas, changes, state, result)
+                self._apply_lanes(u, tables, todo)
         finally:
-            stager.close()
+            u.stager.close()
         result.seconds = time.monotonic() - t0
         return result
 
-    def _apply_lanes(self, stager: Stager, tables: list[str], todo: list[str], batch: NetBatch,
-                     schemas: Mapping[str, TableSchema], changes: ChangeSource, state: AppliedState,
-                     result: ApplyResult) -> None:
+    def _apply_lanes(self, u: _Unit, tables: list[str], todo: list[str]) -> None:
+        """``threads > 1``: the tables dealt to lanes, each table its own transaction and position."""
         s = self.session()
         try:
             s.begin()  # register every table of the unit first, so that the min over tables is a safe position
-            now = _now()
-            for t in todo:
-                p = state.unit_end
-                s.execute(self.dialect.insert_state_if_missing(), (t, p.lsn, p.seq, p.lsn, p.seq, str(p), now))
+            write_missing_state(s, {t: u.state.unit_end for t in todo})
             s.commit()
             lanes = [[t for t in lane if t in todo] for lane in deal(tables, self.threads)]
 
@@ -312,7 +309,7 @@ class Target(ABC):
                 ls = self.session()
                 try:
                     for t in lane:
-                        self._apply_scope(ls, stager, [t], batch, schemas, changes, state, result, unit=False)
+                        self._apply_scope(ls, u, [t], unit=False)
                 finally:
                     ls.close()
 
@@ -322,21 +319,20 @@ class Target(ABC):
             if errors:
                 raise errors[0]
             s.begin()
-            self._write_positions(s, [], batch.end, unit=True)
+            write_state(s, [], u.batch.end, unit=True)
             s.commit()
         finally:
             s.close()
 
-    def _apply_scope(self, s: Session, stager: Stager, tables: list[str], batch: NetBatch,
-                     schemas: Mapping[str, TableSchema], changes: ChangeSource, state: AppliedState,
-                     result: ApplyResult, unit: bool) -> None:
+    def _apply_scope(self, s: Session, u: _Unit, tables: list[str], unit: bool) -> None:
         """One transaction: the tables' bulk statements and positions; on a bulk failure, the failure path."""
+        batch, result = u.batch, u.result
         counts: dict[str, dict[str, int]] = {}
         try:
             s.begin()
             for t in tables:
-                counts[t] = self._bulk_table(s, stager, schemas[t], batch, result)
-            self._write_positions(s, tables, batch.end, unit)
+                counts[t] = self._bulk_table(s, u, u.schemas[t])
+            write_state(s, tables, batch.end, unit)
             t0 = time.monotonic()
             s.commit()
             result.timed("commit", t0)
@@ -348,24 +344,29 @@ class Target(ABC):
                     raise
                 raise TransientTargetError(
                     f"target {self.name}: applying {', '.join(tables)} for the unit up to {batch.end} failed: "
-                    f"{s.error_text(e)}", hint="nothing was applied; check the target and run again",
-                    target=self.name, position=str(batch.end)) from e
-            if changes is None:
+                    f"{s.error_text(e)}",
+                    hint="nothing was applied; check the target and run again",
+                    target=self.name,
+                    position=str(batch.end),
+                ) from e
+            if u.changes is None:
                 raise ApplyError(
                     f"target {self.name}: the bulk apply of {', '.join(tables)} failed: {s.error_text(e)}",
                     hint="the unit's changes were not given, so the failing change could not be found",
-                    target=self.name, position=str(batch.end), db_message=s.error_text(e)) from e
-            rejects = self._serial(s, tables, schemas, changes, state, batch.end, unit)
-            result.rejects += rejects
+                    target=self.name,
+                    position=str(batch.end),
+                    db_message=s.error_text(e),
+                ) from e
+            result.rejects += reapply(self, s, u, tables, unit)
             result.serial.extend(tables)
         for t in tables:
             if t in counts:
                 result.rows[t] = counts[t]
         result.applied.extend(tables)
 
-    def _bulk_table(self, s: Session, stager: Stager, ts: TableSchema, batch: NetBatch,
-                    result: ApplyResult) -> dict[str, int]:
-        d = self.dialect
+    def _bulk_table(self, s: Session, u: _Unit, ts: TableSchema) -> dict[str, int]:
+        """One table's net rows by set-based statements, inside the scope's transaction: its row counts."""
+        d, stager, batch, result = self.dialect, u.stager, u.batch, u.result
         counts = {"D": 0, "U": 0, "I": 0}
         t0 = time.monotonic()
         # net inserts go straight into the table by the bulk path (seed 000) where the engine's bulk path converts
@@ -374,7 +375,7 @@ class Target(ABC):
         direct = None
         if self.direct_inserts:
             on_driver = stager.rows(ts, "I")
-            direct = R.direct_inserts(on_driver, ts) if on_driver is not None else None
+            direct = work_rows.direct_inserts(on_driver, ts) if on_driver is not None else None
         inserts = stager.stage(s, ts, "I") if direct is None else None
         t0 = result.timed("stage", t0)
         images = self._moved_images(s, ts, inserts[0]) if inserts else []
@@ -452,7 +453,7 @@ class Target(ABC):
 
     def _moved_error(self, ts: TableSchema, row: Sequence[Any], kept: frozenset[str]) -> ApplyError:
         nk = len(ts.key)
-        key, moved = list(row[:nk]), list(row[nk:2 * nk])
+        key, moved = list(row[:nk]), list(row[nk : 2 * nk])
         pos = Position(int(row[2 * nk]), int(row[2 * nk + 1]))
         cols = ", ".join(sorted(kept))
         if all(v is None for v in moved):
@@ -463,7 +464,13 @@ class Target(ABC):
             f"target {self.name}: insert on {ts.table} key {key} at {pos}: the columns {cols} were not sent (a "
             f"key-changing update of unchanged TOASTed values) and the net change {what}",
             hint="the target lost that row or was changed by hand: restore it, or re-snapshot the table",
-            target=self.name, table=ts.table, key=key, moved_from=moved, position=str(pos), columns=sorted(kept))
+            target=self.name,
+            table=ts.table,
+            key=key,
+            moved_from=moved,
+            position=str(pos),
+            columns=sorted(kept),
+        )
 
     def _bulk_updates(self, s: Session, ts: TableSchema, work: str, n: int) -> None:
         d = self.dialect
@@ -472,7 +479,7 @@ class Target(ABC):
             kept = parse_mask(raw)
             masks, total = groups.get(kept, ([], 0))
             groups[kept] = ([*masks, raw], total + int(cnt))
-        value_cols = R.value_columns(ts)
+        value_cols = work_rows.value_columns(ts)
         key_src = {k: key_col(i) for i, k in enumerate(ts.key)}
         touched = 0
         for kept, (raw_masks, cnt) in groups.items():
@@ -501,122 +508,6 @@ class Target(ABC):
             raise _Mismatch(ts.table, "U", n, touched)
 
     # -- failure path ----------------------------------------------------------------------------------------------
-    def _serial(self, s: Session, tables: list[str], schemas: Mapping[str, TableSchema], changes: ChangeSource,
-                state: AppliedState, end: Position, unit: bool) -> int:
-        """Re-apply the tables' changes one by one in log order. Stop: the first failing change is an ApplyError
-        (nothing applied). Reject: each failing change is set aside (rolled back to a savepoint taken before it; on
-        an engine without savepoints the pass restarts without it); the passing changes, the rejects and the position
-        commit together. Returns the number of rejects."""
-        scope = set(tables)
-        src = changes() if callable(changes) else changes
-        todo = [c for c in (src or ()) if c.table in scope and state.table(c.table) < c.pos <= end]
-        rejected: dict[int, str] = {}
-        guarded = self.on_error == "reject" and s.savepoints
-        while True:
-            failed: tuple[int, Change, str] | None = None
-            s.begin()
-            try:
-                for i, c in enumerate(todo):
-                    if i in rejected:
-                        continue
-                    if guarded:
-                        s.execute("SAVEPOINT mirrorline_change")
-                    try:
-                        self._apply_change(s, schemas[c.table], c)
-                    except Exception as e:
-                        if not (isinstance(e, RowMissing) or s.is_data_error(e)):
-                            raise
-                        if guarded:
-                            rejected[i] = s.error_text(e)
-                            s.execute("ROLLBACK TO SAVEPOINT mirrorline_change")
-                            continue
-                        failed = (i, c, s.error_text(e))
-                        break
-                    if guarded:
-                        s.execute("RELEASE SAVEPOINT mirrorline_change")
-                if failed is None:
-                    now = _now()
-                    for i, msg in sorted(rejected.items()):
-                        c = todo[i]
-                        s.execute(self.dialect.insert_reject(), (
-                            c.pos.lsn, c.pos.seq, str(c.pos), c.table, json.dumps(list(c.key)), c.op.value,
-                            json.dumps(dict(c.new)) if c.new is not None else None, msg, now))
-                    self._write_positions(s, tables, end, unit)
-                    s.commit()
-                    return len(rejected)
-            except Exception as e:
-                with contextlib.suppress(Exception):
-                    s.rollback()
-                if not isinstance(e, s.db_errors):
-                    raise
-                raise TransientTargetError(
-                    f"target {self.name}: re-applying the unit serially failed: {s.error_text(e)}",
-                    hint="nothing was applied; check the target and run again", target=self.name) from e
-            with contextlib.suppress(Exception):
-                s.rollback()
-            i, c, msg = failed
-            if self.on_error == "stop":
-                raise self._change_error(c, msg)
-            rejected[i] = msg
-
-    def _change_error(self, c: Change, msg: str) -> ApplyError:
-        what = {Op.INSERT: "insert", Op.UPDATE: "update", Op.DELETE: "delete", Op.TRUNCATE: "truncate"}[c.op]
-        return ApplyError(
-            f"target {self.name}: {what} on {c.table} key {list(c.key)} at {c.pos} failed: {msg}",
-            hint='fix the target (or the row) and run again; or set on_error = "reject" to set failing changes aside',
-            target=self.name, table=c.table, key=list(c.key), position=str(c.pos), op=c.op.value, db_message=msg)
-
-    def _apply_change(self, s: Session, ts: TableSchema, c: Change) -> None:
-        d = self.dialect
-        keys = [key_col(i) for i in range(len(ts.key))]
-        if c.op is Op.TRUNCATE:
-            s.execute(d.truncate(c.table))
-            return
-        if c.op is Op.DELETE:
-            if s.dml(d.join_delete(ts, d.one_row(keys)), list(c.key)) == 0:
-                raise RowMissing("D")
-            return
-        new = dict(c.new or {})
-        if c.op is Op.INSERT:
-            cols = list(ts.column_names)
-            unsent = marks(c) & frozenset(cols)
-            if unsent and c.old_key is not None:
-                self._insert_moved(s, ts, c, unsent)
-                return
-            if s.dml(d.insert_select(ts, d.one_row(cols), cols), [new.get(x) for x in cols]) != 1:
-                raise RowMissing("I")
-            return
-        # update: the old key finds the row; a key-changing update also writes the key columns
-        match_key = c.old_key if c.old_key is not None else c.key
-        set_cols = [x for x in ts.column_names if x in new and (x not in ts.key or c.old_key is not None)]
-        if not set_cols:
-            return
-        params: list[Any] = list(match_key) + [new[x] for x in set_cols]
-        got = s.dml(d.join_update(ts, d.one_row(keys + set_cols), set_cols, None), params)
-        if got == 0:
-            if self.mode == "mirror" and not c.unchanged and c.old_key is None:  # mirror: an update inserts
-                cols = list(ts.column_names)
-                s.dml(d.insert_select(ts, d.one_row(cols), cols), [new.get(x) for x in cols])
-                return
-            raise RowMissing("U")
-
-
-    def _insert_moved(self, s: Session, ts: TableSchema, c: Change, unsent: frozenset[str]) -> None:
-        """A key change kept only as the insert of its new key (the table's actions drop D): the columns it did not
-        send are read from the old key's row, as the bulk path's moved images are."""
-        d = self.dialect
-        cols = list(ts.column_names)
-        mask = MASK_SEP.join(sorted(unsent))
-        row = d.one_row([*cols, MASK_COL, *[moved_col(i) for i in range(len(ts.key))]])
-        image = f"mirrorline_image_{next(_images)}"
-        s.execute(d.moved_image(ts, row, image, unsent, [mask]), [*[c.new.get(x) if c.new else None for x in cols],
-                                                                  mask, *(c.old_key or ())])
-        try:
-            if int(s.query(d.count(image))[0][0]) != 1:
-                raise RowMissing("I")
-            s.dml(d.insert_typed(ts, image, cols))
-        finally:
-            s.execute(d.drop_table(image))
 
 
 def check_unknown_types(dialect: Dialect, schemas: Iterable[TableSchema], known: Callable[[str], bool]) -> None:

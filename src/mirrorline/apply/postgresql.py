@@ -25,8 +25,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 
-from mirrorline.apply import rows as R
-from mirrorline.apply import types as T
+from mirrorline.apply import rows as work_rows
+from mirrorline.apply import types as type_map
 from mirrorline.apply.engine import Target, check_unknown_types
 from mirrorline.apply.session import Session
 from mirrorline.apply.sql import Dialect
@@ -50,8 +50,8 @@ class PostgresDialect(Dialect):
     ordered_inserts = True  # rows in key order meet the key's index page by page
     parallel_load = True
 
-    def type_info(self, table: str, col: Column) -> T.TypeInfo:
-        return T.postgresql_type(table, col.name, col.type_name)
+    def type_info(self, table: str, col: Column) -> type_map.TypeInfo:
+        return type_map.postgresql_type(table, col.name, col.type_name)
 
     def text_param(self) -> str:
         return "CAST(%s AS text)"
@@ -75,8 +75,10 @@ def connect(dsn: str) -> Any:
     try:
         return psycopg2.connect(dsn)
     except psycopg2.OperationalError as e:
-        raise TransientTargetError(f"cannot connect to PostgreSQL target {redact_dsn(dsn)}: "
-                                   f"{str(e).strip().splitlines()[0] if str(e).strip() else e}") from None
+        raise TransientTargetError(
+            f"cannot connect to PostgreSQL target {redact_dsn(dsn)}: "
+            f"{str(e).strip().splitlines()[0] if str(e).strip() else e}"
+        ) from None
 
 
 def copy_csv_sql(name: str, columns: Sequence[str]) -> str:
@@ -134,8 +136,11 @@ class PgSession(Session):
         return int(self.cur.rowcount)
 
     def table_columns(self, table: str) -> list[str] | None:
-        rows = self.query("SELECT attname FROM pg_attribute WHERE attrelid = to_regclass(%s) AND attnum > 0 "
-                          "AND NOT attisdropped ORDER BY attnum", (self.dialect.table(table),))
+        rows = self.query(
+            "SELECT attname FROM pg_attribute WHERE attrelid = to_regclass(%s) AND attnum > 0 "
+            "AND NOT attisdropped ORDER BY attnum",
+            (self.dialect.table(table),),
+        )
         return [r[0] for r in rows] or None
 
     def is_data_error(self, exc: BaseException) -> bool:
@@ -159,8 +164,10 @@ class PgSession(Session):
     def reset(self) -> bool:
         if self.conn.closed:
             return False
-        if self.conn.get_transaction_status() in (psycopg2.extensions.TRANSACTION_STATUS_INTRANS,
-                                                  psycopg2.extensions.TRANSACTION_STATUS_INERROR):
+        if self.conn.get_transaction_status() in (
+            psycopg2.extensions.TRANSACTION_STATUS_INTRANS,
+            psycopg2.extensions.TRANSACTION_STATUS_INERROR,
+        ):
             self.conn.rollback()
         return self.reusable()
 
@@ -204,14 +211,14 @@ class SparkCopyStager(Stager):
         unit = uuid.uuid4().hex[:12]
         self.plan: dict[tuple[str, str], str] = {}
         for i, t in enumerate(tables):
-            for kind in R.KINDS:
+            for kind in work_rows.KINDS:
                 self.plan[(t, kind)] = f'"public".{quote_ident(f"{WORK_PREFIX}{unit}_{i}_{kind.lower()}")}'
         self.dropped: set[str] = set()
         conn = connect(dsn)
         try:
             with conn.cursor() as cur:
                 for (t, kind), name in self.plan.items():
-                    cur.execute(POSTGRESQL.create_worktable(name, R.work_columns(schemas[t], kind), "unlogged"))
+                    cur.execute(POSTGRESQL.create_worktable(name, work_rows.work_columns(schemas[t], kind), "unlogged"))
             conn.commit()
         finally:
             conn.close()
@@ -232,7 +239,7 @@ class SparkCopyStager(Stager):
         return (self.plan[(ts.table, kind)], n) if n else None
 
     def finish(self, s: Session, table: str) -> None:
-        for kind in R.KINDS:
+        for kind in work_rows.KINDS:
             s.execute(POSTGRESQL.drop_table(self.plan[(table, kind)]))
 
     def close(self) -> None:
@@ -262,8 +269,8 @@ def _task_loader(dsn: str, plan: dict[tuple[str, str], tuple[str, TableSchema]])
                 flat = pa.Table.from_batches([b])
                 with conn.cursor() as cur:
                     for t in pc.unique(flat["table"]).to_pylist():
-                        rows = R.select(flat, t)
-                        for kind in R.KINDS:
+                        rows = work_rows.select(flat, t)
+                        for kind in work_rows.KINDS:
                             if (t, kind) not in plan:
                                 continue
                             name, ts = plan[(t, kind)]
@@ -278,6 +285,7 @@ def _task_loader(dsn: str, plan: dict[tuple[str, str], tuple[str, TableSchema]])
                 conn.close()
         yield pa.RecordBatch.from_pylist(
             [{"table": t, "kind": k, "n": n} for (t, k), n in counts.items()],
-            schema=pa.schema([("table", pa.string()), ("kind", pa.string()), ("n", pa.int64())]))
+            schema=pa.schema([("table", pa.string()), ("kind", pa.string()), ("n", pa.int64())]),
+        )
 
     return load

@@ -53,8 +53,7 @@ def flatten(net: pa.Table, s: TableSchema, kind: str) -> pa.Table:
         for c in cols:
             out[c] = pc.map_lookup(new, pa.scalar(c, pa.string()), "first") if n else pa.array([], pa.string())
     if kind in ("U", "I"):
-        out[MASK_COL] = (pc.fill_null(pc.binary_join(net["unchanged"], MASK_SEP), "") if n
-                         else pa.array([], pa.string()))
+        out[MASK_COL] = pc.fill_null(pc.binary_join(net["unchanged"], MASK_SEP), "") if n else pa.array([], pa.string())
     if kind == "I":
         moved = net["moved_from"] if "moved_from" in net.column_names else pa.nulls(n, pa.list_(pa.string()))
         for i in range(len(s.key)):
@@ -70,7 +69,8 @@ def from_inserts(ins: Inserts, s: TableSchema) -> pa.Table:
     n = ins.rows.num_rows
     have = set(ins.rows.column_names)
     out: dict[str, pa.ChunkedArray | pa.Array] = {
-        c: ins.rows[c] if c in have else pa.nulls(n, pa.string()) for c in s.column_names}
+        c: ins.rows[c] if c in have else pa.nulls(n, pa.string()) for c in s.column_names
+    }
     out[MASK_COL] = pa.array([""] * n, pa.string()) if n else pa.array([], pa.string())
     for i in range(len(s.key)):
         out[moved_col(i)] = pa.nulls(n, pa.string())

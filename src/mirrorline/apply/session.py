@@ -18,8 +18,10 @@ class RowMissing(Exception):
     """A single-row update or delete found no row with its key at the target."""
 
     def __init__(self, op: str) -> None:
-        super().__init__(f"no row with this key at the target to {'update' if op == 'U' else 'delete'} "
-                         f"(it was removed there, or never copied)")
+        super().__init__(
+            f"no row with this key at the target to {'update' if op == 'U' else 'delete'} "
+            f"(it was removed there, or never copied)"
+        )
 
 
 class Session(ABC):

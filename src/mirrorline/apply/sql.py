@@ -21,7 +21,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping, Sequence
 from typing import ClassVar
 
-from mirrorline.apply import types as T
+from mirrorline.apply import types as type_map
 from mirrorline.model import Column, TableSchema, quote_ident, split_table_name
 
 MASK_SEP = "\x1f"
@@ -99,10 +99,10 @@ class Dialect(ABC):
 
     # -- types ------------------------------------------------------------------------------------------------------
     @abstractmethod
-    def type_info(self, table: str, col: Column) -> T.TypeInfo:
+    def type_info(self, table: str, col: Column) -> type_map.TypeInfo:
         """The column's type at the target and how text converts to it (:mod:`mirrorline.apply.types`)."""
 
-    def conv(self, expr: str, info: T.TypeInfo, table: str = "", column: str = "") -> str:
+    def conv(self, expr: str, info: type_map.TypeInfo, table: str = "", column: str = "") -> str:
         """The SQL expression turning the text ``expr`` into the column's target value; a bad value is an error."""
         if info.conv == "text":
             return expr
@@ -117,8 +117,10 @@ class Dialect(ABC):
         schema = self.schema(s.table)
         if schema is not None:
             out.append(f"CREATE SCHEMA IF NOT EXISTS {quote_ident(schema)}")
-        cols = [f"{quote_ident(c.name)} {self.type_info(s.table, c).target_type}"
-                + ("" if c.nullable else " NOT NULL") for c in s.columns]
+        cols = [
+            f"{quote_ident(c.name)} {self.type_info(s.table, c).target_type}" + ("" if c.nullable else " NOT NULL")
+            for c in s.columns
+        ]
         key_nullable = any(s.column(k).nullable for k in s.key)
         if s.key and not key_nullable:
             cols.append("PRIMARY KEY (" + ", ".join(quote_ident(k) for k in s.key) + ")")
@@ -126,13 +128,18 @@ class Dialect(ABC):
         if s.key and key_nullable:  # an all-columns key (no primary key at the source): an index for the joins
             _, name = split_table_name(s.table)
             idx = quote_ident(f"mirrorline_key_{name}"[:63])
-            out.append(f"CREATE INDEX IF NOT EXISTS {idx} ON {self.table(s.table)} ("
-                       + ", ".join(quote_ident(k) for k in s.key) + ")")
+            out.append(
+                f"CREATE INDEX IF NOT EXISTS {idx} ON {self.table(s.table)} ("
+                + ", ".join(quote_ident(k) for k in s.key)
+                + ")"
+            )
         return out
 
     def add_column(self, table: str, col: Column) -> str:
-        return (f"ALTER TABLE {self.table(table)} ADD COLUMN {quote_ident(col.name)} "
-                f"{self.type_info(table, col).target_type}")
+        return (
+            f"ALTER TABLE {self.table(table)} ADD COLUMN {quote_ident(col.name)} "
+            f"{self.type_info(table, col).target_type}"
+        )
 
     def create_worktable(self, name: str, columns: Sequence[str], kind: str = "temp") -> str:
         """``kind``: "temp" (dropped with the session) or "unlogged" (PostgreSQL, visible to other sessions)."""
@@ -154,8 +161,7 @@ class Dialect(ABC):
             col = s.column(k)
             info = self.type_info(s.table, col)
             src = moved_col(i) if moved else key_col(i)
-            parts.append(self.eq(f"{t}.{quote_ident(k)}", self.conv(f"{w}.{src}", info, s.table, k),
-                                 col.nullable))
+            parts.append(self.eq(f"{t}.{quote_ident(k)}", self.conv(f"{w}.{src}", info, s.table, k), col.nullable))
         return " AND ".join(parts)
 
     def _mask_filter(self, w: str, masks: Sequence[str] | None) -> str:
@@ -169,19 +175,28 @@ class Dialect(ABC):
         match = self._key_match(s, "t", "w") + self._mask_filter("w", masks)
         return f"DELETE FROM {tgt} AS t USING {work} AS w WHERE {match}"
 
-    def join_update(self, s: TableSchema, work: str, set_cols: Sequence[str], masks: Sequence[str] | None,
-                    key_set: bool = False) -> str:
+    def join_update(
+        self, s: TableSchema, work: str, set_cols: Sequence[str], masks: Sequence[str] | None, key_set: bool = False
+    ) -> str:
         """Update the target rows whose key is in the worktable, writing only ``set_cols``. ``key_set``: the
         worktable also carries new key values by column name (a key-changing update, serial path)."""
         tgt = self.table(s.table)
         sets = ", ".join(
             f"{quote_ident(c)} = {self.conv(f'w.{quote_ident(c)}', self.type_info(s.table, s.column(c)), s.table, c)}"
-            for c in set_cols)
+            for c in set_cols
+        )
         match = self._key_match(s, "t", "w") + self._mask_filter("w", masks)
         return f"UPDATE {tgt} AS t SET {sets} FROM {work} AS w WHERE {match}"
 
-    def insert_select(self, s: TableSchema, work: str, cols: Sequence[str], masks: Sequence[str] | None = None,
-                      src: Mapping[str, str] | None = None, key_order: bool = False) -> str:
+    def insert_select(
+        self,
+        s: TableSchema,
+        work: str,
+        cols: Sequence[str],
+        masks: Sequence[str] | None = None,
+        src: Mapping[str, str] | None = None,
+        key_order: bool = False,
+    ) -> str:
         """Insert the worktable's rows, converted; ``src`` maps a column to the worktable column holding it (the
         key columns of an update worktable). ``key_order``: in key order, where the engine gains by it
         (:attr:`ordered_inserts`, PostgreSQL). Worktables hold net rows in
@@ -190,8 +205,8 @@ class Dialect(ABC):
         tgt = self.table(s.table)
         src = src or {}
         exprs = ", ".join(
-            self.conv(f"w.{quote_ident(src.get(c, c))}", self.type_info(s.table, s.column(c)), s.table, c)
-            for c in cols)
+            self.conv(f"w.{quote_ident(src.get(c, c))}", self.type_info(s.table, s.column(c)), s.table, c) for c in cols
+        )
         where = f" WHERE 1 = 1{self._mask_filter('w', masks)}" if masks is not None else ""
         names = ", ".join(quote_ident(c) for c in cols)
         order = ""
@@ -199,12 +214,21 @@ class Dialect(ABC):
             order = " ORDER BY " + ", ".join(str(list(cols).index(k) + 1) for k in s.key)
         return f"INSERT INTO {tgt} ({names}) SELECT {exprs} FROM {work} AS w{where}{order}"
 
-    def mirror_image(self, s: TableSchema, work: str, into: str, value_cols: Sequence[str], kept: frozenset[str],
-                     masks: Sequence[str]) -> str:
+    def mirror_image(
+        self,
+        s: TableSchema,
+        work: str,
+        into: str,
+        value_cols: Sequence[str],
+        kept: frozenset[str],
+        masks: Sequence[str],
+    ) -> str:
         """Mirror mode, updates with unchanged columns: the full new images into a typed temp table ``into``, the
         unchanged columns taken from the target's existing row (read before it is deleted)."""
-        exprs = [f"{self.conv(f'w.{key_col(i)}', self.type_info(s.table, s.column(k)), s.table, k)} AS {quote_ident(k)}"
-                 for i, k in enumerate(s.key)]
+        exprs = [
+            f"{self.conv(f'w.{key_col(i)}', self.type_info(s.table, s.column(k)), s.table, k)} AS {quote_ident(k)}"
+            for i, k in enumerate(s.key)
+        ]
         for c in value_cols:
             if c in kept:
                 exprs.append(f"t.{quote_ident(c)} AS {quote_ident(c)}")
@@ -212,8 +236,10 @@ class Dialect(ABC):
                 info = self.type_info(s.table, s.column(c))
                 exprs.append(f"{self.conv(f'w.{quote_ident(c)}', info, s.table, c)} AS {quote_ident(c)}")
         match = self._key_match(s, "t", "w") + self._mask_filter("w", masks)
-        return (f"CREATE TEMP TABLE {into} AS SELECT {', '.join(exprs)} FROM {work} AS w "
-                f"JOIN {self.table(s.table)} AS t ON {match}")
+        return (
+            f"CREATE TEMP TABLE {into} AS SELECT {', '.join(exprs)} FROM {work} AS w "
+            f"JOIN {self.table(s.table)} AS t ON {match}"
+        )
 
     def moved_image(self, s: TableSchema, work: str, into: str, kept: frozenset[str], masks: Sequence[str]) -> str:
         """Inserts whose ``kept`` columns were not sent (a key-changing update): the full images into a typed temp
@@ -226,8 +252,10 @@ class Dialect(ABC):
                 info = self.type_info(s.table, s.column(c))
                 exprs.append(f"{self.conv(f'w.{quote_ident(c)}', info, s.table, c)} AS {quote_ident(c)}")
         match = self._key_match(s, "t", "w", moved=True) + self._mask_filter("w", masks)
-        return (f"CREATE TEMP TABLE {into} AS SELECT {', '.join(exprs)} FROM {work} AS w "
-                f"JOIN {self.table(s.table)} AS t ON {match}")
+        return (
+            f"CREATE TEMP TABLE {into} AS SELECT {', '.join(exprs)} FROM {work} AS w "
+            f"JOIN {self.table(s.table)} AS t ON {match}"
+        )
 
     def moved_missing(self, s: TableSchema, work: str, masks: Sequence[str]) -> str:
         """The first insert (by position) whose ``moved_from`` row is not at the target: key, moved_from, lsn, seq."""
@@ -235,9 +263,11 @@ class Dialect(ABC):
         keys = ", ".join(f"w.{quote_ident(k)}" for k in s.key)
         moved = ", ".join(f"w.{moved_col(i)}" for i in range(len(s.key)))
         order = ", ".join(f"CAST(w.{c} AS BIGINT)" for c in POS_COLS)
-        return (f"SELECT {keys}, {moved}, w.{POS_COLS[0]}, w.{POS_COLS[1]} FROM {work} AS w "
-                f"WHERE 1 = 1{self._mask_filter('w', masks)} AND NOT EXISTS "
-                f"(SELECT 1 FROM {self.table(s.table)} AS t WHERE {match}) ORDER BY {order} LIMIT 1")
+        return (
+            f"SELECT {keys}, {moved}, w.{POS_COLS[0]}, w.{POS_COLS[1]} FROM {work} AS w "
+            f"WHERE 1 = 1{self._mask_filter('w', masks)} AND NOT EXISTS "
+            f"(SELECT 1 FROM {self.table(s.table)} AS t WHERE {match}) ORDER BY {order} LIMIT 1"
+        )
 
     def has_masks(self, work: str) -> str:
         return f"SELECT 1 FROM {work} WHERE COALESCE({MASK_COL}, '') <> '' LIMIT 1"
@@ -263,33 +293,42 @@ class Dialect(ABC):
     # -- mirrorline's own tables ------------------------------------------------------------------------------------
     def create_state(self) -> str:
         t = self.text_type
-        return (f"CREATE TABLE IF NOT EXISTS {self.own(STATE_TABLE)} (scope {t} PRIMARY KEY, lsn BIGINT NOT NULL, "
-                f"seq BIGINT NOT NULL, end_lsn BIGINT NOT NULL, end_seq BIGINT NOT NULL, position {t}, "
-                f"updated_at {t})")
+        return (
+            f"CREATE TABLE IF NOT EXISTS {self.own(STATE_TABLE)} (scope {t} PRIMARY KEY, lsn BIGINT NOT NULL, "
+            f"seq BIGINT NOT NULL, end_lsn BIGINT NOT NULL, end_seq BIGINT NOT NULL, position {t}, "
+            f"updated_at {t})"
+        )
 
     def read_state(self) -> str:
         return f"SELECT scope, lsn, seq, end_lsn, end_seq FROM {self.own(STATE_TABLE)}"
 
     def upsert_state(self) -> str:
         p = self.param
-        return (f"INSERT INTO {self.own(STATE_TABLE)} (scope, lsn, seq, end_lsn, end_seq, position, updated_at) "
-                f"VALUES ({p}, {p}, {p}, {p}, {p}, {p}, {p}) ON CONFLICT (scope) DO UPDATE SET lsn = excluded.lsn, "
-                f"seq = excluded.seq, end_lsn = excluded.end_lsn, end_seq = excluded.end_seq, "
-                f"position = excluded.position, updated_at = excluded.updated_at")
+        return (
+            f"INSERT INTO {self.own(STATE_TABLE)} (scope, lsn, seq, end_lsn, end_seq, position, updated_at) "
+            f"VALUES ({p}, {p}, {p}, {p}, {p}, {p}, {p}) ON CONFLICT (scope) DO UPDATE SET lsn = excluded.lsn, "
+            f"seq = excluded.seq, end_lsn = excluded.end_lsn, end_seq = excluded.end_seq, "
+            f"position = excluded.position, updated_at = excluded.updated_at"
+        )
 
     def insert_state_if_missing(self) -> str:
         p = self.param
-        return (f"INSERT INTO {self.own(STATE_TABLE)} (scope, lsn, seq, end_lsn, end_seq, position, updated_at) "
-                f"VALUES ({p}, {p}, {p}, {p}, {p}, {p}, {p}) ON CONFLICT (scope) DO NOTHING")
+        return (
+            f"INSERT INTO {self.own(STATE_TABLE)} (scope, lsn, seq, end_lsn, end_seq, position, updated_at) "
+            f"VALUES ({p}, {p}, {p}, {p}, {p}, {p}, {p}) ON CONFLICT (scope) DO NOTHING"
+        )
 
     def create_rejects(self) -> str:
         t = self.text_type
-        return (f"CREATE TABLE IF NOT EXISTS {self.own(REJECTS_TABLE)} (lsn BIGINT NOT NULL, seq BIGINT NOT NULL, "
-                f"position {t} NOT NULL, {quote_ident('table')} {t} NOT NULL, {quote_ident('key')} {t} NOT NULL, "
-                f"op {t} NOT NULL, image {t}, error {t} NOT NULL, rejected_at {t} NOT NULL)")
+        return (
+            f"CREATE TABLE IF NOT EXISTS {self.own(REJECTS_TABLE)} (lsn BIGINT NOT NULL, seq BIGINT NOT NULL, "
+            f"position {t} NOT NULL, {quote_ident('table')} {t} NOT NULL, {quote_ident('key')} {t} NOT NULL, "
+            f"op {t} NOT NULL, image {t}, error {t} NOT NULL, rejected_at {t} NOT NULL)"
+        )
 
     def insert_reject(self) -> str:
         p = self.param
-        return (f"INSERT INTO {self.own(REJECTS_TABLE)} (lsn, seq, position, {quote_ident('table')}, "
-                f"{quote_ident('key')}, op, image, error, rejected_at) VALUES ({', '.join([p] * 9)})")
-
+        return (
+            f"INSERT INTO {self.own(REJECTS_TABLE)} (lsn, seq, position, {quote_ident('table')}, "
+            f"{quote_ident('key')}, op, image, error, rejected_at) VALUES ({', '.join([p] * 9)})"
+        )

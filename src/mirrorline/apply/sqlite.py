@@ -15,7 +15,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from mirrorline.apply import types as T
+from mirrorline.apply import types as type_map
 from mirrorline.apply.chunks import read_chunk
 from mirrorline.apply.engine import Target
 from mirrorline.apply.session import Session
@@ -40,10 +40,10 @@ class SqliteDialect(Dialect):
     def text_param(self) -> str:
         return "?"
 
-    def type_info(self, table: str, col: Column) -> T.TypeInfo:
-        return T.sqlite_type(table, col.name, col.type_name)
+    def type_info(self, table: str, col: Column) -> type_map.TypeInfo:
+        return type_map.sqlite_type(table, col.name, col.type_name)
 
-    def conv(self, expr: str, info: T.TypeInfo, table: str = "", column: str = "") -> str:
+    def conv(self, expr: str, info: type_map.TypeInfo, table: str = "", column: str = "") -> str:
         # SQLite casts never fail (CAST('abc' AS INTEGER) is 0): check first, else call the error function (which
         # returns NULL for a NULL value).
         if info.conv == "text":
@@ -56,8 +56,10 @@ class SqliteDialect(Dialect):
             return f"CASE {expr} WHEN 't' THEN 1 WHEN 'f' THEN 0 ELSE {bad} END"
         if info.conv == "real":
             ok = f"{expr} GLOB '*[0-9]*' AND NOT {expr} GLOB '*[^0-9eE.+-]*'"
-            return (f"CASE WHEN {ok} THEN CAST({expr} AS REAL) WHEN {expr} = 'Infinity' THEN 9e999 "
-                    f"WHEN {expr} = '-Infinity' THEN -9e999 ELSE {bad} END")
+            return (
+                f"CASE WHEN {ok} THEN CAST({expr} AS REAL) WHEN {expr} = 'Infinity' THEN 9e999 "
+                f"WHEN {expr} = '-Infinity' THEN -9e999 ELSE {bad} END"
+            )
         if info.conv == "bytea":
             return f"CASE WHEN substr({expr}, 1, 2) = '\\x' THEN mirrorline_unhex({expr}) ELSE {bad} END"
         raise ValueError(f"unknown conversion {info.conv}")
@@ -84,8 +86,11 @@ def sqlite_values(batch: pa.RecordBatch, schema: TableSchema, dialect: Dialect) 
         elif conv == "real":
             vals = pc.cast(arr, pa.float64())
             if pc.any(pc.is_nan(vals)).as_py():
-                raise TargetError(f"{schema.table}.{col.name}: NaN is not a valid {col.type_name} value for SQLite",
-                                  table=schema.table, column=col.name)
+                raise TargetError(
+                    f"{schema.table}.{col.name}: NaN is not a valid {col.type_name} value for SQLite",
+                    table=schema.table,
+                    column=col.name,
+                )
             out.append(vals.to_pylist())
         elif conv == "bool":
             out.append(pc.cast(pc.equal(arr, "t"), pa.int64()).to_pylist())

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from mirrorline.apply import rows as R
+from mirrorline.apply import rows as work_rows
 from mirrorline.apply.session import Session
 from mirrorline.apply.sql import MASK_COL, MASK_SEP, POS_COLS, key_col, moved_col
 from mirrorline.model import TableSchema
@@ -64,19 +64,22 @@ class ArrowStager(Stager):
                 if inserts is not None:  # an inserts-only unit: flat already, on the driver
                     ins = inserts.get(ts.table)
                     self._flat[ts.table] = {
-                        k: R.from_inserts(ins, ts) if k == "I" and ins is not None
-                        else pa.table({c: pa.array([], pa.string()) for c in R.work_columns(ts, k)})
-                        for k in R.KINDS
+                        k: work_rows.from_inserts(ins, ts)
+                        if k == "I" and ins is not None
+                        else pa.table({c: pa.array([], pa.string()) for c in work_rows.work_columns(ts, k)})
+                        for k in work_rows.KINDS
                     }
                 elif self._load_whole:
                     if self._whole is None:
                         rows = self.batch.rows
                         self._whole = rows if rows is not None else _to_arrow(self.batch.frame())
-                    rows = R.select(self._whole, ts.table)
-                    self._flat[ts.table] = {k: R.flatten(R.select(rows, ts.table, k), ts, k) for k in R.KINDS}
+                    rows = work_rows.select(self._whole, ts.table)
+                    self._flat[ts.table] = {
+                        k: work_rows.flatten(work_rows.select(rows, ts.table, k), ts, k) for k in work_rows.KINDS
+                    }
                 else:
                     flat = _to_arrow(generic_flatten(self.batch.frame(), {ts.table: ts}, [ts.table]))
-                    self._flat[ts.table] = {k: pick(flat, ts, k) for k in R.KINDS}
+                    self._flat[ts.table] = {k: pick(flat, ts, k) for k in work_rows.KINDS}
             return self._flat[ts.table]
 
     def rows(self, ts: TableSchema, kind: str) -> pa.Table | None:
@@ -87,7 +90,7 @@ class ArrowStager(Stager):
         if data.num_rows == 0:
             return None
         name = f"mirrorline_w{next(_ids)}_{kind.lower()}"
-        s.load(name, R.work_columns(ts, kind), data)
+        s.load(name, work_rows.work_columns(ts, kind), data)
         self._names.setdefault((id(s), ts.table), []).append(name)
         return name, data.num_rows
 
@@ -102,8 +105,13 @@ def generic_columns(ts: TableSchema) -> list[str]:
     """Every worktable column a table's net rows can fill, in the order :func:`generic_flatten` puts them in ``g0``,
     ``g1``, ...: the key (from ``key``), every column (from ``new``), the mask, the moved_from key, the position."""
     k = len(ts.key)
-    return ([key_col(i) for i in range(k)] + list(ts.column_names) + [MASK_COL] + [moved_col(i) for i in range(k)]
-            + list(POS_COLS))
+    return (
+        [key_col(i) for i in range(k)]
+        + list(ts.column_names)
+        + [MASK_COL]
+        + [moved_col(i) for i in range(k)]
+        + list(POS_COLS)
+    )
 
 
 def generic_flatten(net: Any, schemas: Mapping[str, TableSchema], tables: list[str]) -> Any:
@@ -141,7 +149,7 @@ def generic_flatten(net: Any, schemas: Mapping[str, TableSchema], tables: list[s
 def pick(flat: pa.Table, ts: TableSchema, kind: str) -> pa.Table:
     """The worktable rows of one table and kind from :func:`generic_flatten`'s rows (already that table's)."""
     generic = generic_columns(ts)
-    cols = R.work_columns(ts, kind)
+    cols = work_rows.work_columns(ts, kind)
     part = flat.filter(pc.equal(flat["kind"], kind))
     return pa.table([part[f"g{generic.index(c)}"] for c in cols], names=cols)
 

@@ -47,7 +47,16 @@ _INT_TYPES = {"smallint": "SMALLINT", "integer": "INTEGER", "bigint": "BIGINT", 
 _FLOAT_TYPES = {"real": "REAL", "double precision": "DOUBLE"}
 _TEXT_TYPES = {"text", "character varying", "varchar", "character", "char", "bpchar", "name", "citext", '"char"'}
 _AS_TEXT_TYPES = {
-    "interval", "time with time zone", "xml", "inet", "cidr", "macaddr", "macaddr8", "bit", "bit varying", "money",
+    "interval",
+    "time with time zone",
+    "xml",
+    "inet",
+    "cidr",
+    "macaddr",
+    "macaddr8",
+    "bit",
+    "bit varying",
+    "money",
 }
 _DIRECT = {
     "date": "DATE",

@@ -117,10 +117,20 @@ class Assembler:
         self._streams: dict[int, _Stream] = {}
         self._stream: _Stream | None = None  # the stream block we are in
         self._handlers: dict[type, Callable[[Any], Sequence[Event]]] = {
-            Insert: self._insert, Update: self._update, Delete: self._delete, Begin: self._begin,
-            Commit: self._commit, Relation: self._relation, Truncate: self._truncate,
-            StreamStart: self._stream_start, StreamStop: self._stream_stop, StreamCommit: self._stream_commit,
-            StreamAbort: self._stream_abort, Type: self._type, Origin: self._ignore, LogicalMessage: self._ignore,
+            Insert: self._insert,
+            Update: self._update,
+            Delete: self._delete,
+            Begin: self._begin,
+            Commit: self._commit,
+            Relation: self._relation,
+            Truncate: self._truncate,
+            StreamStart: self._stream_start,
+            StreamStop: self._stream_stop,
+            StreamCommit: self._stream_commit,
+            StreamAbort: self._stream_abort,
+            Type: self._type,
+            Origin: self._ignore,
+            LogicalMessage: self._ignore,
         }
 
     # -------------------------------------------------------------------------------------------- state
@@ -200,8 +210,10 @@ class Assembler:
 
     def _begin(self, msg: Begin) -> Sequence[Event]:
         if self._txn is not None:
-            raise DecodeError(f"Begin of xid {msg.xid} while xid {self._txn.xid} is still open",
-                              hint="the replication stream is out of order")
+            raise DecodeError(
+                f"Begin of xid {msg.xid} while xid {self._txn.xid} is still open",
+                hint="the replication stream is out of order",
+            )
         self._txn = msg
         self._txn_mark = len(self._out)
         self._txn_ts = msg.commit_ts + PG_EPOCH_UNIX_US
@@ -213,11 +225,15 @@ class Assembler:
     def _commit(self, msg: Commit) -> Sequence[Event]:
         txn = self._txn
         if txn is None:
-            raise DecodeError(f"Commit at {format_lsn(msg.commit_lsn)} without a Begin",
-                              hint="the replication stream is out of order")
+            raise DecodeError(
+                f"Commit at {format_lsn(msg.commit_lsn)} without a Begin", hint="the replication stream is out of order"
+            )
         if msg.commit_lsn != txn.final_lsn:
-            raise DecodeError(f"Commit LSN {format_lsn(msg.commit_lsn)} differs from the Begin's final LSN "
-                              f"{format_lsn(txn.final_lsn)} (xid {txn.xid})", hint="the replication stream is damaged")
+            raise DecodeError(
+                f"Commit LSN {format_lsn(msg.commit_lsn)} differs from the Begin's final LSN "
+                f"{format_lsn(txn.final_lsn)} (xid {txn.xid})",
+                hint="the replication stream is damaged",
+            )
         ts = msg.commit_ts + PG_EPOCH_UNIX_US
         if self._skipping:
             self._txn = None
@@ -292,12 +308,18 @@ class Assembler:
             key = flagged
         missing = [k for k in key if k not in names]
         if captured and missing:
-            raise SourceError(f"key column(s) {', '.join(missing)} of {table} are not in the table as sent by the "
-                              f"source (columns: {', '.join(names)})", hint="fix tables.key in the configuration",
-                              table=table)
+            raise SourceError(
+                f"key column(s) {', '.join(missing)} of {table} are not in the table as sent by the "
+                f"source (columns: {', '.join(names)})",
+                hint="fix tables.key in the configuration",
+                table=table,
+            )
         if captured and not key:
-            raise SourceError(f"{table} has no usable key: no primary key and only large-object columns",
-                              hint="add a primary key, or configure tables.key", table=table)
+            raise SourceError(
+                f"{table} has no usable key: no primary key and only large-object columns",
+                hint="add a primary key, or configure tables.key",
+                table=table,
+            )
         key_idx = tuple(names.index(k) for k in key if k in names)
         version = 0
         if captured:
@@ -322,8 +344,11 @@ class Assembler:
         if rel is None:
             rel = self.relations.get(relid)
             if rel is None:
-                raise DecodeError(f"{what} for relation id {relid} that no Relation message described",
-                                  hint="the replication stream is damaged or out of order", relid=relid)
+                raise DecodeError(
+                    f"{what} for relation id {relid} that no Relation message described",
+                    hint="the replication stream is damaged or out of order",
+                    relid=relid,
+                )
         return rel
 
     # -------------------------------------------------------------------------------------------- changes
@@ -405,8 +430,20 @@ class Assembler:
             ok = tuple([old[i] if old[i] is not UNCHANGED else key[j] for j, i in enumerate(rel.key_idx)])
             if ok != key:
                 old_key = ok  # type: ignore[assignment]
-        buf.add(lsn, seq, ts, xid, rel.table, "U", key, old_key, names, vals, unchanged,  # type: ignore[arg-type]
-                rel.version)
+        buf.add(
+            lsn,
+            seq,
+            ts,
+            xid,
+            rel.table,
+            "U",
+            key,
+            old_key,
+            names,
+            vals,  # type: ignore[arg-type]
+            unchanged,
+            rel.version,
+        )
         return self._added(msg.xid)
 
     def _delete(self, msg: Delete) -> Sequence[Event]:
@@ -438,21 +475,32 @@ class Assembler:
             events.extend(self._added(msg.xid))
         return events
 
-    def _check(self, rel: RelInfo, vals: list[TupleValue], flags: int, what: str, lsn: int, seq: int,
-               unchanged_ok: bool) -> None:
+    def _check(
+        self, rel: RelInfo, vals: list[TupleValue], flags: int, what: str, lsn: int, seq: int, unchanged_ok: bool
+    ) -> None:
         where = {"table": rel.table, "position": str(Position(lsn, seq))}
         if len(vals) != len(rel.names):
-            raise DecodeError(f"{what} on {rel.table} has {len(vals)} columns but its Relation message has "
-                              f"{len(rel.names)}", hint="the replication stream is damaged", **where)
+            raise DecodeError(
+                f"{what} on {rel.table} has {len(vals)} columns but its Relation message has {len(rel.names)}",
+                hint="the replication stream is damaged",
+                **where,
+            )
         if flags & HAS_BINARY:
-            raise DecodeError(f"{what} on {rel.table} carries binary-format values, which mirrorline does not ask for",
-                              hint="the replication stream is not what mirrorline asked for", **where)
+            raise DecodeError(
+                f"{what} on {rel.table} carries binary-format values, which mirrorline does not ask for",
+                hint="the replication stream is not what mirrorline asked for",
+                **where,
+            )
         if flags & HAS_UNCHANGED and not unchanged_ok:
-            raise DecodeError(f"{what} on {rel.table} marks a column as an unchanged TOAST value",
-                              hint="the replication stream is damaged", **where)
+            raise DecodeError(
+                f"{what} on {rel.table} marks a column as an unchanged TOAST value",
+                hint="the replication stream is damaged",
+                **where,
+            )
 
-    def _key_with_fallback(self, rel: RelInfo, vals: list[TupleValue], old: list[TupleValue] | None, lsn: int,
-                           seq: int) -> Key:
+    def _key_with_fallback(
+        self, rel: RelInfo, vals: list[TupleValue], old: list[TupleValue] | None, lsn: int, seq: int
+    ) -> Key:
         key = []
         for i in rel.key_idx:
             v = vals[i]
@@ -464,9 +512,12 @@ class Assembler:
         return tuple(key)  # type: ignore[arg-type]
 
     def _unknown_key(self, rel: RelInfo, what: str, lsn: int, seq: int) -> SourceError:
-        return SourceError(f"{what} on {rel.table} did not send the value of a key column (an unchanged TOASTed "
-                           f"value)", hint="configure a key without large values for this table (tables.key)",
-                           table=rel.table, position=str(Position(lsn, seq)))
+        return SourceError(
+            f"{what} on {rel.table} did not send the value of a key column (an unchanged TOASTed value)",
+            hint="configure a key without large values for this table (tables.key)",
+            table=rel.table,
+            position=str(Position(lsn, seq)),
+        )
 
 
 def _new_width(buf: RowBuffer) -> int:

@@ -41,9 +41,15 @@ RAW_BYTES = 4 << 20  # ... or this many bytes of them
 class BatchAssembler(Assembler):
     """:class:`Assembler` plus :meth:`feed_bytes`: the same events and rows, decoded a batch at a time."""
 
-    def __init__(self, type_name: Callable[[int, int], str | None], record_schema: Callable[[TableSchema], TableSchema],
-                 tables: Mapping[str, TableInfo] | None = None, *, skip_through: int = 0,
-                 chunk_changes: int = 20_000) -> None:
+    def __init__(
+        self,
+        type_name: Callable[[int, int], str | None],
+        record_schema: Callable[[TableSchema], TableSchema],
+        tables: Mapping[str, TableInfo] | None = None,
+        *,
+        skip_through: int = 0,
+        chunk_changes: int = 20_000,
+    ) -> None:
         super().__init__(type_name, record_schema, tables, skip_through=skip_through, chunk_changes=chunk_changes)
         # row messages of ordinary transactions not decoded yet: committed transactions' first, then the open one's
         self._raw: list[bytes] = []
@@ -165,7 +171,7 @@ class BatchAssembler(Assembler):
                     self._txn, self._txn_ts, self._skipping = Begin(lsn, ts - PG_EPOCH_UNIX_US, xid), ts, False
                     self._replaying = True
                 self._seq = seq0
-                for data in raw[first:bounds[i + 1]]:
+                for data in raw[first : bounds[i + 1]]:
                     m = decode(data, False)
                     events.extend(self._handlers[type(m)](m))
                 self._replaying = False

@@ -179,15 +179,39 @@ class StreamAbort:
 
 
 Message = (
-    Begin | Commit | Origin | Relation | Type | Insert | Update | Delete | Truncate | LogicalMessage | StreamStart
-    | StreamStop | StreamCommit | StreamAbort
+    Begin
+    | Commit
+    | Origin
+    | Relation
+    | Type
+    | Insert
+    | Update
+    | Delete
+    | Truncate
+    | LogicalMessage
+    | StreamStart
+    | StreamStop
+    | StreamCommit
+    | StreamAbort
 )
 
 # ----------------------------------------------------------------------------------------------------- reading
 
 _NAMES: Final = {
-    66: "Begin", 67: "Commit", 79: "Origin", 82: "Relation", 89: "Type", 73: "Insert", 85: "Update", 68: "Delete",
-    84: "Truncate", 77: "Message", 83: "Stream Start", 69: "Stream Stop", 99: "Stream Commit", 65: "Stream Abort",
+    66: "Begin",
+    67: "Commit",
+    79: "Origin",
+    82: "Relation",
+    89: "Type",
+    73: "Insert",
+    85: "Update",
+    68: "Delete",
+    84: "Truncate",
+    77: "Message",
+    83: "Stream Start",
+    69: "Stream Stop",
+    99: "Stream Commit",
+    65: "Stream Abort",
 }
 _U8 = struct.Struct(">B").unpack_from
 _U16 = struct.Struct(">H").unpack_from
@@ -213,9 +237,12 @@ class _Reader:
 
     def fail(self, reason: str, at: int | None = None) -> DecodeError:
         at = self.pos if at is None else at
-        return DecodeError(f"malformed pgoutput {self.what} message: {reason} at byte {at} (message is {self.end} "
-                           f"bytes)", hint="the replication stream is damaged or not pgoutput protocol version 2",
-                           message_type=self.what, offset=at)
+        return DecodeError(
+            f"malformed pgoutput {self.what} message: {reason} at byte {at} (message is {self.end} bytes)",
+            hint="the replication stream is damaged or not pgoutput protocol version 2",
+            message_type=self.what,
+            offset=at,
+        )
 
     def need(self, n: int, field: str) -> int:
         p = self.pos
@@ -400,7 +427,7 @@ def _message(r: _Reader, in_stream: bool, proto: int) -> LogicalMessage:
     if n < 0:
         raise r.fail(f"negative content length {n}", r.pos - 4)
     p = r.need(n, "content")
-    return LogicalMessage(xid, flags, lsn, prefix, bytes(r.buf[p:p + n]))
+    return LogicalMessage(xid, flags, lsn, prefix, bytes(r.buf[p : p + n]))
 
 
 def _stream_start(r: _Reader, in_stream: bool, proto: int) -> StreamStart:
@@ -430,8 +457,20 @@ def _stream_abort(r: _Reader, in_stream: bool, proto: int) -> StreamAbort:
 
 
 _DECODERS: Final[dict[int, Callable[[_Reader, bool, int], Message]]] = {
-    66: _begin, 67: _commit, 79: _origin, 82: _relation, 89: _type, 73: _insert, 85: _update, 68: _delete,
-    84: _truncate, 77: _message, 83: _stream_start, 69: _stream_stop, 99: _stream_commit, 65: _stream_abort,
+    66: _begin,
+    67: _commit,
+    79: _origin,
+    82: _relation,
+    89: _type,
+    73: _insert,
+    85: _update,
+    68: _delete,
+    84: _truncate,
+    77: _message,
+    83: _stream_start,
+    69: _stream_stop,
+    99: _stream_commit,
+    65: _stream_abort,
 }
 
 
@@ -444,9 +483,11 @@ def decode(buf: bytes, in_stream: bool = False, proto_version: int = 2) -> Messa
     fn = _DECODERS.get(kind)
     if fn is None:
         shown = chr(kind) if 32 < kind < 127 else f"0x{kind:02x}"
-        raise DecodeError(f"unknown pgoutput message type {shown!r} at byte 0",
-                          hint="mirrorline asks for protocol version 2 without two-phase; is this pgoutput?",
-                          offset=0)
+        raise DecodeError(
+            f"unknown pgoutput message type {shown!r} at byte 0",
+            hint="mirrorline asks for protocol version 2 without two-phase; is this pgoutput?",
+            offset=0,
+        )
     r = _Reader(buf, _NAMES[kind])
     msg = fn(r, in_stream, proto_version)
     r.done()
@@ -476,8 +517,10 @@ class Decoder:
                 self.in_stream = False
                 self.stream_xid = None
             elif isinstance(msg, Begin | Commit | StreamStart | StreamCommit | StreamAbort):
-                raise DecodeError(f"{_NAMES[buf[0]]} inside the stream block of xid {self.stream_xid}",
-                                  hint="the replication stream is out of order")
+                raise DecodeError(
+                    f"{_NAMES[buf[0]]} inside the stream block of xid {self.stream_xid}",
+                    hint="the replication stream is out of order",
+                )
         elif isinstance(msg, StreamStart):
             self.in_stream = True
             self.stream_xid = msg.xid

@@ -43,12 +43,12 @@ def _be16(buf: np.ndarray, at: np.ndarray) -> np.ndarray:
 
 
 def _be32(buf: np.ndarray, at: np.ndarray) -> np.ndarray:
-    return ((buf[at].astype(I64) << 24) | (buf[at + 1].astype(I64) << 16) | (buf[at + 2].astype(I64) << 8)
-            | buf[at + 3])
+    return (buf[at].astype(I64) << 24) | (buf[at + 1].astype(I64) << 16) | (buf[at + 2].astype(I64) << 8) | buf[at + 3]
 
 
-def _parse_tuples(buf: np.ndarray, pos: np.ndarray, end: np.ndarray, ncols: int
-                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def _parse_tuples(
+    buf: np.ndarray, pos: np.ndarray, end: np.ndarray, ncols: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """TupleData at ``pos`` of each message (ending at ``end``): (kinds, starts, lengths) as (messages x ncols)
     arrays, and the position after each tuple."""
     m = len(pos)
@@ -96,8 +96,12 @@ def _strings(buf: np.ndarray, starts: np.ndarray, lens: np.ndarray, null: np.nda
     else:
         data = np.zeros(0, np.uint8)
     validity = pa.array(~null).buffers()[1] if null.any() else None
-    arr = pa.Array.from_buffers(pa.string(), n, [validity, pa.py_buffer(offsets.astype(np.int32)),
-                                                 pa.py_buffer(data)], null_count=int(null.sum()))
+    arr = pa.Array.from_buffers(
+        pa.string(),
+        n,
+        [validity, pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(data)],
+        null_count=int(null.sum()),
+    )
     try:
         arr.validate(full=True)
     except pa.ArrowInvalid:
@@ -111,8 +115,9 @@ def _list_offsets(counts: np.ndarray) -> pa.Array:
     return pa.array(out.astype(np.int32))
 
 
-def decode_rows(payloads: Sequence[bytes], relations: Mapping[int, RelInfo], segments: Sequence[Segment],
-                in_stream: bool = False) -> tuple[pa.Table, list[int], np.ndarray]:
+def decode_rows(
+    payloads: Sequence[bytes], relations: Mapping[int, RelInfo], segments: Sequence[Segment], in_stream: bool = False
+) -> tuple[pa.Table, list[int], np.ndarray]:
     """Row messages of ordinary transactions (not inside a stream block), in order -> their rows in the log layout,
     and how many rows each transaction segment kept. ``segments``: ``(first_index, commit_lsn, commit_ts, xid,
     seq0)`` of each transaction's run of messages (the first starts at 0). Raises :class:`Fallback` for anything but
@@ -156,16 +161,17 @@ def decode_rows(payloads: Sequence[bytes], relations: Mapping[int, RelInfo], seg
     ts = np.array([sg[2] for sg in segments], I64)[seg]
     xid = np.array([sg[3] for sg in segments], I64)[seg]
     seq = np.array([sg[4] for sg in segments], I64)[seg] + np.arange(m, dtype=I64) - first_kept[seg]
-    table = table.set_column(0, ARROW_SCHEMA.field("lsn"), pa.array(lsn)) \
-        .set_column(1, ARROW_SCHEMA.field("seq"), pa.array(seq)) \
-        .set_column(2, ARROW_SCHEMA.field("ts"), pa.array(ts)) \
+    table = (
+        table.set_column(0, ARROW_SCHEMA.field("lsn"), pa.array(lsn))
+        .set_column(1, ARROW_SCHEMA.field("seq"), pa.array(seq))
+        .set_column(2, ARROW_SCHEMA.field("ts"), pa.array(ts))
         .set_column(3, ARROW_SCHEMA.field("xid"), pa.array(xid))
+    )
     subxids = _be32(buf, begins[kept] + 1) if in_stream else np.zeros(0, I64)
     return table, counts.tolist(), subxids
 
 
-def _relation_rows(buf: np.ndarray, begins: np.ndarray, ends: np.ndarray, kind: np.ndarray, rel: RelInfo
-                   ) -> pa.Table:
+def _relation_rows(buf: np.ndarray, begins: np.ndarray, ends: np.ndarray, kind: np.ndarray, rel: RelInfo) -> pa.Table:
     """The rows of one relation's messages (lsn/seq/ts/xid left 0 for the caller). ``begins``: where each message
     would start without an xid field (the marker byte is at +5)."""
     m = len(begins)
@@ -227,8 +233,10 @@ def _relation_rows(buf: np.ndarray, begins: np.ndarray, ends: np.ndarray, kind: 
             if not is_u[r]:
                 continue
             nk = [_value(buf, kinds[r, c], starts[r, c], lens[r, c]) for c in key_idx]
-            ok = [_value(buf, okind[j, c], ostart[j, c], olen[j, c]) if okind[j, c] != _UNCH else v
-                  for c, v in zip(key_idx, nk, strict=True)]
+            ok = [
+                _value(buf, okind[j, c], ostart[j, c], olen[j, c]) if okind[j, c] != _UNCH else v
+                for c, v in zip(key_idx, nk, strict=True)
+            ]
             if ok != nk:
                 old_key_lists[r] = ok
     old_key = pa.array(old_key_lists, _LIST_T)
@@ -240,29 +248,42 @@ def _relation_rows(buf: np.ndarray, begins: np.ndarray, ends: np.ndarray, kind: 
     names = pa.array(rel.names, pa.string()).take(pa.array(col_of))
     fk = kinds.ravel()[flat]
     values = _strings(buf, starts.ravel()[flat], np.where(fk == _T, lens.ravel()[flat], 0), fk == _NULL)
-    new = pa.MapArray.from_arrays(_list_offsets(counts), names, values, type=_MAP_T,
-                                  mask=pa.array(is_d) if is_d.any() else None)
+    new = pa.MapArray.from_arrays(
+        _list_offsets(counts), names, values, type=_MAP_T, mask=pa.array(is_d) if is_d.any() else None
+    )
     # unchanged: the names of columns not sent (sorted)
     unch = kinds == _UNCH
     if unch.any():
         lists = [sorted(rel.names[c] for c in np.flatnonzero(unch[r])) for r in range(m)]
         unchanged = pa.array(lists, _LIST_T)
     else:
-        unchanged = pa.ListArray.from_arrays(pa.array(np.zeros(m + 1, np.int32)), pa.array([], pa.string()),
-                                             type=_LIST_T)
+        unchanged = pa.ListArray.from_arrays(
+            pa.array(np.zeros(m + 1, np.int32)), pa.array([], pa.string()), type=_LIST_T
+        )
     zeros = pa.array(np.zeros(m, I64))
     op = _OPS.take(pa.array(np.where(is_i, 0, np.where(is_u, 1, 2))))
-    return pa.Table.from_arrays([
-        zeros, zeros, zeros, zeros,
-        pa.repeat(pa.scalar(rel.table, pa.string()), m), op, key, old_key, new, unchanged,
-        pa.repeat(pa.scalar(rel.version, pa.int32()), m),
-    ], schema=ARROW_SCHEMA)
+    return pa.Table.from_arrays(
+        [
+            zeros,
+            zeros,
+            zeros,
+            zeros,
+            pa.repeat(pa.scalar(rel.table, pa.string()), m),
+            op,
+            key,
+            old_key,
+            new,
+            unchanged,
+            pa.repeat(pa.scalar(rel.version, pa.int32()), m),
+        ],
+        schema=ARROW_SCHEMA,
+    )
 
 
 def _value(buf: np.ndarray, kind: int, start: int, length: int) -> str | None:
     if kind == _NULL:
         return None
     try:
-        return bytes(buf[start:start + length]).decode("utf-8")
+        return bytes(buf[start : start + length]).decode("utf-8")
     except UnicodeDecodeError:
         raise Fallback from None

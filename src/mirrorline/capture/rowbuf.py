@@ -25,8 +25,22 @@ class RowBuffer:
     """Rows in the log layout, column by column. ``new`` is kept flat: per row its length (``-1``: no new image, a
     DELETE or TRUNCATE) and the names and values of its columns, in order."""
 
-    __slots__ = ("flat", "key", "lsn", "new_len", "new_names", "new_values", "old_key", "op", "seq", "table", "ts",
-                 "unchanged", "version", "xid")
+    __slots__ = (
+        "flat",
+        "key",
+        "lsn",
+        "new_len",
+        "new_names",
+        "new_values",
+        "old_key",
+        "op",
+        "seq",
+        "table",
+        "ts",
+        "unchanged",
+        "version",
+        "xid",
+    )
 
     def __init__(self) -> None:
         self.lsn: list[int] = []
@@ -47,9 +61,21 @@ class RowBuffer:
     def __len__(self) -> int:
         return len(self.op)
 
-    def add(self, lsn: int, seq: int, ts: int, xid: int, table: str, op: str, key: tuple[Value, ...],
-            old_key: tuple[Value, ...] | None, names: Sequence[str] | None, values: Sequence[Value] | None,
-            unchanged: tuple[str, ...], version: int) -> None:
+    def add(
+        self,
+        lsn: int,
+        seq: int,
+        ts: int,
+        xid: int,
+        table: str,
+        op: str,
+        key: tuple[Value, ...],
+        old_key: tuple[Value, ...] | None,
+        names: Sequence[str] | None,
+        values: Sequence[Value] | None,
+        unchanged: tuple[str, ...],
+        version: int,
+    ) -> None:
         """One row. ``names``/``values``: the new image's columns (``None`` for DELETE / TRUNCATE)."""
         self.lsn.append(lsn)
         self.seq.append(seq)

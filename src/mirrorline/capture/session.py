@@ -81,11 +81,21 @@ class Capture:
     """``mirrorline capture``: run until stopped (or, with ``once``, until everything the source had committed at
     start is durable in the log)."""
 
-    def __init__(self, config: Config, *, once: bool = False, max_retry_seconds: float = 300.0,
-                 on_ready: Callable[[CaptureStats], None] | None = None) -> None:
+    def __init__(
+        self,
+        config: Config,
+        *,
+        once: bool = False,
+        max_retry_seconds: float = 300.0,
+        on_ready: Callable[[CaptureStats], None] | None = None,
+    ) -> None:
         if config.source is None:
-            raise ConfigError(str(config.file), "source", "is required for capture",
-                              hint="add a [source] section with the dsn of the database to capture")
+            raise ConfigError(
+                str(config.file),
+                "source",
+                "is required for capture",
+                hint="add a [source] section with the dsn of the database to capture",
+            )
         self.config = config
         self.source = config.source
         self.once = once
@@ -176,13 +186,18 @@ class Capture:
                     down_since, delay = None, 0.2
                 down_since = down_since or now
                 if now - down_since > self.max_retry_seconds:
-                    raise SourceError(f"{e.message}; gave up after {self.max_retry_seconds:.0f} s of retries",
-                                      hint=e.hint) from None
+                    raise SourceError(
+                        f"{e.message}; gave up after {self.max_retry_seconds:.0f} s of retries", hint=e.hint
+                    ) from None
                 if self._streaming:
                     self.stats.reconnects += 1
                 if busy and not self._streaming:
-                    log.warning("replication slot %s is still in use (%s); retrying in %.1f s", self.source.slot,
-                                e.message, delay)
+                    log.warning(
+                        "replication slot %s is still in use (%s); retrying in %.1f s",
+                        self.source.slot,
+                        e.message,
+                        delay,
+                    )
                 else:
                     log.warning("replication connection lost (%s); reconnecting in %.1f s", e.message, delay)
                 time.sleep(delay)
@@ -213,9 +228,16 @@ class Capture:
             cur = conn.cursor()
             try:
                 cur.start_replication(
-                    slot_name=self.source.slot, decode=False, status_interval=5,
-                    options={"proto_version": "2", "publication_names": self.source.publication,
-                             "streaming": "on", "messages": "true"})
+                    slot_name=self.source.slot,
+                    decode=False,
+                    status_interval=5,
+                    options={
+                        "proto_version": "2",
+                        "publication_names": self.source.publication,
+                        "streaming": "on",
+                        "messages": "true",
+                    },
+                )
             except psycopg2.Error as e:
                 raise source_error(e, dsn, f"cannot start replication from slot {self.source.slot}") from None
             asm.skip_through = writer.last_lsn
@@ -378,5 +400,6 @@ class Capture:
         if flushed > self.stats.durable_lsn or force:
             self.stats.durable_lsn = flushed
             log.debug("durable through %s (received %s)", format_lsn(flushed), format_lsn(self.stats.received_lsn))
-            cur.send_feedback(write_lsn=max(flushed, self.stats.received_lsn), flush_lsn=flushed,
-                              apply_lsn=flushed, force=force)
+            cur.send_feedback(
+                write_lsn=max(flushed, self.stats.received_lsn), flush_lsn=flushed, apply_lsn=flushed, force=force
+            )

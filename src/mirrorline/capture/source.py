@@ -25,9 +25,11 @@ log = logging.getLogger(__name__)
 # that has not yet noticed its client died.
 _TRANSIENT_STATES = ("08", "57P01", "57P02", "57P03", "55006", "53300")
 # Connection failures carry no SQLSTATE in the driver: these texts mean the credentials were refused.
-_AUTH_RE = re.compile(r'password authentication failed|no password supplied|no pg_hba\.conf entry|'
-                      r'role ".*" does not exist|authentication failed|must be superuser or replication role|'
-                      r'permission denied to start WAL sender|is not permitted to log in')
+_AUTH_RE = re.compile(
+    r"password authentication failed|no password supplied|no pg_hba\.conf entry|"
+    r'role ".*" does not exist|authentication failed|must be superuser or replication role|'
+    r"permission denied to start WAL sender|is not permitted to log in"
+)
 
 
 def is_transient(e: Exception) -> bool:
@@ -53,8 +55,9 @@ def source_error(e: Exception, dsn: str, doing: str) -> SourceError:
     where = redact_dsn(dsn)
     code = getattr(e, "pgcode", None)
     if (code and code.startswith("28")) or _AUTH_RE.search(text):
-        return SourceError(f"{doing}: {first}", hint="check the user in [source] dsn and PGPASSWORD / ~/.pgpass",
-                           dsn=where)
+        return SourceError(
+            f"{doing}: {first}", hint="check the user in [source] dsn and PGPASSWORD / ~/.pgpass", dsn=where
+        )
     if code == "3D000" or ("database" in text and "does not exist" in text):
         return SourceError(f"{doing}: {first}", hint="check the database name in [source] dsn", dsn=where)
     if is_transient(e):
@@ -69,8 +72,9 @@ def connect(dsn: str, *, replication: bool = False, doing: str = "cannot connect
 
     try:
         if replication:
-            return psycopg2.connect(dsn, connection_factory=psycopg2.extras.LogicalReplicationConnection,
-                                    connect_timeout=10)
+            return psycopg2.connect(
+                dsn, connection_factory=psycopg2.extras.LogicalReplicationConnection, connect_timeout=10
+            )
         conn = psycopg2.connect(dsn, connect_timeout=10, application_name="mirrorline capture")
         conn.autocommit = True
         return conn
@@ -88,18 +92,22 @@ def _fetch(conn: Any, sql: str, args: Iterable[Any] = ()) -> list[tuple[Any, ...
 
 
 def check_server(conn: Any) -> None:
-    (version,), = _fetch(conn, "SELECT current_setting('server_version_num')::int")
+    ((version,),) = _fetch(conn, "SELECT current_setting('server_version_num')::int")
     if version < 140000:
-        raise SourceError(f"the source runs PostgreSQL {version // 10000}; mirrorline needs 14 or newer "
-                          "(pgoutput protocol version 2 with streaming)")
-    (level,), = _fetch(conn, "SELECT current_setting('wal_level')")
+        raise SourceError(
+            f"the source runs PostgreSQL {version // 10000}; mirrorline needs 14 or newer "
+            "(pgoutput protocol version 2 with streaming)"
+        )
+    ((level,),) = _fetch(conn, "SELECT current_setting('wal_level')")
     if level != "logical":
-        raise SourceError(f"the source has wal_level = {level}; logical decoding needs wal_level = logical",
-                          hint="set wal_level = logical in postgresql.conf and restart the server")
+        raise SourceError(
+            f"the source has wal_level = {level}; logical decoding needs wal_level = logical",
+            hint="set wal_level = logical in postgresql.conf and restart the server",
+        )
 
 
 def current_wal_lsn(conn: Any) -> int:
-    (lsn,), = _fetch(conn, "SELECT pg_current_wal_lsn()::text")
+    ((lsn,),) = _fetch(conn, "SELECT pg_current_wal_lsn()::text")
     return parse_lsn(lsn)
 
 
@@ -137,44 +145,62 @@ def describe_tables(conn: Any, config: Config) -> dict[str, SourceTable]:
     index, or REPLICA IDENTITY FULL). Raises :class:`ConfigError` naming the table otherwise."""
     file = str(config.file)
     if not config.tables:
-        raise ConfigError(file, "tables", "no tables configured",
-                          hint='add at least one [tables."schema.name"] section')
+        raise ConfigError(
+            file, "tables", "no tables configured", hint='add at least one [tables."schema.name"] section'
+        )
     out: dict[str, SourceTable] = {}
     for name, tcfg in config.tables.items():
         key_name = f'tables."{name}"'
         schema, rel = split_table_name(name)
         rows = _fetch(conn, _TABLE_SQL, (schema, rel))
         if not rows:
-            raise ConfigError(file, key_name, f"no table {name} in the source database",
-                              hint="create it there, or remove it from the configuration")
+            raise ConfigError(
+                file,
+                key_name,
+                f"no table {name} in the source database",
+                hint="create it there, or remove it from the configuration",
+            )
         oid, relkind, ident, pk, ri = rows[0]
         if relkind not in ("r", "p"):
             kinds = {"v": "a view", "m": "a materialized view", "f": "a foreign table", "S": "a sequence"}
-            raise ConfigError(file, key_name, f"{name} is {kinds.get(relkind, 'not a table')}, which logical "
-                                              "replication cannot publish")
+            raise ConfigError(
+                file,
+                key_name,
+                f"{name} is {kinds.get(relkind, 'not a table')}, which logical replication cannot publish",
+            )
         columns = tuple(Column(n, t, int(o), int(m), not nn) for n, o, m, t, nn in _fetch(conn, _COLUMNS_SQL, (oid,)))
         names = [c.name for c in columns]
         pk = tuple(pk or ())
         identity: tuple[str, ...] = {"d": pk, "i": tuple(ri or ()), "f": tuple(names), "n": ()}.get(ident, ())
         if not identity:
             what = "has no primary key" if ident == "d" else "has REPLICA IDENTITY NOTHING"
-            raise ConfigError(file, key_name, f"{name} {what} and no REPLICA IDENTITY FULL: its updates and deletes "
-                                              "cannot be captured with a key",
-                              hint=f"add a primary key, or run ALTER TABLE {quote_table(name)} REPLICA IDENTITY FULL")
+            raise ConfigError(
+                file,
+                key_name,
+                f"{name} {what} and no REPLICA IDENTITY FULL: its updates and deletes cannot be captured with a key",
+                hint=f"add a primary key, or run ALTER TABLE {quote_table(name)} REPLICA IDENTITY FULL",
+            )
         if tcfg.key:
             unknown = [k for k in tcfg.key if k not in names]
             if unknown:
                 raise ConfigError(file, f"{key_name}.key", f"{name} has no column(s) {', '.join(unknown)}")
             outside = [k for k in tcfg.key if k not in identity]
             if outside:
-                raise ConfigError(file, f"{key_name}.key",
-                                  f"key column(s) {', '.join(outside)} are not in {name}'s replica identity "
-                                  f"({', '.join(identity)}), so deletes would not carry them",
-                                  hint=f"configure a key among those columns, or ALTER TABLE {quote_table(name)} "
-                                       "REPLICA IDENTITY FULL")
+                raise ConfigError(
+                    file,
+                    f"{key_name}.key",
+                    f"key column(s) {', '.join(outside)} are not in {name}'s replica identity "
+                    f"({', '.join(identity)}), so deletes would not carry them",
+                    hint=f"configure a key among those columns, or ALTER TABLE {quote_table(name)} "
+                    "REPLICA IDENTITY FULL",
+                )
         elif ident == "f" and not pk and not default_key(columns):
-            raise ConfigError(file, key_name, f"{name} has no primary key and only large-object columns, so it has "
-                                              "no usable key", hint="add a primary key, or configure tables.key")
+            raise ConfigError(
+                file,
+                key_name,
+                f"{name} has no primary key and only large-object columns, so it has no usable key",
+                hint="add a primary key, or configure tables.key",
+            )
         info = TableInfo(name, tuple(tcfg.key), pk, frozenset(c.name for c in columns if not c.nullable))
         out[name] = SourceTable(name, int(oid), ident, pk, identity, columns, info)
     return out
@@ -219,8 +245,12 @@ def reconcile_publication(conn: Any, publication: str, tables: Iterable[str]) ->
     old_autocommit = conn.autocommit
     conn.autocommit = False
     try:
-        rows = _fetch(conn, "SELECT puballtables, pubinsert AND pubupdate AND pubdelete AND pubtruncate "
-                            "FROM pg_publication WHERE pubname = %s", (publication,))
+        rows = _fetch(
+            conn,
+            "SELECT puballtables, pubinsert AND pubupdate AND pubdelete AND pubtruncate "
+            "FROM pg_publication WHERE pubname = %s",
+            (publication,),
+        )
         if not rows:
             _fetch(conn, f"CREATE PUBLICATION {pub} FOR TABLE {', '.join(quote_table(t) for t in wanted)}")
             report.created = True
@@ -228,18 +258,23 @@ def reconcile_publication(conn: Any, publication: str, tables: Iterable[str]) ->
         else:
             all_tables, publishes_all = rows[0]
             if all_tables:
-                raise SourceError(f"publication {publication} is FOR ALL TABLES, so mirrorline cannot reconcile it "
-                                  "with the configured tables",
-                                  hint="set [source] publication to a name of mirrorline's own")
-            current = sorted(f"{s}.{t}" for s, t in _fetch(
-                conn, "SELECT schemaname, tablename FROM pg_publication_tables WHERE pubname = %s", (publication,)))
+                raise SourceError(
+                    f"publication {publication} is FOR ALL TABLES, so mirrorline cannot reconcile it "
+                    "with the configured tables",
+                    hint="set [source] publication to a name of mirrorline's own",
+                )
+            current = sorted(
+                f"{s}.{t}"
+                for s, t in _fetch(
+                    conn, "SELECT schemaname, tablename FROM pg_publication_tables WHERE pubname = %s", (publication,)
+                )
+            )
             report.added = [t for t in wanted if t not in current]
             report.removed = [t for t in current if t not in wanted]
             if report.added:
                 _fetch(conn, f"ALTER PUBLICATION {pub} ADD TABLE {', '.join(quote_table(t) for t in report.added)}")
             if report.removed:
-                _fetch(conn, f"ALTER PUBLICATION {pub} DROP TABLE "
-                             f"{', '.join(quote_table(t) for t in report.removed)}")
+                _fetch(conn, f"ALTER PUBLICATION {pub} DROP TABLE {', '.join(quote_table(t) for t in report.removed)}")
             if not publishes_all:
                 _fetch(conn, f"ALTER PUBLICATION {pub} SET (publish = 'insert, update, delete, truncate')")
                 report.publish_fixed = True
@@ -258,16 +293,23 @@ def reconcile_publication(conn: Any, publication: str, tables: Iterable[str]) ->
 def ensure_slot(conn: Any, slot: str) -> bool:
     """Create the logical replication slot (pgoutput) if it is missing; True when created. An existing slot must be
     a logical pgoutput slot of this database."""
-    rows = _fetch(conn, "SELECT plugin, slot_type, database = current_database() FROM pg_replication_slots "
-                        "WHERE slot_name = %s", (slot,))
+    rows = _fetch(
+        conn,
+        "SELECT plugin, slot_type, database = current_database() FROM pg_replication_slots WHERE slot_name = %s",
+        (slot,),
+    )
     if rows:
         plugin, kind, same_db = rows[0]
         if kind != "logical" or plugin != "pgoutput":
-            raise SourceError(f"replication slot {slot} exists but is a {kind} slot of plugin {plugin}",
-                              hint="set [source] slot to another name, or drop that slot")
+            raise SourceError(
+                f"replication slot {slot} exists but is a {kind} slot of plugin {plugin}",
+                hint="set [source] slot to another name, or drop that slot",
+            )
         if not same_db:
-            raise SourceError(f"replication slot {slot} belongs to another database",
-                              hint="set [source] slot to a name of its own for this source")
+            raise SourceError(
+                f"replication slot {slot} belongs to another database",
+                hint="set [source] slot to a name of its own for this source",
+            )
         return False
     _fetch(conn, "SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
     return True

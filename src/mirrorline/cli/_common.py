@@ -6,7 +6,6 @@ import argparse
 from typing import TYPE_CHECKING
 
 from mirrorline.config import Config
-from mirrorline.errors import NotBuiltError
 
 if TYPE_CHECKING:
     from mirrorline.pipeline import UnitReport
@@ -18,15 +17,13 @@ def load_config(args: argparse.Namespace) -> Config:
     return config.load(args.config)
 
 
-def not_built(command: str, issue: str) -> NotBuiltError:
-    return NotBuiltError(f"'{command}' is not built yet", hint=f"it arrives with {issue}")
-
-
 def print_unit(r: UnitReport) -> None:
     """One stderr line per applied unit."""
     import sys
 
     secs = ", ".join(f"{n} {s:.2f}s" for n, s in r.apply_seconds.items())
     how = "compiled" if r.compiled else "reused"
-    print(f"unit {r.start}..{r.end}: {r.changes} changes, {how} in {r.compile_seconds:.2f}s, applied: {secs}",
-          file=sys.stderr)
+    print(
+        f"unit {r.start}..{r.end}: {r.changes} changes, {how} in {r.compile_seconds:.2f}s, applied: {secs}",
+        file=sys.stderr,
+    )

@@ -9,8 +9,9 @@ from mirrorline.cli.main import add_config_argument
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_config_argument(p)
-    p.add_argument("--once", action="store_true",
-                   help="stop once everything the source had committed at start is in the log")
+    p.add_argument(
+        "--once", action="store_true", help="stop once everything the source had committed at start is in the log"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -38,7 +39,10 @@ def run(args: argparse.Namespace) -> int:
     finally:
         signal.signal(signal.SIGTERM, previous)
     durable = str(stats.durable) if stats.durable is not None else "empty"
-    print(f"captured {stats.changes} changes in {stats.transactions} transactions ({stats.streamed} streamed, "
-          f"{stats.skipped} already in the log); log durable through {durable}, reported flushed "
-          f"{format_lsn(stats.durable_lsn)}", file=sys.stderr)
+    print(
+        f"captured {stats.changes} changes in {stats.transactions} transactions ({stats.streamed} streamed, "
+        f"{stats.skipped} already in the log); log durable through {durable}, reported flushed "
+        f"{format_lsn(stats.durable_lsn)}",
+        file=sys.stderr,
+    )
     return 0

@@ -23,8 +23,10 @@ def run(args: argparse.Namespace) -> int:
     applier = Applier(config)
     try:
         n = applier.compile_ahead(
-            on_unit=lambda b: print(f"compiled {b.start}..{b.end}: {b.changes} changes, tables "
-                                    f"{', '.join(b.tables)}", file=sys.stderr))
+            on_unit=lambda b: print(
+                f"compiled {b.start}..{b.end}: {b.changes} changes, tables {', '.join(b.tables)}", file=sys.stderr
+            )
+        )
     finally:
         applier.close()
     print(f"compiled {n} units", file=sys.stderr)

@@ -9,8 +9,9 @@ import argparse
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--transactions", type=int, default=2000, help="random transactions to run (default 2000)")
-    p.add_argument("--large", type=int, default=100_000,
-                   help="rows of the one large (streamed) transaction (default 100000)")
+    p.add_argument(
+        "--large", type=int, default=100_000, help="rows of the one large (streamed) transaction (default 100000)"
+    )
     p.add_argument("--keep", metavar="DIR", help="keep the demo's files (config, log, targets) in DIR")
 
 

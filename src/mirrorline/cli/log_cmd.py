@@ -22,9 +22,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     exp = sub.add_parser("export", help="write the change log as daystream lines to stdout")
     add_config_argument(exp)
     exp.add_argument("--format", choices=["daystream"], default="daystream", help="the line format (daystream)")
-    exp.add_argument("--from", dest="start", metavar="POS|TIME",
-                     help="start after this position (16/B374D848:3) or at this time (ISO 8601, or seconds since "
-                     "the epoch as in daystream's _c)")
+    exp.add_argument(
+        "--from",
+        dest="start",
+        metavar="POS|TIME",
+        help="start after this position (16/B374D848:3) or at this time (ISO 8601, or seconds since "
+        "the epoch as in daystream's _c)",
+    )
 
 
 def parse_start(text: str) -> tuple[Position | None, int | None]:
@@ -41,8 +45,10 @@ def parse_start(text: str) -> tuple[Position | None, int | None]:
     try:
         dt = datetime.fromisoformat(text)
     except ValueError:
-        raise UsageError(f"--from: {text!r} is neither a position (16/B374D848:3) nor a time (ISO 8601 such as "
-                         "2017-10-09T00:00:00Z, or seconds since the epoch)") from None
+        raise UsageError(
+            f"--from: {text!r} is neither a position (16/B374D848:3) nor a time (ISO 8601 such as "
+            "2017-10-09T00:00:00Z, or seconds since the epoch)"
+        ) from None
     if dt.tzinfo is None:
         dt = dt.replace(tzinfo=UTC)
     delta = dt - datetime(1970, 1, 1, tzinfo=UTC)
@@ -56,11 +62,14 @@ def run(args: argparse.Namespace) -> int:
     if args.log_action == "import":
         from mirrorline.log.interchange import import_daystream
 
-        r = import_daystream(cfg.log.path, [Path(f) for f in args.files], cfg.tables,
-                             segment_changes=cfg.log.segment_changes)
+        r = import_daystream(
+            cfg.log.path, [Path(f) for f in args.files], cfg.tables, segment_changes=cfg.log.segment_changes
+        )
         where = f", positions {r.first} .. {r.last}" if r.first is not None else ""
-        print(f"imported {r.changes} changes in {r.transactions} transactions from {r.files} file(s){where}",
-              file=sys.stderr)
+        print(
+            f"imported {r.changes} changes in {r.transactions} transactions from {r.files} file(s){where}",
+            file=sys.stderr,
+        )
         return 0
     from mirrorline.log.interchange import export_daystream
     from mirrorline.log.reader import ChangeLog

@@ -30,16 +30,20 @@ COMMANDS: list[tuple[str, str, str]] = [
 
 
 def add_config_argument(p: argparse.ArgumentParser) -> None:
-    p.add_argument("-c", "--config", default=os.environ.get("MIRRORLINE_CONFIG", "mirrorline.toml"),
-                   help="configuration file (TOML; default: $MIRRORLINE_CONFIG or ./mirrorline.toml)")
+    p.add_argument(
+        "-c",
+        "--config",
+        default=os.environ.get("MIRRORLINE_CONFIG", "mirrorline.toml"),
+        help="configuration file (TOML; default: $MIRRORLINE_CONFIG or ./mirrorline.toml)",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="mirrorline",
         description="Change-data-capture replication of PostgreSQL tables: capture once through pgoutput, stage in "
-        "a durable change log, compile net row changes with Spark, apply set-based to PostgreSQL, SQLite, DuckDB "
-        "and Parquet targets, exactly once.",
+        "a durable change log, compile net row changes with Spark, apply set-based to PostgreSQL, SQLite and "
+        "DuckDB targets, exactly once.",
         epilog="Exit status: 0 success, 1 verify found a difference, 2 usage or configuration error, 3 other failure.",
     )
     parser.add_argument("--version", action="version", version=f"mirrorline {__version__}")

@@ -22,8 +22,7 @@ def run(args: argparse.Namespace) -> int:
     from mirrorline.pipeline import Runner
 
     config = load_config(args)
-    runner = Runner(config, once=args.once, on_unit=print_unit,
-                    on_message=lambda m: print(m, file=sys.stderr))
+    runner = Runner(config, once=args.once, on_unit=print_unit, on_message=lambda m: print(m, file=sys.stderr))
     signal.signal(signal.SIGTERM, lambda *_: runner.stop())
     try:
         result = runner.run()
@@ -31,6 +30,8 @@ def run(args: argparse.Namespace) -> int:
         runner.stop()
         result = runner.result
     where = ", ".join(f"{n} at {p}" for n, p in result.positions.items())
-    print(f"captured {result.captured} changes; applied {result.units} units ({result.applied} changes); {where}",
-          file=sys.stderr)
+    print(
+        f"captured {result.captured} changes; applied {result.units} units ({result.applied} changes); {where}",
+        file=sys.stderr,
+    )
     return 0

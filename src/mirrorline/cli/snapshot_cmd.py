@@ -21,8 +21,12 @@ def _common(p: argparse.ArgumentParser) -> None:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_config_argument(p)
     p.add_argument("--target", help="the target to load over the wire")
-    p.add_argument("--table", action="append", metavar="SCHEMA.NAME",
-                   help="only this configured table (repeatable): a table added to a live target")
+    p.add_argument(
+        "--table",
+        action="append",
+        metavar="SCHEMA.NAME",
+        help="only this configured table (repeatable): a table added to a live target",
+    )
     _common(p)
     sub = p.add_subparsers(dest="action", metavar="ACTION")
     exp = sub.add_parser("export", help="write a consistent snapshot of the source as a folder of chunk files")
@@ -47,9 +51,10 @@ def run(args: argparse.Namespace) -> int:
         res = load_snapshot(cfg, args.target, args.dir, options=opts)
     else:
         if not args.target:
-            raise UsageError("snapshot needs --target NAME (or the export / load actions)",
-                             hint="mirrorline snapshot --target NAME, snapshot export DIR, snapshot load --target "
-                                  "NAME DIR")
+            raise UsageError(
+                "snapshot needs --target NAME (or the export / load actions)",
+                hint="mirrorline snapshot --target NAME, snapshot export DIR, snapshot load --target NAME DIR",
+            )
         res = snapshot_target(cfg, args.target, tables=args.table, options=opts)
     print(json.dumps(res.to_json()) if args.json else res.summary())
     if res.folder is not None and args.action == "export" and not args.json:

@@ -15,8 +15,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_config_argument(p)
     p.add_argument("--target", action="append", help="only this target (repeatable; default: every target)")
     p.add_argument("--json", action="store_true", help="one JSON document instead of text")
-    p.add_argument("--wait", type=float, default=120.0, metavar="SECONDS",
-                   help="how long to wait for capture to reach the verification point (default 120)")
+    p.add_argument(
+        "--wait",
+        type=float,
+        default=120.0,
+        metavar="SECONDS",
+        help="how long to wait for capture to reach the verification point (default 120)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:

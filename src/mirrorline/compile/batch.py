@@ -47,16 +47,18 @@ NET_DDL = (
     "unchanged ARRAY<STRING> NOT NULL, lsn BIGINT NOT NULL, seq BIGINT NOT NULL, moved_from ARRAY<STRING>"
 )
 
-NET_ARROW = pa.schema([
-    pa.field("table", pa.string(), nullable=False),
-    pa.field("kind", pa.string(), nullable=False),
-    pa.field("key", pa.list_(pa.string()), nullable=False),
-    pa.field("new", pa.map_(pa.string(), pa.string())),
-    pa.field("unchanged", pa.list_(pa.string()), nullable=False),
-    pa.field("lsn", pa.int64(), nullable=False),
-    pa.field("seq", pa.int64(), nullable=False),
-    pa.field("moved_from", pa.list_(pa.string())),
-])
+NET_ARROW = pa.schema(
+    [
+        pa.field("table", pa.string(), nullable=False),
+        pa.field("kind", pa.string(), nullable=False),
+        pa.field("key", pa.list_(pa.string()), nullable=False),
+        pa.field("new", pa.map_(pa.string(), pa.string())),
+        pa.field("unchanged", pa.list_(pa.string()), nullable=False),
+        pa.field("lsn", pa.int64(), nullable=False),
+        pa.field("seq", pa.int64(), nullable=False),
+        pa.field("moved_from", pa.list_(pa.string())),
+    ]
+)
 
 
 POSITION_COLUMNS = ("_ml_lsn", "_ml_seq")  # the position of each row of an Inserts table
@@ -82,27 +84,41 @@ class Inserts:
         width = len(cols)
         offsets = pa.array(np.arange(0, (n + 1) * width, width, dtype=np.int32) if width else np.zeros(n + 1, np.int32))
         names = pa.array(np.tile(np.array(cols, dtype=object), n), pa.string())
-        values = pa.concat_arrays([self.rows[c].combine_chunks().cast(pa.string()) for c in cols]) if width else (
-            pa.array([], pa.string()))
-        interleave = (np.arange(n * width, dtype=np.int64).reshape(width, n).T.reshape(-1) if width
-                      else np.array([], np.int64))
+        values = (
+            pa.concat_arrays([self.rows[c].combine_chunks().cast(pa.string()) for c in cols])
+            if width
+            else (pa.array([], pa.string()))
+        )
+        interleave = (
+            np.arange(n * width, dtype=np.int64).reshape(width, n).T.reshape(-1) if width else np.array([], np.int64)
+        )
         new = pa.MapArray.from_arrays(offsets, names, values.take(pa.array(interleave)))
         key_cols = [self.rows[k].combine_chunks().cast(pa.string()) for k in self.key]
-        k_offsets = pa.array(np.arange(0, (n + 1) * len(key_cols), len(key_cols), dtype=np.int32)
-                             if key_cols else np.zeros(n + 1, np.int32))
-        k_values = (pa.concat_arrays(key_cols).take(pa.array(
-            np.arange(n * len(key_cols), dtype=np.int64).reshape(len(key_cols), n).T.reshape(-1)))
-            if key_cols else pa.array([], pa.string()))
-        return pa.table({
-            "table": pa.array([table] * n, pa.string()),
-            "kind": pa.array(["I"] * n, pa.string()),
-            "key": pa.ListArray.from_arrays(k_offsets, k_values),
-            "new": new,
-            "unchanged": pa.array([[]] * n, pa.list_(pa.string())),
-            "lsn": self.rows[POSITION_COLUMNS[0]],
-            "seq": self.rows[POSITION_COLUMNS[1]],
-            "moved_from": pa.nulls(n, pa.list_(pa.string())),
-        }, schema=NET_ARROW)
+        k_offsets = pa.array(
+            np.arange(0, (n + 1) * len(key_cols), len(key_cols), dtype=np.int32)
+            if key_cols
+            else np.zeros(n + 1, np.int32)
+        )
+        k_values = (
+            pa.concat_arrays(key_cols).take(
+                pa.array(np.arange(n * len(key_cols), dtype=np.int64).reshape(len(key_cols), n).T.reshape(-1))
+            )
+            if key_cols
+            else pa.array([], pa.string())
+        )
+        return pa.table(
+            {
+                "table": pa.array([table] * n, pa.string()),
+                "kind": pa.array(["I"] * n, pa.string()),
+                "key": pa.ListArray.from_arrays(k_offsets, k_values),
+                "new": new,
+                "unchanged": pa.array([[]] * n, pa.list_(pa.string())),
+                "lsn": self.rows[POSITION_COLUMNS[0]],
+                "seq": self.rows[POSITION_COLUMNS[1]],
+                "moved_from": pa.nulls(n, pa.list_(pa.string())),
+            },
+            schema=NET_ARROW,
+        )
 
 
 @dataclass

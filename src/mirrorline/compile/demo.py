@@ -79,10 +79,7 @@ def run_demo(changes: int, keep: str | None, *, seed: int = 1, out: TextIO | Non
     width = max(len(t) for t in batch.tables) if batch.tables else 0
     for t in batch.tables:
         c = counts[t]
-        say(
-            f"  {t:<{width}}  {c['D']:>9,} D  {c['U']:>9,} U  {c['I']:>9,} I   "
-            f"(from {per_table.get(t, 0):,} changes)"
-        )
+        say(f"  {t:<{width}}  {c['D']:>9,} D  {c['U']:>9,} U  {c['I']:>9,} I   (from {per_table.get(t, 0):,} changes)")
     if keep:
         say(f"files kept in {base}: log/ (the unit, in the log row layout) and net/ (the net rows, Parquet)")
     else:

@@ -67,12 +67,22 @@ def _flat(changes: DataFrame, schemas: Mapping[str, TableSchema]) -> DataFrame:
                 expr = expr.when(F.col("table") == t, v)
         cols.append(expr.alias(f"g{j}"))
     return changes.where(F.col("table").isin(list(names))).select(
-        "table", F.xxhash64("table", "key").alias(_HASH), F.col("lsn").alias(POSITION_COLUMNS[0]),
-        F.col("seq").alias(POSITION_COLUMNS[1]), *cols)
+        "table",
+        F.xxhash64("table", "key").alias(_HASH),
+        F.col("lsn").alias(POSITION_COLUMNS[0]),
+        F.col("seq").alias(POSITION_COLUMNS[1]),
+        *cols,
+    )
 
 
-def compile_inserts(changes: DataFrame, stats: Stats, schemas: Mapping[str, TableSchema], start: Position,
-                    end: Position, actions: Actions | None = None) -> NetBatch | None:
+def compile_inserts(
+    changes: DataFrame,
+    stats: Stats,
+    schemas: Mapping[str, TableSchema],
+    start: Position,
+    end: Position,
+    actions: Actions | None = None,
+) -> NetBatch | None:
     """Compile ``(start, end]`` of ``changes`` (log layout; :func:`qualifies` holds for ``stats``, its statistics),
     the tables' schemas at ``end`` given. None when a (table, key) hash repeats: compile the unit the general way."""
     from mirrorline.log.spark import range_filter
@@ -92,5 +102,4 @@ def compile_inserts(changes: DataFrame, stats: Stats, schemas: Mapping[str, Tabl
         cols = {c: part[f"g{j}"] for j, c in enumerate(s.column_names)}
         cols.update({p: part[p] for p in POSITION_COLUMNS})
         out[t] = Inserts(pa.table(cols), tuple(s.key))
-    return NetBatch(start=start, end=end, tables=order, inserts=out,
-                    changes=sum(stats[t].count for t in stats))
+    return NetBatch(start=start, end=end, tables=order, inserts=out, changes=sum(stats[t].count for t in stats))

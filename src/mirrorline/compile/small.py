@@ -72,10 +72,12 @@ def _earliest_error(rows: pa.Table) -> InvalidSequenceError:
     """The earliest of the unit's E rows, ordered as the general path orders them."""
     from mirrorline.compile.spark import error_of
 
-    return error_of(min(
-        rows.to_pylist(),
-        key=lambda r: (r["err"]["second_lsn"], r["err"]["second_seq"], r["err"]["second_sub"], r["table"]),
-    ))
+    return error_of(
+        min(
+            rows.to_pylist(),
+            key=lambda r: (r["err"]["second_lsn"], r["err"]["second_seq"], r["err"]["second_sub"], r["table"]),
+        )
+    )
 
 
 class SmallUnits:
@@ -105,8 +107,9 @@ class SmallUnits:
         from mirrorline.compile.spark import _acts, _meta_from_stats
 
         if any(s.truncates or s.moves for s in stats.values()):
-            raise ValueError("a unit with a TRUNCATE or a key change leaving columns unsent takes the general path "
-                             "(compile_changes)")
+            raise ValueError(
+                "a unit with a TRUNCATE or a key change leaving columns unsent takes the general path (compile_changes)"
+            )
         meta = _meta_from_stats(stats, _acts(self.actions))
         tables = [t for _, t in sorted((m.first, m.table) for m in meta if m.first is not None)]
         changes = sum(m.n for m in meta)

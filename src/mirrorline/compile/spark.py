@@ -186,8 +186,15 @@ def _meta_job(changes: DataFrame, acts: Mapping[str, frozenset[str]], key_change
         for r in changes.where((F.col("op") == "T") & kept_row).select("table", "lsn", "seq").collect():
             truncs.setdefault(r["table"], []).append(Position(r["lsn"], r["seq"]))
     return [
-        _TableMeta(r["table"], int(r["n"]), _dec_pos(r["first"]) if r["first"] is not None else None,
-                   _dec_pos(r["last"]), truncs.get(r["table"], []), int(r["key_changes"]), int(r["moves"]))
+        _TableMeta(
+            r["table"],
+            int(r["n"]),
+            _dec_pos(r["first"]) if r["first"] is not None else None,
+            _dec_pos(r["last"]),
+            truncs.get(r["table"], []),
+            int(r["key_changes"]),
+            int(r["moves"]),
+        )
         for r in rows
     ]
 
@@ -197,13 +204,29 @@ def _meta_from_stats(stats: Stats, acts: Mapping[str, frozenset[str]]) -> list[_
     out = []
     for table, st in stats.items():
         kept = acts.get(table, ALL_ACTIONS)
-        out.append(_TableMeta(table, st.count, st.first_kept(kept), st.last,
-                              list(st.truncates) if "T" in kept_kinds(kept) else [], st.key_changes, st.moves))
+        out.append(
+            _TableMeta(
+                table,
+                st.count,
+                st.first_kept(kept),
+                st.last,
+                list(st.truncates) if "T" in kept_kinds(kept) else [],
+                st.key_changes,
+                st.moves,
+            )
+        )
     return out
 
 
-def _plan(changes: DataFrame, actions: Actions | None, start: Position | None, end: Position | None,
-          stats: Stats | None = None, meta: list[_TableMeta] | None = None, single: bool = False) -> _Plan:
+def _plan(
+    changes: DataFrame,
+    actions: Actions | None,
+    start: Position | None,
+    end: Position | None,
+    stats: Stats | None = None,
+    meta: list[_TableMeta] | None = None,
+    single: bool = False,
+) -> _Plan:
     """The unit's net rows as a plan. ``meta``: the tables' metadata as given (else from ``stats``, else from a
     job). ``single``: group in one partition without a shuffle (a small unit whose rows are already in one)."""
     from pyspark.sql import functions as F
@@ -449,9 +472,11 @@ def compile_changes(
 
         seen = Observation("mirrorline_compile")
         with _sort_aggregate(spark):
-            plan.net_all.observe(seen, F.count_if(F.col("kind") == "E").alias("errors"),
-                                 F.count_if(F.col("kind").isin("D", "U", "I")).alias("net")).write.mode(
-                "overwrite").parquet(first)
+            plan.net_all.observe(
+                seen,
+                F.count_if(F.col("kind") == "E").alias("errors"),
+                F.count_if(F.col("kind").isin("D", "U", "I")).alias("net"),
+            ).write.mode("overwrite").parquet(first)
         written = spark.read.schema(f"{NET_DDL}, {_MOVES_DDL + ', ' if plan.moves else ''}{_ERR_DDL}").parquet(first)
         errors = _errors(written, 1) if seen.get.get("errors", 1) else []
         if plan.moves and not errors:

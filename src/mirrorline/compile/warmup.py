@@ -37,8 +37,14 @@ def synthetic_unit(spark: Any, rows: int = WARM_UP_ROWS) -> Any:
     k = F.floor(F.col("id") / 4)
     j = F.col("id") % 4
     op = F.when(j == 0, "I").when((j == 3) & (k % 2 == 0), "D").otherwise("U")
-    new = F.create_map(F.lit("id"), k.cast("string"), F.lit("v"), F.col("id").cast("string"),
-                       F.lit("pad"), F.md5(F.col("id").cast("string")))
+    new = F.create_map(
+        F.lit("id"),
+        k.cast("string"),
+        F.lit("v"),
+        F.col("id").cast("string"),
+        F.lit("pad"),
+        F.md5(F.col("id").cast("string")),
+    )
     df = spark.range(rows).select(
         (F.col("id") + 1).alias("lsn"),
         F.lit(0).cast("bigint").alias("seq"),
@@ -100,13 +106,35 @@ def synthetic_rows(rows: int = SMALL_WARM_UP_ROWS, key_changes: bool = False) ->
         k, j = i // 4, i % 4
         op = "I" if j == 0 else "D" if j == 3 and k % 2 == 0 else "U"
         new = None if op == "D" else {"id": str(k), "v": str(i), "pad": hashlib.md5(str(i).encode()).hexdigest()}
-        out.append({"lsn": i + 1, "seq": 0, "ts": 0, "xid": i + 1, "table": f"warm_up.t{k % 3}", "op": op,
-                    "key": [str(k)], "old_key": None, "new": new, "unchanged": [], "schema_version": 1})
+        out.append(
+            {
+                "lsn": i + 1,
+                "seq": 0,
+                "ts": 0,
+                "xid": i + 1,
+                "table": f"warm_up.t{k % 3}",
+                "op": op,
+                "key": [str(k)],
+                "old_key": None,
+                "new": new,
+                "unchanged": [],
+                "schema_version": 1,
+            }
+        )
     if key_changes and out:
         last = out[-1]
         moved = str(rows)
-        out.append({**last, "lsn": rows + 1, "xid": rows + 1, "op": "U", "old_key": last["key"], "key": [moved],
-                    "new": {**(last["new"] or {}), "id": moved}})
+        out.append(
+            {
+                **last,
+                "lsn": rows + 1,
+                "xid": rows + 1,
+                "op": "U",
+                "old_key": last["key"],
+                "key": [moved],
+                "new": {**(last["new"] or {}), "id": moved},
+            }
+        )
         if last["op"] == "D":
             out.pop()
     return pa.Table.from_pylist(out, schema=ARROW_SCHEMA)

@@ -52,8 +52,9 @@ def _constant(value: int, n: int) -> pa.Array:
     return pa.array(np.full(n, value, dtype=np.int64))
 
 
-def changes_to_arrow(changes: Sequence[Change], lsn: int, ts: int, seq_start: int = 0, xid: int | None = None
-                     ) -> pa.Table:
+def changes_to_arrow(
+    changes: Sequence[Change], lsn: int, ts: int, seq_start: int = 0, xid: int | None = None
+) -> pa.Table:
     """A transaction's changes -> a table in the log layout with lsn/ts set, seq = ``seq_start`` + index, and xid
     from each change (or ``xid`` when given). ``Change.pos`` and ``Change.commit_ts`` are not used."""
     n = len(changes)
@@ -110,13 +111,16 @@ def conform(data: pa.Table | pa.RecordBatch) -> pa.Table:
     if table.schema.equals(ARROW_SCHEMA):
         return table
     if table.schema.names != NAMES:
-        raise LogError(f"Arrow input has columns {table.schema.names}, expected the log layout {NAMES}",
-                       hint="build it with mirrorline.log.rows.ARROW_SCHEMA")
+        raise LogError(
+            f"Arrow input has columns {table.schema.names}, expected the log layout {NAMES}",
+            hint="build it with mirrorline.log.rows.ARROW_SCHEMA",
+        )
     try:
         return table.cast(ARROW_SCHEMA)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, ValueError) as e:
-        raise LogError(f"Arrow input does not fit the log layout: {e}",
-                       hint="build it with mirrorline.log.rows.ARROW_SCHEMA") from None
+        raise LogError(
+            f"Arrow input does not fit the log layout: {e}", hint="build it with mirrorline.log.rows.ARROW_SCHEMA"
+        ) from None
 
 
 def with_constants(table: pa.Table, **columns: int) -> pa.Table:
@@ -144,8 +148,10 @@ def lsn_span(table: pa.Table) -> tuple[int, int] | None:
     if n > 1:
         arr = lsn.to_numpy()
         if bool(np.any(arr[1:] < arr[:-1])):
-            raise LogError("Arrow input rows are not in commit order (lsn goes backwards)",
-                           hint="hand in whole transactions, rows in commit order")
+            raise LogError(
+                "Arrow input rows are not in commit order (lsn goes backwards)",
+                hint="hand in whole transactions, rows in commit order",
+            )
     return int(lsn[0].as_py()), int(lsn[-1].as_py())
 
 

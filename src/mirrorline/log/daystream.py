@@ -79,7 +79,7 @@ def unescape(text: str) -> str:
             out.append(int(text[j + 1 : j + 4], 8) & 0xFF)
             i = j + 4
         else:
-            raise LineError(f"bad escape {text[j:j + 4]!r} (expected \\t, \\n, \\\\ or \\NNN octal)")
+            raise LineError(f"bad escape {text[j : j + 4]!r} (expected \\t, \\n, \\\\ or \\NNN octal)")
     try:
         return out.decode()
     except UnicodeDecodeError:
@@ -164,10 +164,18 @@ def parse_line(text: str) -> Line | None:
     return line
 
 
-def format_line(c: int, s: int, table: str, xid: int, action: str, columns: Iterable[tuple[str, str]],
-                unchanged: Iterable[str] = (), pad: bool = False) -> str:
+def format_line(
+    c: int,
+    s: int,
+    table: str,
+    xid: int,
+    action: str,
+    columns: Iterable[tuple[str, str]],
+    unchanged: Iterable[str] = (),
+    pad: bool = False,
+) -> str:
     """One daystream line (no line end). ``c`` in whole seconds."""
-    name = table[len("public."):] if table.startswith("public.") else table
+    name = table[len("public.") :] if table.startswith("public.") else table
     parts = ["_c", str(c), "_s", str(s), "_table", escape(name), "_xid", str(xid), "_action", action]
     names = sorted(unchanged)
     if names:
@@ -234,15 +242,17 @@ class Decoder:
         schema = self.schema_of(line.table)
         unknown = [c for c in list(line.columns) + list(line.unchanged) if c not in schema.column_names]
         if unknown:
-            raise LineError(f"{line.table} has no column(s) {', '.join(unknown)} (its columns: "
-                            f"{', '.join(schema.column_names)})")
+            raise LineError(
+                f"{line.table} has no column(s) {', '.join(unknown)} (its columns: {', '.join(schema.column_names)})"
+            )
         old_key = None
         if self._replace is not None:
             table, old_key = self._replace
             self._replace = None
             if line.action != "update" or line.table != table:
-                raise LineError(f"a replace line must be followed by the update of {table}, got {line.action} "
-                                f"of {line.table}")
+                raise LineError(
+                    f"a replace line must be followed by the update of {table}, got {line.action} of {line.table}"
+                )
         if line.action == "replace":
             self._replace = (line.table, self._key(line, schema))
             return None
@@ -258,8 +268,18 @@ class Decoder:
             raise LineError("an insert cannot have _unchanged columns")
         new = {c: line.columns.get(c) for c in schema.column_names if c not in unchanged}
         op = Op.INSERT if line.action == "insert" else Op.UPDATE
-        return Change(ZERO, 0, txn.xid, line.table, op, key, new, unchanged,
-                      old_key if old_key is not None and old_key != key else None, schema.version)
+        return Change(
+            ZERO,
+            0,
+            txn.xid,
+            line.table,
+            op,
+            key,
+            new,
+            unchanged,
+            old_key if old_key is not None and old_key != key else None,
+            schema.version,
+        )
 
 
 # -- changes -> lines ------------------------------------------------------------------------------------------

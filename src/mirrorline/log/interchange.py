@@ -62,8 +62,10 @@ class _Schemas:
         elif logged is not None:
             columns = logged.columns
         else:
-            raise LineError(f"table {table} has no configured columns and no schema in the log: add "
-                            f'[tables."{table}"] with key = [...] and columns = {{ name = "type", ... }}')
+            raise LineError(
+                f"table {table} has no configured columns and no schema in the log: add "
+                f'[tables."{table}"] with key = [...] and columns = {{ name = "type", ... }}'
+            )
         if cfg is not None and cfg.key:
             key = cfg.key
         elif logged is not None and logged.key and all(k in [c.name for c in columns] for k in logged.key):
@@ -87,18 +89,20 @@ def _transactions(files: Sequence[Path], decoder: Decoder) -> Iterator[Transacti
         if (done := decoder.finish()) is not None:
             yield done
     except LineError as e:
-        raise DecodeError(f"{path}:{lineno}: {e}", hint="fix or remove the line; nothing was imported",
-                          file=str(path), line=lineno) from None
+        raise DecodeError(
+            f"{path}:{lineno}: {e}", hint="fix or remove the line; nothing was imported", file=str(path), line=lineno
+        ) from None
     except UnicodeDecodeError:
-        raise DecodeError(f"{path}:{lineno + 1}: not UTF-8 text", hint="nothing was imported", file=str(path),
-                          line=lineno + 1) from None
+        raise DecodeError(
+            f"{path}:{lineno + 1}: not UTF-8 text", hint="nothing was imported", file=str(path), line=lineno + 1
+        ) from None
     except OSError as e:
-        raise DecodeError(f"{path}: cannot read: {e.strerror}", hint="nothing was imported",
-                          file=str(path)) from None
+        raise DecodeError(f"{path}: cannot read: {e.strerror}", hint="nothing was imported", file=str(path)) from None
 
 
-def import_daystream(root: Path, files: Sequence[Path], tables: Mapping[str, TableConfig] | None = None,
-                     segment_changes: int = 100_000) -> ImportResult:
+def import_daystream(
+    root: Path, files: Sequence[Path], tables: Mapping[str, TableConfig] | None = None, segment_changes: int = 100_000
+) -> ImportResult:
     """Append daystream files to the log at ``root`` (atomically: all of them or nothing)."""
     with LogWriter(root, segment_changes=segment_changes) as writer:
         next_lsn = writer.last_lsn + 1
@@ -135,12 +139,18 @@ def import_daystream(root: Path, files: Sequence[Path], tables: Mapping[str, Tab
 
         before = writer.durable
         durable = writer.append_segment(batches(), record_schemas)
-    return ImportResult(files=len(files), transactions=counts["txns"], changes=counts["changes"],
-                        first=first[0] if first else None, last=durable if durable != before else None)
+    return ImportResult(
+        files=len(files),
+        transactions=counts["txns"],
+        changes=counts["changes"],
+        first=first[0] if first else None,
+        last=durable if durable != before else None,
+    )
 
 
-def export_daystream(log: ChangeLog, out: TextIO, after: Position | None = None, from_ts: int | None = None,
-                     upto: Position | None = None) -> int:
+def export_daystream(
+    log: ChangeLog, out: TextIO, after: Position | None = None, from_ts: int | None = None, upto: Position | None = None
+) -> int:
     """Write the log's changes after ``after`` (or from the first change at or after ``from_ts``, microseconds)
     up to ``upto`` as daystream lines. Returns the number of lines."""
     if from_ts is not None:
@@ -153,4 +163,3 @@ def export_daystream(log: ChangeLog, out: TextIO, after: Position | None = None,
             out.write("\n")
             n += 1
     return n
-

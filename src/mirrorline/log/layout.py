@@ -120,8 +120,11 @@ class Layout:
 
     def require(self) -> None:
         if not self.exists():
-            raise LogError(f"no change log at {self.root}", hint="check [log] path, or start capture/import first",
-                           root=str(self.root))
+            raise LogError(
+                f"no change log at {self.root}",
+                hint="check [log] path, or start capture/import first",
+                root=str(self.root),
+            )
 
 
 def temp_path(folder: Path, suffix: str = "") -> Path:
@@ -161,5 +164,6 @@ def read_json(path: Path) -> Any:
     try:
         return json.loads(path.read_text())
     except (OSError, ValueError) as e:
-        raise LogError(f"cannot read {path}: {e}", hint="the change log is damaged; restore it or rebuild it",
-                       path=str(path)) from None
+        raise LogError(
+            f"cannot read {path}: {e}", hint="the change log is damaged; restore it or rebuild it", path=str(path)
+        ) from None

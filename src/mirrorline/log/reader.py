@@ -79,7 +79,9 @@ class ChangeLog:
                 raise LogError(
                     f"the change log is missing a segment before {info.name} (it follows {info.prev}, the log "
                     f"has {prev if prev is not None else 'nothing'} before it)",
-                    hint="restore the missing segment from a backup, or rebuild the log", segment=info.name)
+                    hint="restore the missing segment from a backup, or rebuild the log",
+                    segment=info.name,
+                )
             prev = info.last
         return infos
 
@@ -127,9 +129,12 @@ class ChangeLog:
         segs = self.segments()
         start = self.start()
         if start is not None and after is not None and after < start:
-            raise LogError(f"position {after} is no longer retained (the log now starts after {start})",
-                           hint="this reader fell behind retention; reload its target (snapshot) and go on",
-                           position=str(after), start=str(start))
+            raise LogError(
+                f"position {after} is no longer retained (the log now starts after {start})",
+                hint="this reader fell behind retention; reload its target (snapshot) and go on",
+                position=str(after),
+                start=str(start),
+            )
         return [s for s in segs if (after is None or s.last > after) and (upto is None or s.first <= upto)]
 
     def count(self, after: Position | None = None, upto: Position | None = None) -> int:
@@ -160,8 +165,9 @@ class ChangeLog:
                 parts.append(table_stats(t if m is None else t.filter(m)))
         return merge(parts)
 
-    def advance(self, after: Position | None, max_changes: int, upto: Position | None = None
-                ) -> tuple[Position | None, int]:
+    def advance(
+        self, after: Position | None, max_changes: int, upto: Position | None = None
+    ) -> tuple[Position | None, int]:
         """The furthest position ``p <= upto`` (default: durable) such that ``(after, p]`` holds at most
         ``max_changes`` changes, ending at a transaction's end where the log allows (a single transaction larger
         than ``max_changes`` is taken whole). Returns ``(p, changes)``; p is ``after`` when nothing is there."""
@@ -207,8 +213,9 @@ class ChangeLog:
 
     # -- rows --------------------------------------------------------------------------------------------------
 
-    def read_arrow(self, after: Position | None = None, upto: Position | None = None,
-                   batch_rows: int = 8192) -> Iterator[pa.Table]:
+    def read_arrow(
+        self, after: Position | None = None, upto: Position | None = None, batch_rows: int = 8192
+    ) -> Iterator[pa.Table]:
         """The rows of ``(after, upto]`` in log order, in bounded batches, log layout."""
         for s in self.select(after, upto):
             inner = (after is None or s.first > after) and (upto is None or s.last <= upto)
@@ -229,8 +236,11 @@ class ChangeLog:
         """The position to read after to start at the first change whose commit ts >= ``ts`` (microseconds)."""
         retained = self.retained()
         if retained is not None and ts <= retained.max_ts:
-            raise LogError(f"changes at {ts} (microseconds since the epoch) are no longer retained",
-                           hint="start at a later time, or reload the target", ts=ts)
+            raise LogError(
+                f"changes at {ts} (microseconds since the epoch) are no longer retained",
+                hint="start at a later time, or reload the target",
+                ts=ts,
+            )
         prev = retained.after if retained is not None else None
         for s in self.segments():
             if s.max_ts >= ts:

@@ -37,8 +37,13 @@ def set_applied(log: ChangeLog, name: str, applied: Position | None) -> None:
     """Register reader ``name`` (or update it) with the position it has applied."""
     layout = log.layout
     layout.readers.mkdir(parents=True, exist_ok=True)
-    rec = {"name": name, "updated": time.time(), "applied": str(applied) if applied is not None else None,
-           "lsn": applied.lsn if applied is not None else None, "seq": applied.seq if applied is not None else None}
+    rec = {
+        "name": name,
+        "updated": time.time(),
+        "applied": str(applied) if applied is not None else None,
+        "lsn": applied.lsn if applied is not None else None,
+        "seq": applied.seq if applied is not None else None,
+    }
     write_json_atomic(layout.readers / _file(name), rec)
 
 
@@ -95,4 +100,3 @@ def check_reader(log: ChangeLog, name: str) -> Position | None:
         raise LogError(f"no reader named {name!r} is registered with the log", reader=name)
     log.select(state.applied)
     return state.applied
-

@@ -37,8 +37,13 @@ def schema_from_json(d: dict[str, Any]) -> TableSchema:
     return TableSchema(
         table=d["table"],
         columns=tuple(
-            Column(name=c["name"], type_name=c.get("type", "text"), type_oid=int(c.get("oid", 0)),
-                   typmod=int(c.get("typmod", -1)), nullable=bool(c.get("nullable", True)))
+            Column(
+                name=c["name"],
+                type_name=c.get("type", "text"),
+                type_oid=int(c.get("oid", 0)),
+                typmod=int(c.get("typmod", -1)),
+                nullable=bool(c.get("nullable", True)),
+            )
             for c in d["columns"]
         ),
         key=tuple(d.get("key") or ()),
@@ -68,8 +73,9 @@ class SchemaStore:
             try:
                 s = schema_from_json(read_json(p))
             except (KeyError, TypeError, ValueError) as e:
-                raise LogError(f"schema file {p} is damaged: {e}", hint="restore the log's schemas folder",
-                               path=str(p)) from None
+                raise LogError(
+                    f"schema file {p} is damaged: {e}", hint="restore the log's schemas folder", path=str(p)
+                ) from None
             self._by_table.setdefault(s.table, {})[s.version] = s
             self._loaded.add(p.name)
 
@@ -85,8 +91,12 @@ class SchemaStore:
             self.refresh()
             s = self._by_table.get(table, {}).get(version)
         if s is None:
-            raise LogError(f"the log has no schema version {version} of {table}",
-                           hint="the log's schemas folder is incomplete", table=table, version=version)
+            raise LogError(
+                f"the log has no schema version {version} of {table}",
+                hint="the log's schemas folder is incomplete",
+                table=table,
+                version=version,
+            )
         return s
 
     def latest(self, table: str) -> TableSchema | None:
@@ -111,4 +121,3 @@ class SchemaStore:
             self._by_table.setdefault(s.table, {})[s.version] = s
             self._loaded.add(name)
         return s
-

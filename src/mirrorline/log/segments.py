@@ -48,9 +48,11 @@ def open_parquet(path: Path) -> pq.ParquetWriter:
 
 
 def damaged(path: Path, reason: object) -> LogError:
-    return LogError(f"change log segment {path} is damaged: {reason}",
-                    hint="restore it from a backup, or rebuild the log from the source; the log is not usable past it",
-                    path=str(path))
+    return LogError(
+        f"change log segment {path} is damaged: {reason}",
+        hint="restore it from a backup, or rebuild the log from the source; the log is not usable past it",
+        path=str(path),
+    )
 
 
 def write_segment(folder: Path, name: str, tables: Iterable[pa.Table], info: SegmentInfo) -> None:
@@ -71,8 +73,13 @@ def write_segment(folder: Path, name: str, tables: Iterable[pa.Table], info: Seg
         raise
 
 
-def write_segment_stream(folder: Path, batches: Iterable[pa.Table], prev: Position | None, min_lsn: int,
-                         before_publish: Callable[[], None] | None = None) -> SegmentInfo | None:
+def write_segment_stream(
+    folder: Path,
+    batches: Iterable[pa.Table],
+    prev: Position | None,
+    min_lsn: int,
+    before_publish: Callable[[], None] | None = None,
+) -> SegmentInfo | None:
     """Stream whole transactions (final lsn/seq/ts, commit order, every lsn > ``min_lsn``) into one new segment.
     It becomes visible only when ``batches`` is exhausted without error (after ``before_publish``); None if empty."""
     tmp = temp_path(folder, ".parquet")
@@ -103,8 +110,18 @@ def write_segment_stream(folder: Path, batches: Iterable[pa.Table], prev: Positi
                 tmp.unlink(missing_ok=True)
                 return None
             name = segment_name(first.lsn, last.lsn)
-            info = SegmentInfo(name=name, path=folder / name, stream=False, first=first, last=last, count=count,
-                               min_ts=min_ts, max_ts=max_ts, prev=prev, tables=stats)
+            info = SegmentInfo(
+                name=name,
+                path=folder / name,
+                stream=False,
+                first=first,
+                last=last,
+                count=count,
+                min_ts=min_ts,
+                max_ts=max_ts,
+                prev=prev,
+                tables=stats,
+            )
             writer.add_key_value_metadata({META_KEY: json.dumps(info.meta()).encode()})
         finally:
             writer.close()

@@ -28,8 +28,9 @@ def range_filter(after: Position | None, upto: Position | None) -> Column | None
     return cond
 
 
-def read_spark(log: ChangeLog, after: Position | None = None, upto: Position | None = None,
-               spark: SparkSession | None = None) -> DataFrame:
+def read_spark(
+    log: ChangeLog, after: Position | None = None, upto: Position | None = None, spark: SparkSession | None = None
+) -> DataFrame:
     """The changes of ``(after, upto]`` as a DataFrame with the log layout (unordered: order by lsn, seq)."""
     from pyspark.sql import functions as F
 
@@ -53,8 +54,6 @@ def read_spark(log: ChangeLog, after: Position | None = None, upto: Position | N
     df = frames[0]
     for f in frames[1:]:
         df = df.unionByName(f)
-    needs_filter = any(
-        (after is not None and s.first <= after) or (upto is not None and s.last > upto) for s in segs
-    )
+    needs_filter = any((after is not None and s.first <= after) or (upto is not None and s.last > upto) for s in segs)
     cond = range_filter(after, upto) if needs_filter else None
     return df.where(cond) if cond is not None else df

@@ -52,9 +52,14 @@ class TableStats:
         unknown = set(first) - set(KINDS)
         if unknown:
             raise ValueError(f"unknown change kinds {sorted(unknown)}")
-        return cls(count=int(m["count"]), first=first, last=Position(*m["last"]),
-                   truncates=tuple(Position(*p) for p in m.get("truncates") or ()),
-                   key_changes=int(m.get("key_changes") or 0), moves=int(m.get("moves") or 0))
+        return cls(
+            count=int(m["count"]),
+            first=first,
+            last=Position(*m["last"]),
+            truncates=tuple(Position(*p) for p in m.get("truncates") or ()),
+            key_changes=int(m.get("key_changes") or 0),
+            moves=int(m.get("moves") or 0),
+        )
 
     def combine(self, other: TableStats) -> TableStats:
         """The statistics of both sets of rows (disjoint, in any order)."""
@@ -99,8 +104,14 @@ def table_stats(t: pa.Table) -> Stats:
     marks = pc.fill_null(pc.greater(pc.list_value_length(t.column("unchanged")), 0), False)
     moves = np.logical_and(key_change, marks.to_numpy(zero_copy_only=False))
     kind = pc.if_else(pa.array(key_change), "K", op)
-    g = pa.table({"table": t.column("table"), "kind": kind, "i": pa.array(np.arange(n, dtype=np.int64)),
-                  "mv": pa.array(moves.astype(np.int64))})
+    g = pa.table(
+        {
+            "table": t.column("table"),
+            "kind": kind,
+            "i": pa.array(np.arange(n, dtype=np.int64)),
+            "mv": pa.array(moves.astype(np.int64)),
+        }
+    )
     agg = g.group_by(["table", "kind"]).aggregate([("i", "min"), ("i", "max"), ("i", "count"), ("mv", "sum")])
     lsn = t.column("lsn").to_numpy()
     seq = t.column("seq").to_numpy()
@@ -124,8 +135,14 @@ def table_stats(t: pa.Table) -> Stats:
         for i, name in zip(ti, tables, strict=True):
             truncs.setdefault(name, []).append(pos(int(i)))
     return {
-        name: TableStats(count=a["count"], first=a["first"], last=pos(a["last"]),
-                         truncates=tuple(truncs.get(name, ())), key_changes=a["key_changes"], moves=a["moves"])
+        name: TableStats(
+            count=a["count"],
+            first=a["first"],
+            last=pos(a["last"]),
+            truncates=tuple(truncs.get(name, ())),
+            key_changes=a["key_changes"],
+            moves=a["moves"],
+        )
         for name, a in acc.items()
     }
 

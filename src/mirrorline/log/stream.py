@@ -158,7 +158,7 @@ class StreamSpill:
         self._parts.clear()
         remove_tree(self.folder)
         self._done = True
-        self._writer._stream_done(self.xid)
+        self._writer.stream_closed(self.xid)
 
     def commit(self, commit_lsn: int, commit_ts: int) -> Position:
         """Make the spilled rows log content at ``commit_lsn``: buffered transactions before it are flushed first,
@@ -166,7 +166,7 @@ class StreamSpill:
         transaction's last change (the log's durable position if nothing was left to commit)."""
         self._check()
         w = self._writer
-        w._check_lsn(commit_lsn)
+        w.check_commit_lsn(commit_lsn)
         for p in self._open.values():
             self._close(p)
         self._open.clear()
@@ -174,7 +174,7 @@ class StreamSpill:
         parts = sorted((p for ps in self._parts.values() for p in ps if p.rows), key=lambda p: p.name)
         if not parts:
             self.abort()
-            w._note_empty(commit_lsn)
+            w.note_empty(commit_lsn)
             return w.durable or Position(commit_lsn, 0)
         info = SegmentInfo(
             name=segment_name(commit_lsn, commit_lsn, stream=True),
@@ -185,7 +185,7 @@ class StreamSpill:
             count=sum(p.rows for p in parts),
             min_ts=commit_ts,
             max_ts=commit_ts,
-            prev=w._tail,
+            prev=w.tail,
             parts=tuple(p.name for p in parts),
             xid=self.xid,
         )
@@ -195,7 +195,6 @@ class StreamSpill:
         fsync_tree(self.folder)  # every part and the folder itself
         publish(self.folder, info.path)
         self._done = True
-        w._stream_done(self.xid)
-        w._appended(info)
+        w.stream_closed(self.xid)
+        w.segment_appended(info)
         return info.last
-

@@ -53,8 +53,13 @@ class LogWriter:
     (bench/log_write.py measures both).
     """
 
-    def __init__(self, root: str | os.PathLike[str], segment_changes: int = 100_000,
-                 segment_seconds: float = 1.0, background: bool = False) -> None:
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        segment_changes: int = 100_000,
+        segment_seconds: float = 1.0,
+        background: bool = False,
+    ) -> None:
         self.layout = Layout(root)
         self.layout.create()
         self.segment_changes = segment_changes
@@ -96,9 +101,11 @@ class LogWriter:
         except BlockingIOError:
             holder = os.read(fd, 64).decode(errors="replace").strip() or "?"
             os.close(fd)
-            raise LogError(f"another writer (pid {holder}) holds the change log at {self.layout.root}",
-                           hint="only one capture or import may write a log at a time; stop the other one first",
-                           root=str(self.layout.root)) from None
+            raise LogError(
+                f"another writer (pid {holder}) holds the change log at {self.layout.root}",
+                hint="only one capture or import may write a log at a time; stop the other one first",
+                root=str(self.layout.root),
+            ) from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         return fd
@@ -150,23 +157,30 @@ class LogWriter:
 
     # -- ordinary transactions ---------------------------------------------------------------------------------
 
-    def _check_lsn(self, commit_lsn: int) -> None:
+    def check_commit_lsn(self, commit_lsn: int) -> None:
+        """LogError unless a transaction committed at ``commit_lsn`` may be added now (after the log's last commit,
+        the writer not failed)."""
         if self._failed is not None:
-            raise LogError(f"the log writer failed earlier: {self._failed}",
-                           hint="restart: the log keeps what was durable", root=str(self.layout.root))
+            raise LogError(
+                f"the log writer failed earlier: {self._failed}",
+                hint="restart: the log keeps what was durable",
+                root=str(self.layout.root),
+            )
         if commit_lsn <= self._last_lsn:
             raise LogError(
                 f"transaction committed at {format_lsn(commit_lsn)} is not after the log's last commit "
                 f"{format_lsn(self._last_lsn)}",
                 hint="the log holds whole transactions in commit order; skip transactions at or below last_lsn",
-                lsn=format_lsn(commit_lsn))
+                lsn=format_lsn(commit_lsn),
+            )
 
-    def add_transaction(self, commit_lsn: int, commit_ts: int,
-                        changes: Sequence[Change] | pa.Table | pa.RecordBatch) -> None:
+    def add_transaction(
+        self, commit_lsn: int, commit_ts: int, changes: Sequence[Change] | pa.Table | pa.RecordBatch
+    ) -> None:
         """Buffer one whole committed transaction. For Change input, seq = index (``pos`` and ``commit_ts`` of the
         changes are not used); for Arrow input (log layout) seq and xid are the rows' own. lsn/ts always come from
         the arguments. Flushes by itself when ``segment_changes`` are buffered."""
-        self._check_lsn(commit_lsn)
+        self.check_commit_lsn(commit_lsn)
         if isinstance(changes, pa.Table | pa.RecordBatch):
             t = conform(changes)
             n = t.num_rows
@@ -183,7 +197,7 @@ class LogWriter:
         if n:
             self._buffered(n, commit_lsn)
         else:
-            self._note_empty(commit_lsn)
+            self.note_empty(commit_lsn)
 
     def add_transactions(self, table: pa.Table | pa.RecordBatch) -> None:
         """Buffer many whole transactions at once: rows in commit order with their own lsn, seq, ts and xid."""
@@ -191,7 +205,7 @@ class LogWriter:
         span = lsn_span(t)
         if span is None:
             return
-        self._check_lsn(span[0])
+        self.check_commit_lsn(span[0])
         self._materialize()
         self._pieces.append(t)
         self._buffered(t.num_rows, span[1])
@@ -220,7 +234,8 @@ class LogWriter:
         if self._pending >= self.segment_changes:
             self._start_flush()
 
-    def _note_empty(self, commit_lsn: int) -> None:
+    def note_empty(self, commit_lsn: int) -> None:
+        """A transaction committed at ``commit_lsn`` with nothing to log: the log has seen up to there."""
         self._last_lsn = commit_lsn
         if self._pending or self._inflight:
             self._empty_lsn = commit_lsn
@@ -255,8 +270,17 @@ class LogWriter:
         last = Position(lsn[-1].as_py(), seq[-1].as_py())
         min_ts, max_ts = ts_range(table)
         name = segment_name(first.lsn, last.lsn)
-        info = SegmentInfo(name=name, path=self.layout.segments / name, stream=False, first=first, last=last,
-                           count=table.num_rows, min_ts=min_ts, max_ts=max_ts, prev=self._tail)
+        info = SegmentInfo(
+            name=name,
+            path=self.layout.segments / name,
+            stream=False,
+            first=first,
+            last=last,
+            count=table.num_rows,
+            min_ts=min_ts,
+            max_ts=max_ts,
+            prev=self._tail,
+        )
         empty, self._empty_lsn = self._empty_lsn, None
         self._wait()  # at most one segment in flight
         self._pieces = []
@@ -270,7 +294,7 @@ class LogWriter:
     def _write(self, table: pa.Table, info: SegmentInfo, empty_lsn: int | None) -> None:
         info = dataclasses.replace(info, tables=table_stats(table))
         write_segment(self.layout.segments, info.name, [table], info)
-        self._appended(info)
+        self.segment_appended(info)
         if empty_lsn is not None:
             self._flushed_lsn = max(self._flushed_lsn or 0, empty_lsn)
         self._inflight = 0
@@ -284,18 +308,29 @@ class LogWriter:
                 self._failed = e
                 raise
         if self._failed is not None:
-            raise LogError(f"the log writer failed earlier: {self._failed}",
-                           hint="restart: the log keeps what was durable", root=str(self.layout.root))
+            raise LogError(
+                f"the log writer failed earlier: {self._failed}",
+                hint="restart: the log keeps what was durable",
+                root=str(self.layout.root),
+            )
 
-    def _appended(self, info: SegmentInfo) -> None:
+    @property
+    def tail(self) -> Position | None:
+        """The last position written or being written: the next segment's ``prev``."""
+        return self._tail
+
+    def segment_appended(self, info: SegmentInfo) -> None:
+        """A segment written by other means than this writer's flush (an import, a streamed transaction's commit,
+        :class:`~mirrorline.log.stream.StreamSpill`) is published: it is now the log's end."""
         self._durable = info.last
         if self._tail is None or info.last > self._tail:
             self._tail = info.last
         self._last_lsn = max(self._last_lsn, info.last.lsn)
         self._flushed_lsn = max(self._flushed_lsn or 0, info.last.lsn)
 
-    def append_segment(self, batches: Iterable[pa.Table], before_publish: Callable[[], None] | None = None
-                       ) -> Position | None:
+    def append_segment(
+        self, batches: Iterable[pa.Table], before_publish: Callable[[], None] | None = None
+    ) -> Position | None:
         """Append whole transactions as one segment of their own (e.g. an import), streamed to disk: rows with their
         final lsn/seq/ts in commit order, every commit LSN above ``last_lsn``. Nothing becomes visible unless
         ``batches`` is exhausted without error; ``before_publish`` runs just before the segment becomes visible.
@@ -303,7 +338,7 @@ class LogWriter:
         self.flush()
         info = write_segment_stream(self.layout.segments, batches, self._tail, self._last_lsn, before_publish)
         if info is not None:
-            self._appended(info)
+            self.segment_appended(info)
         return self._durable
 
     # -- streamed transactions ---------------------------------------------------------------------------------
@@ -315,7 +350,8 @@ class LogWriter:
             s = self._streams[xid] = StreamSpill(self, xid, self.layout.spill / str(xid))
         return s
 
-    def _stream_done(self, xid: int) -> None:
+    def stream_closed(self, xid: int) -> None:
+        """The spill of ``xid`` was committed or aborted: :meth:`open_stream` makes a new one."""
         self._streams.pop(xid, None)
 
     # -- end ---------------------------------------------------------------------------------------------------
@@ -338,4 +374,3 @@ class LogWriter:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-

@@ -18,8 +18,14 @@ if TYPE_CHECKING:
     from mirrorline.pipeline import UnitReport
 
 
-def catch_up(config: Config, name: str, upto: Position | None = None, *, target: Target | None = None,
-             on_unit: Callable[[UnitReport], None] | None = None) -> Position:
+def catch_up(
+    config: Config,
+    name: str,
+    upto: Position | None = None,
+    *,
+    target: Target | None = None,
+    on_unit: Callable[[UnitReport], None] | None = None,
+) -> Position:
     """Apply the log's changes of the configured tables to target ``name`` after its applied position, up to
     ``upto`` (default: everything the log holds now); returns the applied position. An ``upto`` given is one the log
     is known to hold every change up to (the caller made sure capture passed it): the target's position becomes

@@ -39,8 +39,9 @@ def make_folder(parent: str | os.PathLike[str]) -> Path:
     """A new, uniquely named folder in ``parent`` (which must exist)."""
     base = Path(parent)
     if not base.is_dir():
-        raise SnapshotError(f"{base} is not a folder", hint="create it first, or pass an existing folder",
-                            path=str(base))
+        raise SnapshotError(
+            f"{base} is not a folder", hint="create it first, or pass an existing folder", path=str(base)
+        )
     for _ in range(100):
         name = datetime.now(UTC).strftime("%Y%m%dT%H%M%S%fZ")
         try:
@@ -102,8 +103,12 @@ class Manifest:
             position=Position(int(d["position"][0]), int(d["position"][1])),
             end_lsn=int(d.get("end_lsn", 0)),
             tables=[schema_from_json(t["schema"]) for t in d["tables"]],
-            chunks=[ChunkEntry(str(c["file"]), str(c["table"]), int(c["chunk"]), int(c["rows"]), int(c["bytes"]),
-                               str(c["sha256"])) for c in d["chunks"]],
+            chunks=[
+                ChunkEntry(
+                    str(c["file"]), str(c["table"]), int(c["chunk"]), int(c["rows"]), int(c["bytes"]), str(c["sha256"])
+                )
+                for c in d["chunks"]
+            ],
         )
 
 
@@ -116,8 +121,11 @@ def write_manifest(folder: Path, manifest: Manifest) -> None:
 
 
 def _refuse(folder: Path, what: str, hint: str | None = None) -> SnapshotError:
-    return SnapshotError(f"snapshot folder {folder}: {what}; nothing was loaded",
-                         hint=hint or "export it again, or copy the whole folder again", path=str(folder))
+    return SnapshotError(
+        f"snapshot folder {folder}: {what}; nothing was loaded",
+        hint=hint or "export it again, or copy the whole folder again",
+        path=str(folder),
+    )
 
 
 def check_folder(folder: str | os.PathLike[str]) -> Manifest:
@@ -125,11 +133,11 @@ def check_folder(folder: str | os.PathLike[str]) -> Manifest:
     every chunk (present, of this export, whole, unchanged) with no chunk that does not belong."""
     f = Path(folder)
     if not f.is_dir():
-        raise SnapshotError(f"no snapshot folder at {f}", hint="pass the folder that snapshot export created",
-                            path=str(f))
+        raise SnapshotError(
+            f"no snapshot folder at {f}", hint="pass the folder that snapshot export created", path=str(f)
+        )
     if not (f / END).is_file():
-        raise _refuse(f, "the end marker END is missing: the export did not finish, or the folder was not copied "
-                         "whole")
+        raise _refuse(f, "the end marker END is missing: the export did not finish, or the folder was not copied whole")
     if not (f / MANIFEST).is_file():
         raise _refuse(f, f"{MANIFEST} is missing")
     data = (f / MANIFEST).read_bytes()
@@ -143,8 +151,11 @@ def check_folder(folder: str | os.PathLike[str]) -> Manifest:
     listed = {c.file: c for c in manifest.chunks}
     for name in sorted(os.listdir(f)):
         if parse_chunk_file_name(name) and name not in listed:
-            raise _refuse(f, f"chunk {name} is not part of export {manifest.export_id}",
-                          hint="remove it, or copy the right folder")
+            raise _refuse(
+                f,
+                f"chunk {name} is not part of export {manifest.export_id}",
+                hint="remove it, or copy the right folder",
+            )
     for c in manifest.chunks:
         p = f / c.file
         if not p.is_file():
@@ -155,11 +166,16 @@ def check_folder(folder: str | os.PathLike[str]) -> Manifest:
         if header is None:
             raise _refuse(f, f"chunk {c.file} is damaged (no chunk header)")
         if header["export"] != manifest.export_id:
-            raise _refuse(f, f"chunk {c.file} belongs to export {header['export']}, not {manifest.export_id}",
-                          hint="copy the chunk from the right export folder")
+            raise _refuse(
+                f,
+                f"chunk {c.file} belongs to export {header['export']}, not {manifest.export_id}",
+                hint="copy the chunk from the right export folder",
+            )
         if header["table"] != c.table or header["chunk"] != str(c.chunk):
-            raise _refuse(f, f"chunk {c.file} holds chunk {header['chunk']} of {header['table']}, not chunk "
-                             f"{c.chunk} of {c.table}")
+            raise _refuse(
+                f,
+                f"chunk {c.file} holds chunk {header['chunk']} of {header['table']}, not chunk {c.chunk} of {c.table}",
+            )
         size = p.stat().st_size
         if size != c.bytes:
             what = "truncated" if size < c.bytes else "longer than exported"

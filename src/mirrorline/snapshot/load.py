@@ -15,7 +15,7 @@ from mirrorline.apply.engine import Target
 from mirrorline.apply.session import Session
 from mirrorline.model import TableSchema
 from mirrorline.position import Position
-from mirrorline.snapshot import state as S
+from mirrorline.snapshot import state as snapstate
 
 
 class BulkLoader:
@@ -32,7 +32,7 @@ class BulkLoader:
         s = self.s
         s.bulk_begin()
         s.begin()
-        S.ensure_tables(s)
+        snapstate.ensure_tables(s)
         for ts in schemas:
             s.execute(self.d.truncate(ts.table))
 
@@ -41,9 +41,11 @@ class BulkLoader:
 
     def finish(self, loaded: Mapping[str, int], position: Position, end_lsn: int, origin: str, whole: bool) -> None:
         s = self.s
-        S.write_positions(s, loaded, position, whole)
-        stamp = S.now()
-        S.write(s, [S.TableSnapshot(t, "loaded", position, end_lsn, n, origin, stamp) for t, n in loaded.items()])
+        snapstate.write_positions(s, loaded, position, whole)
+        stamp = snapstate.now()
+        snapstate.write(
+            s, [snapstate.TableSnapshot(t, "loaded", position, end_lsn, n, origin, stamp) for t, n in loaded.items()]
+        )
         s.commit()
         self.close()
 
@@ -57,43 +59,37 @@ class BulkLoader:
             self.s.close()
 
 
-def mark_loading(target: Target, schemas: Sequence[TableSchema], position: Position, origin: str,
-                 truncate: bool) -> None:
+def mark_loading(
+    target: Target, schemas: Sequence[TableSchema], position: Position, origin: str, truncate: bool
+) -> None:
     """Record (and commit) that ``schemas``' tables are being loaded, emptying them first when ``truncate``: a crash
     from here to the end of the load leaves the target visibly ``loading``."""
-    s = target.session()
-    try:
-        s.begin()
-        S.ensure_tables(s)
+    with target.transaction() as s:
+        snapstate.ensure_tables(s)
         if truncate:
             for ts in schemas:
                 s.execute(target.dialect.truncate(ts.table))
-        stamp = S.now()
-        S.write(s, [S.TableSnapshot(ts.table, "loading", position, 0, 0, origin, stamp) for ts in schemas])
-        s.commit()
-    except BaseException:
-        with contextlib.suppress(Exception):
-            s.rollback()
-        raise
-    finally:
-        s.close()
+        stamp = snapstate.now()
+        snapstate.write(
+            s, [snapstate.TableSnapshot(ts.table, "loading", position, 0, 0, origin, stamp) for ts in schemas]
+        )
 
 
-def finish_loading(target: Target, loaded: Mapping[str, int], position: Position, end_lsn: int, origin: str,
-                   whole: bool, load_id: str | None = None) -> None:
+def finish_loading(
+    target: Target,
+    loaded: Mapping[str, int],
+    position: Position,
+    end_lsn: int,
+    origin: str,
+    whole: bool,
+    load_id: str | None = None,
+) -> None:
     """The end of a load whose rows were committed by parallel tasks: positions and state in one transaction."""
-    s = target.session()
-    try:
-        s.begin()
-        S.write_positions(s, loaded, position, whole)
-        stamp = S.now()
-        S.write(s, [S.TableSnapshot(t, "loaded", position, end_lsn, n, origin, stamp) for t, n in loaded.items()])
+    with target.transaction() as s:
+        snapstate.write_positions(s, loaded, position, whole)
+        stamp = snapstate.now()
+        snapstate.write(
+            s, [snapstate.TableSnapshot(t, "loaded", position, end_lsn, n, origin, stamp) for t, n in loaded.items()]
+        )
         if load_id is not None and target.dialect.parallel_load:
-            s.execute(f"DELETE FROM {target.dialect.own(S.CHUNKS_TABLE)} WHERE load_id = %s", (load_id,))
-        s.commit()
-    except BaseException:
-        with contextlib.suppress(Exception):
-            s.rollback()
-        raise
-    finally:
-        s.close()
+            s.execute(f"DELETE FROM {target.dialect.own(snapstate.CHUNKS_TABLE)} WHERE load_id = %s", (load_id,))

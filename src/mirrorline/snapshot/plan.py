@@ -36,8 +36,13 @@ def point_of(position: Position) -> int:
     return position.lsn + 1 if position.seq == SEQ_MAX else position.lsn
 
 
-def table_key(columns: Sequence[Column], replica_identity: str, primary_key: Sequence[str],
-              identity: Sequence[str], configured: Sequence[str] = ()) -> tuple[str, ...]:
+def table_key(
+    columns: Sequence[Column],
+    replica_identity: str,
+    primary_key: Sequence[str],
+    identity: Sequence[str],
+    configured: Sequence[str] = (),
+) -> tuple[str, ...]:
     """The key the log uses for a table (the same rule as capture's Relation handling): the configured key, else the
     replica identity columns, else (REPLICA IDENTITY FULL or no identity) the primary key, else every non-LOB
     column."""
@@ -153,7 +158,7 @@ def parse_chunk_header(line: str) -> dict[str, str] | None:
     if not line.startswith(HEADER_PREFIX + " "):
         return None
     out = {}
-    for part in line[len(HEADER_PREFIX):].split():
+    for part in line[len(HEADER_PREFIX) :].split():
         k, _, v = part.partition("=")
         out[k] = unquote(v)
     return out if {"export", "table", "chunk"} <= out.keys() else None

@@ -14,8 +14,16 @@ class Progress:
     """``update(rows=..., chunks=...)`` from the loading code (any thread); ``poll`` is called before each line for
     figures that come from elsewhere (Spark's task counts)."""
 
-    def __init__(self, label: str, total_chunks: int, est_rows: int, *, stream: TextIO | None = None,
-                 every: float = 2.0, poll: Callable[[Progress], None] | None = None) -> None:
+    def __init__(
+        self,
+        label: str,
+        total_chunks: int,
+        est_rows: int,
+        *,
+        stream: TextIO | None = None,
+        every: float = 2.0,
+        poll: Callable[[Progress], None] | None = None,
+    ) -> None:
         self.label = label
         self.total_chunks = total_chunks
         self.est_rows = est_rows
@@ -44,8 +52,10 @@ class Progress:
         pct = 100.0 * self.chunks / self.total_chunks if self.total_chunks else 100.0
         rate = self.rows / el
         where = f" {self.table}" if self.table else ""
-        return (f"{self.label}:{where} {self.chunks}/{self.total_chunks} chunks ({pct:.0f}%), "
-                f"{self.rows:,} rows, {rate:,.0f} rows/s, {el:.0f} s")
+        return (
+            f"{self.label}:{where} {self.chunks}/{self.total_chunks} chunks ({pct:.0f}%), "
+            f"{self.rows:,} rows, {rate:,.0f} rows/s, {el:.0f} s"
+        )
 
     def _emit(self, final: bool = False) -> None:
         if self.poll is not None:

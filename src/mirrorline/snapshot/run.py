@@ -27,14 +27,20 @@ from mirrorline.config import Config, TargetConfig, redact_dsn
 from mirrorline.errors import ConfigError, LogError, SnapshotError
 from mirrorline.log.reader import ChangeLog
 from mirrorline.log.retention import readers, set_applied, unregister
-from mirrorline.model import TableSchema
 from mirrorline.position import Position, format_lsn
-from mirrorline.snapshot import state as S
+from mirrorline.snapshot import state as snapstate
 from mirrorline.snapshot.folder import ChunkEntry, Manifest, check_folder, make_folder, write_manifest
 from mirrorline.snapshot.load import BulkLoader, finish_loading, mark_loading
 from mirrorline.snapshot.plan import Chunk, TableStat, chunk_header, copy_in_sql, copy_out_sql, plan_chunks
 from mirrorline.snapshot.progress import Progress
-from mirrorline.snapshot.source import ConsistentPoint, consistent_point, current_wal_lsn, describe, snapshot_connection
+from mirrorline.snapshot.source import (
+    ConsistentPoint,
+    consistent_point,
+    current_wal_lsn,
+    describe,
+    require_source,
+    snapshot_connection,
+)
 from mirrorline.snapshot.tasks import pipe_chunk, write_chunk
 
 log = logging.getLogger("mirrorline.snapshot")
@@ -58,14 +64,23 @@ class SnapshotResult:
     def summary(self) -> str:
         what = f"target {self.target}" if self.target else f"folder {self.folder}"
         total = sum(self.rows.values())
-        return (f"snapshot into {what}: {len(self.rows)} table(s), {total:,} rows in {self.seconds:.1f} s at "
-                f"consistent point {format_lsn(self.consistent_lsn)} (applied position {self.position})")
+        return (
+            f"snapshot into {what}: {len(self.rows)} table(s), {total:,} rows in {self.seconds:.1f} s at "
+            f"consistent point {format_lsn(self.consistent_lsn)} (applied position {self.position})"
+        )
 
     def to_json(self) -> dict[str, Any]:
-        return {"target": self.target, "consistent_lsn": format_lsn(self.consistent_lsn),
-                "position": str(self.position), "rows": self.rows, "seconds": round(self.seconds, 3),
-                "slot": self.slot, "created_slot": self.created_slot,
-                "folder": str(self.folder) if self.folder else None, "export": self.export_id}
+        return {
+            "target": self.target,
+            "consistent_lsn": format_lsn(self.consistent_lsn),
+            "position": str(self.position),
+            "rows": self.rows,
+            "seconds": round(self.seconds, 3),
+            "slot": self.slot,
+            "created_slot": self.created_slot,
+            "folder": str(self.folder) if self.folder else None,
+            "export": self.export_id,
+        }
 
 
 @dataclass
@@ -91,8 +106,9 @@ def _stamp() -> str:
 # ------------------------------------------------------------------------------------------------------ Spark tasks
 
 
-def run_tasks(fn: Callable[[dict[str, Any]], dict[str, Any]], specs: Sequence[dict[str, Any]], group: str,
-              what: str) -> list[dict[str, Any]]:
+def run_tasks(
+    fn: Callable[[dict[str, Any]], dict[str, Any]], specs: Sequence[dict[str, Any]], group: str, what: str
+) -> list[dict[str, Any]]:
     """One Spark job: a task per spec (one partition each, in order)."""
     if not specs:
         return []
@@ -105,8 +121,10 @@ def run_tasks(fn: Callable[[dict[str, Any]], dict[str, Any]], specs: Sequence[di
     except Exception as e:
         text = str(e).strip()
         reason = next((ln for ln in text.splitlines() if "Error" in ln and ":" in ln), text[:300])
-        raise SnapshotError(f"{what} failed: {reason.strip()[:500]}",
-                            hint="nothing was marked loaded; fix the cause and run the snapshot again") from None
+        raise SnapshotError(
+            f"{what} failed: {reason.strip()[:500]}",
+            hint="nothing was marked loaded; fix the cause and run the snapshot again",
+        ) from None
 
 
 def _spark_poll(group: str, total_rows: int, total_chunks: int) -> Callable[[Progress], None]:
@@ -153,16 +171,23 @@ def _attempts(what: str) -> Iterator[int]:
     """Attempt numbers for an operation that a table rewritten under its snapshot restarts (the caller breaks out
     when an attempt succeeds); an error once they are used up."""
     yield from range(1, ATTEMPTS + 1)
-    raise SnapshotError(f"{what}: the source rewrote a table (TRUNCATE, VACUUM FULL, CLUSTER or a rewriting ALTER "
-                        f"TABLE) after each of {ATTEMPTS} consistent points, before it was read; nothing was marked "
-                        "loaded",
-                        hint="run it again when the source is not truncating or rewriting the configured tables "
-                             "continually")
+    raise SnapshotError(
+        f"{what}: the source rewrote a table (TRUNCATE, VACUUM FULL, CLUSTER or a rewriting ALTER "
+        f"TABLE) after each of {ATTEMPTS} consistent points, before it was read; nothing was marked "
+        "loaded",
+        hint="run it again when the source is not truncating or rewriting the configured tables continually",
+    )
 
 
 def _retrying(e: _Rewritten, what: str, attempt: int) -> None:
-    log.info("%s: %s rewritten (TRUNCATE?) after the consistent point, before it was read; taking a new consistent "
-             "point (attempt %d of %d)", what, ", ".join(e.tables), attempt, ATTEMPTS)
+    log.info(
+        "%s: %s rewritten (TRUNCATE?) after the consistent point, before it was read; taking a new consistent "
+        "point (attempt %d of %d)",
+        what,
+        ", ".join(e.tables),
+        attempt,
+        ATTEMPTS,
+    )
 
 
 def _register(log_root: Path, name: str, position: Position) -> None:
@@ -181,8 +206,9 @@ def _groups(chunks: Sequence[Chunk], stats: dict[str, TableStat]) -> list[list[C
     return [out[k] for k in sorted(out)]
 
 
-def snapshot_target(config: Config, name: str, *, tables: Iterable[str] | None = None,
-                    options: Options | None = None) -> SnapshotResult:
+def snapshot_target(
+    config: Config, name: str, *, tables: Iterable[str] | None = None, options: Options | None = None
+) -> SnapshotResult:
     """``snapshot --target NAME``: load the configured tables (or just ``tables``, for a table added to the
     configuration) into the target at a consistent point."""
     opts = options or Options()
@@ -229,9 +255,13 @@ def _copy_format(target: Target, stats: dict[str, TableStat]) -> dict[str, str]:
     s = target.session()
     try:
         for t, st in stats.items():
-            got = dict(s.query("SELECT attname, format_type(atttypid, atttypmod) FROM pg_attribute "
-                               "WHERE attrelid = to_regclass(%s) AND attnum > 0 AND NOT attisdropped",
-                               (target.dialect.table(t),)))
+            got = dict(
+                s.query(
+                    "SELECT attname, format_type(atttypid, atttypmod) FROM pg_attribute "
+                    "WHERE attrelid = to_regclass(%s) AND attnum > 0 AND NOT attisdropped",
+                    (target.dialect.table(t),),
+                )
+            )
             if all(0 < c.type_oid < 10000 and got.get(c.name) == c.type_name for c in st.schema.columns):
                 out[t] = "binary"
     finally:
@@ -260,8 +290,15 @@ def _describe(config: Config, cp: ConsistentPoint, only: set[str] | None) -> dic
     return stats
 
 
-def _wire_postgres(config: Config, target: Target, cp: ConsistentPoint, stats: dict[str, TableStat],
-                   chunks: list[Chunk], whole: bool, opts: Options) -> dict[str, int]:
+def _wire_postgres(
+    config: Config,
+    target: Target,
+    cp: ConsistentPoint,
+    stats: dict[str, TableStat],
+    chunks: list[Chunk],
+    whole: bool,
+    opts: Options,
+) -> dict[str, int]:
     assert config.source is not None
     schemas = [s.schema for s in stats.values()]
     load_id = uuid.uuid4().hex
@@ -271,16 +308,28 @@ def _wire_postgres(config: Config, target: Target, cp: ConsistentPoint, stats: d
     rows = {t: 0 for t in stats}
     fmt = _copy_format(target, stats)
     est = sum(s.rows for s in stats.values())
-    prog = Progress(f"snapshot {target.name}", len(chunks), est, every=opts.progress_every,
-                    poll=_spark_poll(group, est, len(chunks)))
+    prog = Progress(
+        f"snapshot {target.name}",
+        len(chunks),
+        est,
+        every=opts.progress_every,
+        poll=_spark_poll(group, est, len(chunks)),
+    )
     with prog if opts.progress else _null():
         for i, grp in enumerate(_groups(chunks, stats)):
-            specs = [{
-                "source_dsn": config.source.dsn, "snapshot": cp.snapshot, "table": c.table,
-                "copy_out": copy_out_sql(stats[c.table].schema, c, fmt[c.table]), "target_dsn": target.location,
-                "copy_in": copy_in_sql(d.table(c.table), stats[c.table].schema.column_names, fmt[c.table]),
-                "load_id": load_id, "chunk_id": chunks.index(c),
-            } for c in grp]
+            specs = [
+                {
+                    "source_dsn": config.source.dsn,
+                    "snapshot": cp.snapshot,
+                    "table": c.table,
+                    "copy_out": copy_out_sql(stats[c.table].schema, c, fmt[c.table]),
+                    "target_dsn": target.location,
+                    "copy_in": copy_in_sql(d.table(c.table), stats[c.table].schema.column_names, fmt[c.table]),
+                    "load_id": load_id,
+                    "chunk_id": chunks.index(c),
+                }
+                for c in grp
+            ]
             results = run_tasks(pipe_chunk, specs, group, f"snapshot of {target.name} (group {i + 1})")
             try:
                 _check_rewritten(results)
@@ -298,13 +347,8 @@ def _wire_postgres(config: Config, target: Target, cp: ConsistentPoint, stats: d
 
 def _forget_load(target: Target, load_id: str) -> None:
     """Drop the chunk records of a load that is started again (its rows go with the next load's truncation)."""
-    s = target.session()
-    try:
-        s.begin()
-        s.execute(f"DELETE FROM {target.dialect.own(S.CHUNKS_TABLE)} WHERE load_id = %s", (load_id,))
-        s.commit()
-    finally:
-        s.close()
+    with target.transaction() as s:
+        s.execute(f"DELETE FROM {target.dialect.own(snapstate.CHUNKS_TABLE)} WHERE load_id = %s", (load_id,))
 
 
 class _null:
@@ -315,18 +359,33 @@ class _null:
         return None
 
 
-def _chunk_specs(config: Config, cp: ConsistentPoint, stats: dict[str, TableStat], chunks: list[Chunk],
-                 folder: Path, export_id: str) -> list[dict[str, Any]]:
+def _chunk_specs(
+    config: Config, cp: ConsistentPoint, stats: dict[str, TableStat], chunks: list[Chunk], folder: Path, export_id: str
+) -> list[dict[str, Any]]:
     assert config.source is not None
-    return [{
-        "source_dsn": config.source.dsn, "snapshot": cp.snapshot, "table": c.table, "chunk_id": c.number,
-        "copy_out": copy_out_sql(stats[c.table].schema, c, "csv"), "path": str(folder / c.file_name),
-        "header": chunk_header(export_id, c),
-    } for c in chunks]
+    return [
+        {
+            "source_dsn": config.source.dsn,
+            "snapshot": cp.snapshot,
+            "table": c.table,
+            "chunk_id": c.number,
+            "copy_out": copy_out_sql(stats[c.table].schema, c, "csv"),
+            "path": str(folder / c.file_name),
+            "header": chunk_header(export_id, c),
+        }
+        for c in chunks
+    ]
 
 
-def _wire_staged(config: Config, target: Target, cp: ConsistentPoint, stats: dict[str, TableStat],
-                 chunks: list[Chunk], whole: bool, opts: Options) -> dict[str, int]:
+def _wire_staged(
+    config: Config,
+    target: Target,
+    cp: ConsistentPoint,
+    stats: dict[str, TableStat],
+    chunks: list[Chunk],
+    whole: bool,
+    opts: Options,
+) -> dict[str, int]:
     """SQLite / DuckDB: Spark tasks stage chunk files; the driver loads them in order as they arrive, in one
     transaction with the positions."""
     assert config.source is not None
@@ -351,8 +410,11 @@ def _wire_staged(config: Config, target: Target, cp: ConsistentPoint, stats: dic
     ok = False
     try:
         loader.begin([s.schema for s in stats.values()])
-        with Progress(f"snapshot {target.name}", len(chunks), est, every=opts.progress_every) if opts.progress \
-                else _null() as prog:
+        with (
+            Progress(f"snapshot {target.name}", len(chunks), est, every=opts.progress_every)
+            if opts.progress
+            else _null() as prog
+        ):
             for c in chunks:
                 path = staging / c.file_name
                 while not path.exists():
@@ -392,7 +454,7 @@ def export_snapshot(config: Config, directory: str | Path, *, options: Options |
     marker. The export is registered with the log as a reader at its position (``export-<folder name>``), so the
     log keeps what a target loaded from it will need; loading it releases that."""
     opts = options or Options()
-    assert_source(config)
+    require_source(config)
     assert config.source is not None
     folder = make_folder(directory)
     export_id = uuid.uuid4().hex
@@ -407,8 +469,13 @@ def export_snapshot(config: Config, directory: str | Path, *, options: Options |
                     specs = _chunk_specs(config, cp, stats, chunks, folder, export_id)
                     group = f"mirrorline-export-{export_id}-{attempt}"
                     est = sum(s.rows for s in stats.values())
-                    prog = Progress(f"export {folder.name}", len(chunks), est, every=opts.progress_every,
-                                    poll=_spark_poll(group, est, len(chunks)))
+                    prog = Progress(
+                        f"export {folder.name}",
+                        len(chunks),
+                        est,
+                        every=opts.progress_every,
+                        poll=_spark_poll(group, est, len(chunks)),
+                    )
                     with prog if opts.progress else _null():
                         results = run_tasks(write_chunk, specs, group, f"export to {folder}")
                         prog.rows = sum(int(r["rows"]) for r in results)
@@ -423,25 +490,32 @@ def export_snapshot(config: Config, directory: str | Path, *, options: Options |
     except BaseException:
         shutil.rmtree(folder, ignore_errors=True)
         raise
-    entries = sorted((ChunkEntry(r["file"], r["table"], int(r["chunk"]), int(r["rows"]), int(r["bytes"]),
-                                 r["sha256"]) for r in results), key=lambda e: e.file)
-    manifest = Manifest(export_id, S.now(), {"dsn": redact_dsn(config.source.dsn), "slot": config.source.slot},
-                        cp.lsn, cp.position, end_lsn, [s.schema for s in stats.values()], entries)
+    entries = sorted(
+        (
+            ChunkEntry(r["file"], r["table"], int(r["chunk"]), int(r["rows"]), int(r["bytes"]), r["sha256"])
+            for r in results
+        ),
+        key=lambda e: e.file,
+    )
+    manifest = Manifest(
+        export_id,
+        snapstate.now(),
+        {"dsn": redact_dsn(config.source.dsn), "slot": config.source.slot},
+        cp.lsn,
+        cp.position,
+        end_lsn,
+        [s.schema for s in stats.values()],
+        entries,
+    )
     write_manifest(folder, manifest)
-    res = SnapshotResult(None, cp.lsn, cp.position, manifest.rows(), time.monotonic() - t0, cp.slot,
-                         not cp.temporary, folder, export_id)
+    res = SnapshotResult(
+        None, cp.lsn, cp.position, manifest.rows(), time.monotonic() - t0, cp.slot, not cp.temporary, folder, export_id
+    )
     log.info("%s", res.summary())
     return res
 
 
-def assert_source(config: Config) -> None:
-    from mirrorline.snapshot.source import require_source
-
-    require_source(config)
-
-
-def load_snapshot(config: Config, name: str, folder: str | Path, *, options: Options | None = None
-                  ) -> SnapshotResult:
+def load_snapshot(config: Config, name: str, folder: str | Path, *, options: Options | None = None) -> SnapshotResult:
     """``snapshot load --target NAME DIR``: check the folder whole (and that the log still holds what follows it),
     then load it into the target in one transaction; the target then continues from the log at its position."""
     opts = options or Options()
@@ -453,9 +527,12 @@ def load_snapshot(config: Config, name: str, folder: str | Path, *, options: Opt
         try:
             cl.select(manifest.position)
         except LogError as e:
-            raise SnapshotError(f"cannot load {f}: the change log no longer holds the changes after its position "
-                                f"{manifest.position} ({e.message})",
-                                hint="export a new snapshot and load that one", path=str(f)) from None
+            raise SnapshotError(
+                f"cannot load {f}: the change log no longer holds the changes after its position "
+                f"{manifest.position} ({e.message})",
+                hint="export a new snapshot and load that one",
+                path=str(f),
+            ) from None
     t0 = time.monotonic()
     target = open_target(tcfg)
     try:
@@ -467,13 +544,24 @@ def load_snapshot(config: Config, name: str, folder: str | Path, *, options: Opt
         ok = False
         try:
             loader.begin(manifest.tables)
-            with Progress(f"load {f.name} into {name}", len(manifest.chunks), sum(expected.values()),
-                          every=opts.progress_every) if opts.progress else _null() as prog:
+            with (
+                Progress(
+                    f"load {f.name} into {name}",
+                    len(manifest.chunks),
+                    sum(expected.values()),
+                    every=opts.progress_every,
+                )
+                if opts.progress
+                else _null() as prog
+            ):
                 for c in manifest.chunks:
                     n = loader.load(schemas[c.table], f / c.file)
                     if n != c.rows:
-                        raise SnapshotError(f"snapshot folder {f}: chunk {c.file} holds {n} rows, the manifest says "
-                                            f"{c.rows}; nothing was loaded", path=str(f))
+                        raise SnapshotError(
+                            f"snapshot folder {f}: chunk {c.file} holds {n} rows, the manifest says "
+                            f"{c.rows}; nothing was loaded",
+                            path=str(f),
+                        )
                     rows[c.table] += n
                     if prog is not None:
                         prog.update(rows=n, chunks=1, table=c.table)
@@ -486,8 +574,9 @@ def load_snapshot(config: Config, name: str, folder: str | Path, *, options: Opt
         target.close()
     set_applied(cl, name, manifest.position)
     unregister(cl, f"export-{f.name}")
-    res = SnapshotResult(name, manifest.consistent_lsn, manifest.position, rows, time.monotonic() - t0, "", False,
-                         f, manifest.export_id)
+    res = SnapshotResult(
+        name, manifest.consistent_lsn, manifest.position, rows, time.monotonic() - t0, "", False, f, manifest.export_id
+    )
     log.info("%s", res.summary())
     return res
 
@@ -518,7 +607,7 @@ def missing_tables(config: Config, target: Target) -> tuple[list[str], list[str]
     """(configured tables the target has not loaded, loaded tables no longer configured, target is new)."""
     s = target.session()
     try:
-        snaps = S.read(s)
+        snaps = snapstate.read(s)
     finally:
         s.close()
     configured = [t.name for t in config.tables_in_load_order()]
@@ -529,29 +618,31 @@ def missing_tables(config: Config, target: Target) -> tuple[list[str], list[str]
 
 
 def _mark_removed(target: Target, tables: Sequence[str]) -> None:
-    s = target.session()
-    try:
-        s.begin()
-        snaps = S.read(s)
-        S.write(s, [S.TableSnapshot(t, "removed", snaps[t].position, snaps[t].end_lsn, snaps[t].rows,
-                                    snaps[t].origin, S.now()) for t in tables if t in snaps])
-        s.commit()
-    finally:
-        s.close()
+    with target.transaction() as s:
+        snaps = snapstate.read(s)
+        snapstate.write(
+            s,
+            [
+                snapstate.TableSnapshot(
+                    t, "removed", snaps[t].position, snaps[t].end_lsn, snaps[t].rows, snaps[t].origin, snapstate.now()
+                )
+                for t in tables
+                if t in snaps
+            ],
+        )
 
 
-def reconcile_targets(config: Config, targets: Iterable[str] | None = None, *,
-                      options: Options | None = None) -> list[TargetReconcile]:
+def reconcile_targets(
+    config: Config, targets: Iterable[str] | None = None, *, options: Options | None = None
+) -> list[TargetReconcile]:
     """Called at every start: a new target (or one whose load was interrupted) is loaded whole; a table added to
     the configuration is snapshotted into each target that lacks it, at a consistent point that becomes its
     per-table applied position (its changes after that point then come from the log, the earlier ones are in the
     snapshot); a table removed from the configuration is left in the target as it is, and marked so that adding
     it again loads it again."""
     out = []
-    for name in (list(targets) if targets is not None else sorted(config.targets)):
+    for name in list(targets) if targets is not None else sorted(config.targets):
         tcfg = target_config(config, name)
-        if tcfg.kind == "parquet":
-            continue
         target = open_target(tcfg)
         try:
             missing, removed, new = missing_tables(config, target)
@@ -566,7 +657,3 @@ def reconcile_targets(config: Config, targets: Iterable[str] | None = None, *,
             rec.loaded = list(rec.result.rows)
         out.append(rec)
     return out
-
-
-def tables_of(schemas: Iterable[TableSchema]) -> list[str]:
-    return [s.table for s in schemas]

@@ -52,8 +52,12 @@ class ConsistentPoint:
 
 def require_source(config: Config) -> Any:
     if config.source is None:
-        raise ConfigError(str(config.file), "source", "is required for a snapshot",
-                          hint="add a [source] section with the dsn of the database to copy")
+        raise ConfigError(
+            str(config.file),
+            "source",
+            "is required for a snapshot",
+            hint="add a [source] section with the dsn of the database to copy",
+        )
     return config.source
 
 
@@ -64,8 +68,7 @@ def _slot_exists(conn: Any, slot: str) -> bool:
 
 
 @contextlib.contextmanager
-def consistent_point(config: Config, *, reconcile: bool = True, create_main: bool = True
-                     ) -> Iterator[ConsistentPoint]:
+def consistent_point(config: Config, *, reconcile: bool = True, create_main: bool = True) -> Iterator[ConsistentPoint]:
     """Yield a consistent point whose exported snapshot stays importable until the block ends. ``create_main``:
     create the main slot when it is missing (else that is an error: nothing replicates yet)."""
     import psycopg2
@@ -83,8 +86,10 @@ def consistent_point(config: Config, *, reconcile: bool = True, create_main: boo
     finally:
         conn.close()
     if not main_exists and not create_main:
-        raise SnapshotError(f"the source has no replication slot {src.slot}: nothing replicates from it yet",
-                            hint="load a target first (mirrorline snapshot), or start mirrorline run")
+        raise SnapshotError(
+            f"the source has no replication slot {src.slot}: nothing replicates from it yet",
+            hint="load a target first (mirrorline snapshot), or start mirrorline run",
+        )
     rconn = connect(src.dsn, replication=True, doing="cannot open a replication connection to the source")
     try:
         slot = src.slot if not main_exists else f"mirrorline_snap_{os.getpid()}_{uuid.uuid4().hex[:8]}"
@@ -101,8 +106,9 @@ def consistent_point(config: Config, *, reconcile: bool = True, create_main: boo
             rconn.close()
 
 
-def snapshot_connection(dsn: str, snapshot: str | None, application_name: str = "mirrorline snapshot",
-                        utc: bool = False) -> Any:
+def snapshot_connection(
+    dsn: str, snapshot: str | None, application_name: str = "mirrorline snapshot", utc: bool = False
+) -> Any:
     """A connection in a REPEATABLE READ, READ ONLY transaction that sees exactly the exported ``snapshot`` (or its
     own, when None), with the canonical session settings (and ``TimeZone = UTC`` when ``utc``: verify's form; a
     snapshot keeps the server's zone, in which pgoutput sends its values too)."""

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any
 
+from mirrorline.apply import state as applied
 from mirrorline.apply.session import Session
-from mirrorline.apply.sql import GLOBAL_SCOPE, Dialect
+from mirrorline.apply.sql import Dialect
 from mirrorline.model import quote_ident
 from mirrorline.position import Position
 
@@ -38,18 +38,21 @@ class TableSnapshot:
     updated_at: str
 
 
-def now() -> str:
-    return datetime.now(UTC).isoformat(timespec="seconds")
+now = applied.now  # the time stamp of a state row
 
 
 def create_sql(d: Dialect) -> list[str]:
     t = d.text_type
-    out = [f"CREATE TABLE IF NOT EXISTS {d.own(SNAPSHOT_TABLE)} ({quote_ident('table')} {t} PRIMARY KEY, "
-           f"state {t} NOT NULL, lsn BIGINT NOT NULL, seq BIGINT NOT NULL, position {t}, end_lsn BIGINT NOT NULL, "
-           f"{quote_ident('rows')} BIGINT NOT NULL, origin {t}, updated_at {t})"]
+    out = [
+        f"CREATE TABLE IF NOT EXISTS {d.own(SNAPSHOT_TABLE)} ({quote_ident('table')} {t} PRIMARY KEY, "
+        f"state {t} NOT NULL, lsn BIGINT NOT NULL, seq BIGINT NOT NULL, position {t}, end_lsn BIGINT NOT NULL, "
+        f"{quote_ident('rows')} BIGINT NOT NULL, origin {t}, updated_at {t})"
+    ]
     if d.parallel_load:
-        out.append(f"CREATE TABLE IF NOT EXISTS {d.own(CHUNKS_TABLE)} (load_id TEXT NOT NULL, chunk INTEGER NOT NULL, "
-                   f"{quote_ident('rows')} BIGINT NOT NULL, PRIMARY KEY (load_id, chunk))")
+        out.append(
+            f"CREATE TABLE IF NOT EXISTS {d.own(CHUNKS_TABLE)} (load_id TEXT NOT NULL, chunk INTEGER NOT NULL, "
+            f"{quote_ident('rows')} BIGINT NOT NULL, PRIMARY KEY (load_id, chunk))"
+        )
     return out
 
 
@@ -58,8 +61,10 @@ def upsert_sql(d: Dialect) -> str:
     cols = ["table", "state", "lsn", "seq", "position", "end_lsn", "rows", "origin", "updated_at"]
     names = ", ".join(quote_ident(c) for c in cols)
     sets = ", ".join(f"{quote_ident(c)} = excluded.{quote_ident(c)}" for c in cols[1:])
-    return (f"INSERT INTO {d.own(SNAPSHOT_TABLE)} ({names}) VALUES ({', '.join([p] * len(cols))}) "
-            f"ON CONFLICT ({quote_ident('table')}) DO UPDATE SET {sets}")
+    return (
+        f"INSERT INTO {d.own(SNAPSHOT_TABLE)} ({names}) VALUES ({', '.join([p] * len(cols))}) "
+        f"ON CONFLICT ({quote_ident('table')}) DO UPDATE SET {sets}"
+    )
 
 
 def ensure_tables(s: Session) -> None:
@@ -70,34 +75,46 @@ def ensure_tables(s: Session) -> None:
 def write(s: Session, rows: Iterable[TableSnapshot]) -> None:
     sql = upsert_sql(s.dialect)
     for r in rows:
-        s.execute(sql, (r.table, r.state, r.position.lsn, r.position.seq, str(r.position), r.end_lsn, r.rows,
-                        r.origin, r.updated_at))
+        s.execute(
+            sql,
+            (
+                r.table,
+                r.state,
+                r.position.lsn,
+                r.position.seq,
+                str(r.position),
+                r.end_lsn,
+                r.rows,
+                r.origin,
+                r.updated_at,
+            ),
+        )
 
 
 def write_positions(s: Session, tables: Iterable[str], position: Position, whole: bool) -> None:
     """The applied positions a load sets: each loaded table's, and (``whole``: the target was loaded entirely) the
-    unit end every table has reached. Written through apply's own state statements."""
-    d = s.dialect
-    s.execute(d.create_state())
-    stamp = now()
-    for scope in [*tables, *([GLOBAL_SCOPE] if whole else [])]:
-        s.execute(d.upsert_state(), (scope, position.lsn, position.seq, position.lsn, position.seq, str(position),
-                                     stamp))
+    unit end every table has reached (:mod:`mirrorline.apply.state`)."""
+    applied.ensure(s)
+    applied.write(s, tables, position, unit=whole)
 
 
 def read(s: Session) -> dict[str, TableSnapshot]:
     d = s.dialect
-    cols = ", ".join(quote_ident(c) for c in
-                     ["table", "state", "lsn", "seq", "end_lsn", "rows", "origin", "updated_at"])
+    cols = ", ".join(
+        quote_ident(c) for c in ["table", "state", "lsn", "seq", "end_lsn", "rows", "origin", "updated_at"]
+    )
     if s.table_columns(f"public.{SNAPSHOT_TABLE}") is None:
         return {}
     rows: list[tuple[Any, ...]] = s.query(f"SELECT {cols} FROM {d.own(SNAPSHOT_TABLE)}")
-    return {r[0]: TableSnapshot(r[0], r[1], Position(int(r[2]), int(r[3])), int(r[4]), int(r[5]), r[6] or "",
-                                r[7] or "") for r in rows}
+    return {
+        r[0]: TableSnapshot(r[0], r[1], Position(int(r[2]), int(r[3])), int(r[4]), int(r[5]), r[6] or "", r[7] or "")
+        for r in rows
+    }
 
 
-def target_state(snapshots: Mapping[str, TableSnapshot], tables: Iterable[str], applied: Position | None,
-                 caught_up: bool) -> str:
+def target_state(
+    snapshots: Mapping[str, TableSnapshot], tables: Iterable[str], applied: Position | None, caught_up: bool
+) -> str:
     """The state of a target over ``tables`` (the configured ones). ``applied``: its applied position;
     ``caught_up``: it has applied everything the log holds and capture has confirmed past the load's end."""
     tables = list(tables)

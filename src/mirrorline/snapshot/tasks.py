@@ -64,14 +64,23 @@ def pipe_chunk(spec: dict[str, Any]) -> dict[str, Any]:
         try:
             tcur = tgt.cursor()
             tcur.execute("SET synchronous_commit = off")
-            tcur.execute(f'INSERT INTO "public".{CHUNKS_TABLE} (load_id, chunk, rows) VALUES (%s, %s, 0) '
-                         "ON CONFLICT DO NOTHING", (spec["load_id"], spec["chunk_id"]))
+            tcur.execute(
+                f'INSERT INTO "public".{CHUNKS_TABLE} (load_id, chunk, rows) VALUES (%s, %s, 0) ON CONFLICT DO NOTHING',
+                (spec["load_id"], spec["chunk_id"]),
+            )
             if tcur.rowcount == 0:  # this chunk was loaded by an earlier attempt of the task
                 tgt.rollback()
-                tcur.execute(f'SELECT rows FROM "public".{CHUNKS_TABLE} WHERE load_id = %s AND chunk = %s',
-                             (spec["load_id"], spec["chunk_id"]))
-                return {"table": spec["table"], "chunk": spec["chunk_id"], "rows": int(tcur.fetchone()[0]),
-                        "again": True, "rewritten": False}  # committed: it passed the check
+                tcur.execute(
+                    f'SELECT rows FROM "public".{CHUNKS_TABLE} WHERE load_id = %s AND chunk = %s',
+                    (spec["load_id"], spec["chunk_id"]),
+                )
+                return {
+                    "table": spec["table"],
+                    "chunk": spec["chunk_id"],
+                    "rows": int(tcur.fetchone()[0]),
+                    "again": True,
+                    "rewritten": False,
+                }  # committed: it passed the check
             rfd, wfd = os.pipe()
             reader = os.fdopen(rfd, "rb", buffering=PIPE_BUFFER)
             writer = os.fdopen(wfd, "wb", buffering=PIPE_BUFFER)
@@ -99,13 +108,19 @@ def pipe_chunk(spec: dict[str, Any]) -> dict[str, Any]:
             with src.cursor() as scur:
                 if rewritten(scur, spec["table"]):  # the rows are wrong: keep none of them
                     tgt.rollback()
-                    return {"table": spec["table"], "chunk": spec["chunk_id"], "rows": 0, "again": False,
-                            "rewritten": True}
-            tcur.execute(f'UPDATE "public".{CHUNKS_TABLE} SET rows = %s WHERE load_id = %s AND chunk = %s',
-                         (rows, spec["load_id"], spec["chunk_id"]))
+                    return {
+                        "table": spec["table"],
+                        "chunk": spec["chunk_id"],
+                        "rows": 0,
+                        "again": False,
+                        "rewritten": True,
+                    }
+            tcur.execute(
+                f'UPDATE "public".{CHUNKS_TABLE} SET rows = %s WHERE load_id = %s AND chunk = %s',
+                (rows, spec["load_id"], spec["chunk_id"]),
+            )
             tgt.commit()
-            return {"table": spec["table"], "chunk": spec["chunk_id"], "rows": rows, "again": False,
-                    "rewritten": False}
+            return {"table": spec["table"], "chunk": spec["chunk_id"], "rows": rows, "again": False, "rewritten": False}
         finally:
             tgt.close()
     finally:
@@ -134,5 +149,12 @@ def write_chunk(spec: dict[str, Any]) -> dict[str, Any]:
         raise
     finally:
         src.close()
-    return {"table": spec["table"], "chunk": spec["chunk_id"], "file": final.name, "rows": rows, "bytes": size,
-            "sha256": sha, "rewritten": again}
+    return {
+        "table": spec["table"],
+        "chunk": spec["chunk_id"],
+        "file": final.name,
+        "rows": rows,
+        "bytes": size,
+        "sha256": sha,
+        "rewritten": again,
+    }

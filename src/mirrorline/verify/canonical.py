@@ -69,7 +69,7 @@ def pg_float_text(x: float, single: bool = False) -> str:
         return f"{sign}{digits[0]}{'.' + frac if frac else ''}e{'-' if exp < 0 else '+'}{abs(exp):02d}"
     if exp >= 0:
         whole = digits[: exp + 1].ljust(exp + 1, "0")
-        frac = digits[exp + 1:]
+        frac = digits[exp + 1 :]
         return f"{sign}{whole}{'.' + frac if frac else ''}"
     return f"{sign}0.{'0' * (-exp - 1)}{digits}"
 
@@ -104,8 +104,9 @@ def timestamptz_utc(text: str) -> str:
         us = int((frac[1:] + "000000")[:6]) if frac else 0
         off = dt.timedelta(hours=int(m.group(7)), minutes=int(m.group(8) or 0), seconds=int(m.group(9) or 0))
         tz = dt.timezone(off if m.group(6) == "+" else -off)
-        ts = dt.datetime(date.year, date.month, date.day, int(m.group(2)), int(m.group(3)), int(m.group(4)), us,
-                         tzinfo=tz)
+        ts = dt.datetime(
+            date.year, date.month, date.day, int(m.group(2)), int(m.group(3)), int(m.group(4)), us, tzinfo=tz
+        )
         return timestamp_text(ts)
     except (ValueError, OverflowError):
         return text

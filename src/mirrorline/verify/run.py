@@ -22,14 +22,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mirrorline.apply import open_target
-from mirrorline.apply.engine import AppliedState, Target
-from mirrorline.apply.sql import GLOBAL_SCOPE
+from mirrorline.apply import state as applied
+from mirrorline.apply.engine import Target
+from mirrorline.apply.sql import STATE_TABLE
 from mirrorline.config import Config
 from mirrorline.errors import MirrorlineError
 from mirrorline.log.layout import Layout
 from mirrorline.model import TableSchema, quote_ident
 from mirrorline.position import ZERO, Position, format_lsn
-from mirrorline.snapshot import state as S
+from mirrorline.snapshot import state as snapstate
 from mirrorline.snapshot.plan import TableStat, plan_chunks, select_sql
 from mirrorline.snapshot.source import consistent_point, require_source, snapshot_connection
 from mirrorline.snapshot.tasks import rewritten
@@ -56,10 +57,15 @@ class TableCheck:
         return (self.source_rows, self.source_sum) == (self.target_rows, self.target_sum) and not self.note
 
     def to_json(self) -> dict[str, Any]:
-        return {"table": self.table, "equal": self.equal, "source_rows": self.source_rows,
-                "source_checksum": f"{self.source_sum:016x}", "target_rows": self.target_rows,
-                "target_checksum": f"{self.target_sum:016x}" if self.target_sum is not None else None,
-                "note": self.note or None}
+        return {
+            "table": self.table,
+            "equal": self.equal,
+            "source_rows": self.source_rows,
+            "source_checksum": f"{self.source_sum:016x}",
+            "target_rows": self.target_rows,
+            "target_checksum": f"{self.target_sum:016x}" if self.target_sum is not None else None,
+            "note": self.note or None,
+        }
 
 
 @dataclass
@@ -78,9 +84,14 @@ class TargetCheck:
         return not self.error and not self.differing
 
     def to_json(self) -> dict[str, Any]:
-        return {"target": self.target, "position": str(self.position), "equal": self.ok,
-                "differing": self.differing, "error": self.error or None,
-                "tables": [t.to_json() for t in self.tables]}
+        return {
+            "target": self.target,
+            "position": str(self.position),
+            "equal": self.ok,
+            "differing": self.differing,
+            "error": self.error or None,
+            "tables": [t.to_json() for t in self.tables],
+        }
 
 
 @dataclass
@@ -95,8 +106,13 @@ class VerifyReport:
         return all(t.ok for t in self.targets)
 
     def to_json(self) -> dict[str, Any]:
-        return {"equal": self.ok, "consistent_lsn": format_lsn(self.consistent_lsn), "position": str(self.position),
-                "seconds": round(self.seconds, 3), "targets": [t.to_json() for t in self.targets]}
+        return {
+            "equal": self.ok,
+            "consistent_lsn": format_lsn(self.consistent_lsn),
+            "position": str(self.position),
+            "seconds": round(self.seconds, 3),
+            "targets": [t.to_json() for t in self.targets],
+        }
 
     def text(self) -> str:
         lines = [f"verify at {self.position} (consistent point {format_lsn(self.consistent_lsn)}):"]
@@ -109,8 +125,9 @@ class VerifyReport:
                 mark = "ok" if c.equal else "DIFFERS"
                 tgt = "missing" if c.target_rows is None else f"{c.target_rows:,} rows {c.target_sum or 0:016x}"
                 note = f" ({c.note})" if c.note else ""
-                lines.append(f"    {c.table}: {mark}: source {c.source_rows:,} rows {c.source_sum:016x}, "
-                             f"target {tgt}{note}")
+                lines.append(
+                    f"    {c.table}: {mark}: source {c.source_rows:,} rows {c.source_sum:016x}, target {tgt}{note}"
+                )
         return "\n".join(lines)
 
 
@@ -137,8 +154,9 @@ def _text_select(schema: TableSchema, sql_from: str) -> str:
     return f"SELECT {cols} FROM {sql_from}"
 
 
-def source_checksums(config: Config, snapshot: str, stats: dict[str, TableStat], chunk_blocks: int = 16384
-                     ) -> dict[str, tuple[int, int]]:
+def source_checksums(
+    config: Config, snapshot: str, stats: dict[str, TableStat], chunk_blocks: int = 16384
+) -> dict[str, tuple[int, int]]:
     from mirrorline.snapshot.run import _check_rewritten, run_tasks
 
     src = require_source(config)
@@ -213,26 +231,19 @@ def ensure_log(config: Config, point: int, wait_seconds: float = 120.0) -> None:
     deadline = time.monotonic() + wait_seconds
     while _confirmed(config) < point:
         if time.monotonic() > deadline:
-            raise VerifyError(f"capture has not reached the verification point {format_lsn(point)} after "
-                              f"{wait_seconds:.0f} s", hint="is capture running and keeping up?")
+            raise VerifyError(
+                f"capture has not reached the verification point {format_lsn(point)} after {wait_seconds:.0f} s",
+                hint="is capture running and keeping up?",
+            )
         time.sleep(0.2)
 
 
 # ------------------------------------------------------------------------------------------------------ targets
 
 
-def _state_position(rows: Iterable[Sequence[Any]]) -> Position:
-    unit_end, tables = ZERO, {}
-    for scope, lsn, seq, *_ in rows:
-        if scope == GLOBAL_SCOPE:
-            unit_end = Position(int(lsn), int(seq))
-        else:
-            tables[scope] = Position(int(lsn), int(seq))
-    return AppliedState(unit_end, tables).position
-
-
-def target_checksums(target: Target, schemas: Sequence[TableSchema]
-                     ) -> tuple[Position, dict[str, tuple[int, int] | None], dict[str, str]]:
+def target_checksums(
+    target: Target, schemas: Sequence[TableSchema]
+) -> tuple[Position, dict[str, tuple[int, int] | None], dict[str, str]]:
     """(applied position, per table (rows, sum) or None when missing, notes), read in one transaction."""
     d = target.dialect
     out: dict[str, tuple[int, int] | None] = {}
@@ -241,15 +252,18 @@ def target_checksums(target: Target, schemas: Sequence[TableSchema]
         conn = snapshot_connection(target.location, None, "mirrorline verify", utc=True)
         try:
             with conn.cursor() as cur:
-                cur.execute("SELECT to_regclass(%s) IS NOT NULL", (d.own("mirrorline_applied"),))
+                cur.execute("SELECT to_regclass(%s) IS NOT NULL", (d.own(STATE_TABLE),))
                 pos = ZERO
                 if cur.fetchone()[0]:
                     cur.execute(d.read_state())
-                    pos = _state_position(cur.fetchall())
+                    pos = applied.parse(cur.fetchall()).position
             for ts in schemas:
                 with conn.cursor() as cur:
-                    cur.execute("SELECT attname FROM pg_attribute WHERE attrelid = to_regclass(%s) AND attnum > 0 "
-                                "AND NOT attisdropped", (d.table(ts.table),))
+                    cur.execute(
+                        "SELECT attname FROM pg_attribute WHERE attrelid = to_regclass(%s) AND attnum > 0 "
+                        "AND NOT attisdropped",
+                        (d.table(ts.table),),
+                    )
                     have = {r[0] for r in cur.fetchall()}
                 if not have:
                     out[ts.table] = None
@@ -273,9 +287,7 @@ def target_checksums(target: Target, schemas: Sequence[TableSchema]
         else:
             s.begin()
             rd = s.cur  # type: ignore[attr-defined]
-        pos = ZERO
-        if s.table_columns("public.mirrorline_applied") is not None:
-            pos = _state_position(s.query(d.read_state()))
+        pos = applied.read(s).position
         for ts in schemas:
             found = s.table_columns(ts.table)
             if found is None:
@@ -303,22 +315,22 @@ def target_checksums(target: Target, schemas: Sequence[TableSchema]
     return pos, out, notes
 
 
-def _snapshot_state(target: Target) -> dict[str, S.TableSnapshot]:
+def _snapshot_state(target: Target) -> dict[str, snapstate.TableSnapshot]:
     s = target.session()
     try:
-        return S.read(s)
+        return snapstate.read(s)
     finally:
         s.close()
 
 
-def verify(config: Config, targets: Iterable[str] | None = None, *, attempts: int = 3,
-           wait_seconds: float = 120.0) -> VerifyReport:
+def verify(
+    config: Config, targets: Iterable[str] | None = None, *, attempts: int = 3, wait_seconds: float = 120.0
+) -> VerifyReport:
     """Compare the configured tables of each target (or of ``targets``) with the source at one position."""
     from mirrorline.snapshot.catchup import catch_up
     from mirrorline.snapshot.run import ATTEMPTS, _describe, _retrying, _Rewritten, target_config
 
-    names = list(targets) if targets is not None else sorted(n for n, t in config.targets.items()
-                                                             if t.kind != "parquet")
+    names = list(targets) if targets is not None else sorted(config.targets)
     for n in names:
         target_config(config, n)
     t0 = time.monotonic()
@@ -333,10 +345,11 @@ def verify(config: Config, targets: Iterable[str] | None = None, *, attempts: in
                 except _Rewritten as e:  # TRUNCATE is not MVCC-safe: the snapshot saw the table empty
                     _retrying(e, "verify", attempt)
         else:
-            raise VerifyError(f"the source rewrote a table (TRUNCATE, VACUUM FULL, CLUSTER or a rewriting ALTER "
-                              f"TABLE) after each of {ATTEMPTS} verification points, before it was read",
-                              hint="verify when the source is not truncating or rewriting the configured tables "
-                                   "continually")
+            raise VerifyError(
+                f"the source rewrote a table (TRUNCATE, VACUUM FULL, CLUSTER or a rewriting ALTER "
+                f"TABLE) after each of {ATTEMPTS} verification points, before it was read",
+                hint="verify when the source is not truncating or rewriting the configured tables continually",
+            )
         schemas = [s.schema for s in stats.values()]
         ensure_log(config, cp.lsn, wait_seconds)
         checks: list[TargetCheck] = []
@@ -348,8 +361,13 @@ def verify(config: Config, targets: Iterable[str] | None = None, *, attempts: in
                 loaded = {t for t, r in snaps.items() if r.state == "loaded"}
                 unloaded = [t for t in stats if t not in loaded]
                 if unloaded:
-                    checks.append(TargetCheck(name, ZERO, error=f"not loaded: {', '.join(unloaded)} (run mirrorline "
-                                                                f"snapshot --target {name})"))
+                    checks.append(
+                        TargetCheck(
+                            name,
+                            ZERO,
+                            error=f"not loaded: {', '.join(unloaded)} (run mirrorline snapshot --target {name})",
+                        )
+                    )
                     continue
                 if target.applied_positions().position < cp.position:
                     catch_up(config, name, upto=cp.position, target=target)
@@ -362,10 +380,20 @@ def verify(config: Config, targets: Iterable[str] | None = None, *, attempts: in
             tc = TargetCheck(name, pos)
             for t, (rows, total) in source.items():
                 got = sums.get(t)
-                tc.tables.append(TableCheck(t, rows, total, got[0] if got else None, got[1] if got else None,
-                                            notes.get(t, "" if got is not None else "missing in the target")))
+                tc.tables.append(
+                    TableCheck(
+                        t,
+                        rows,
+                        total,
+                        got[0] if got else None,
+                        got[1] if got else None,
+                        notes.get(t, "" if got is not None else "missing in the target"),
+                    )
+                )
             checks.append(tc)
         if not moved:
             return VerifyReport(cp.lsn, cp.position, checks, time.monotonic() - t0)
-    raise VerifyError(f"could not read the targets at the verification point: {last_moved}",
-                      hint="another process keeps applying to it; pause its apply while verifying")
+    raise VerifyError(
+        f"could not read the targets at the verification point: {last_moved}",
+        hint="another process keeps applying to it; pause its apply while verifying",
+    )

@@ -23,8 +23,7 @@ MODES = ["update", "mirror"]
 
 ITEMS = TableSchema(
     "public.items",
-    (Column("id", "integer", nullable=False), Column("name", "text"), Column("qty", "bigint"),
-     Column("note", "text")),
+    (Column("id", "integer", nullable=False), Column("name", "text"), Column("qty", "bigint"), Column("note", "text")),
     key=("id",),
 )
 ORDERS = TableSchema(
@@ -41,34 +40,75 @@ def P(lsn: int, seq: int = 0) -> Position:
 DEFAULT_POS = Position(0x100)
 
 
-def net(table: str, kind: str, key: Sequence[Any], new: dict[str, Any] | None = None,
-        unchanged: Iterable[str] = (), pos: Position = DEFAULT_POS,
-        moved_from: Sequence[Any] | None = None) -> tuple[Any, ...]:
+def net(
+    table: str,
+    kind: str,
+    key: Sequence[Any],
+    new: dict[str, Any] | None = None,
+    unchanged: Iterable[str] = (),
+    pos: Position = DEFAULT_POS,
+    moved_from: Sequence[Any] | None = None,
+) -> tuple[Any, ...]:
     """One net row in the compile -> apply layout."""
     str_new = None if new is None else {k: (None if v is None else str(v)) for k, v in new.items()}
     moved = None if moved_from is None else [str(k) for k in moved_from]
     return (table, kind, [str(k) for k in key], str_new, sorted(unchanged), pos.lsn, pos.seq, moved)
 
 
-def batch(spark: Any, rows: list[tuple[Any, ...]], start: Position, end: Position,
-          tables: list[str] | None = None, truncated: dict[str, Position] | None = None,
-          changes: int | None = None) -> NetBatch:
+def batch(
+    spark: Any,
+    rows: list[tuple[Any, ...]],
+    start: Position,
+    end: Position,
+    tables: list[str] | None = None,
+    truncated: dict[str, Position] | None = None,
+    changes: int | None = None,
+) -> NetBatch:
     df = spark.createDataFrame(rows, NET_DDL)
     if tables is None:
         tables = list(dict.fromkeys(r[0] for r in rows))
-    return NetBatch(start=start, end=end, tables=tables, net=df, truncated=truncated or {},
-                    changes=len(rows) if changes is None else changes)
+    return NetBatch(
+        start=start,
+        end=end,
+        tables=tables,
+        net=df,
+        truncated=truncated or {},
+        changes=len(rows) if changes is None else changes,
+    )
 
 
-def change(table: str, op: str, key: Sequence[Any], new: dict[str, Any] | None = None, pos: Position = DEFAULT_POS,
-           unchanged: Iterable[str] = (), old_key: Sequence[Any] | None = None) -> Change:
+def change(
+    table: str,
+    op: str,
+    key: Sequence[Any],
+    new: dict[str, Any] | None = None,
+    pos: Position = DEFAULT_POS,
+    unchanged: Iterable[str] = (),
+    old_key: Sequence[Any] | None = None,
+) -> Change:
     str_new = None if new is None else {k: (None if v is None else str(v)) for k, v in new.items()}
-    return Change(pos=pos, commit_ts=0, xid=1, table=table, op=Op(op), key=tuple(str(k) for k in key), new=str_new,
-                  unchanged=frozenset(unchanged), old_key=None if old_key is None else tuple(str(k) for k in old_key))
+    return Change(
+        pos=pos,
+        commit_ts=0,
+        xid=1,
+        table=table,
+        op=Op(op),
+        key=tuple(str(k) for k in key),
+        new=str_new,
+        unchanged=frozenset(unchanged),
+        old_key=None if old_key is None else tuple(str(k) for k in old_key),
+    )
 
 
-def open_target(kind: str, request: pytest.FixtureRequest, tmp_path: Path, mode: str = "update",
-                on_error: str = "stop", threads: int = 1, **options: Any) -> Target:
+def open_target(
+    kind: str,
+    request: pytest.FixtureRequest,
+    tmp_path: Path,
+    mode: str = "update",
+    on_error: str = "stop",
+    threads: int = 1,
+    **options: Any,
+) -> Target:
     location = request.getfixturevalue("pg").dsn if kind == "postgresql" else str(tmp_path / f"target.{kind}")
     target = target_class(kind)("t1", location, mode=mode, on_error=on_error, threads=threads, **options)
     request.addfinalizer(target.close)

@@ -28,11 +28,13 @@ def item_values(i: int, salt: int = 0) -> str:
     name = names[(i + salt) % len(names)]
     name_sql = "NULL" if name is None else "'" + name.replace("'", "''") + "'"
     f8 = [0.1, 1e15, 1.5e-5, -0.0, 123456789.125, 1e300][(i + salt) % 6]
-    return (f"({i}, {name_sql}, {(i * 7 + salt) % 1000}, {((i + salt) % 100000) / 100:.2f}, "
-            f"{'NULL' if i % 5 == 0 else ('true' if (i + salt) % 2 else 'false')}, {f8!r}, {(i % 97) / 7}, "
-            f"timestamptz '2024-01-01 00:00:00+02' + interval '{i + salt} minutes 0.25 seconds', "
-            f"date '2020-01-01' + {i % 400}, '\\x{(i + salt) % 65536:04x}'::bytea, "
-            f"'{{\"k\": {i}, \"s\": \"v{salt}\"}}', 'n{i % 13}')")
+    return (
+        f"({i}, {name_sql}, {(i * 7 + salt) % 1000}, {((i + salt) % 100000) / 100:.2f}, "
+        f"{'NULL' if i % 5 == 0 else ('true' if (i + salt) % 2 else 'false')}, {f8!r}, {(i % 97) / 7}, "
+        f"timestamptz '2024-01-01 00:00:00+02' + interval '{i + salt} minutes 0.25 seconds', "
+        f"date '2020-01-01' + {i % 400}, '\\x{(i + salt) % 65536:04x}'::bytea, "
+        f'\'{{"k": {i}, "s": "v{salt}"}}\', \'n{i % 13}\')'
+    )
 
 
 def create_items(dsn: str, name: str = "public.items", rows: int = 2000, start: int = 1) -> None:
@@ -41,15 +43,34 @@ def create_items(dsn: str, name: str = "public.items", rows: int = 2000, start: 
     with conn.cursor() as cur:
         cur.execute(ITEMS_DDL.format(name=name))
         if rows:
-            cur.execute(f"INSERT INTO {name} ({ITEM_COLS}) VALUES "
-                        + ", ".join(item_values(i) for i in range(start, start + rows)))
+            cur.execute(
+                f"INSERT INTO {name} ({ITEM_COLS}) VALUES "
+                + ", ".join(item_values(i) for i in range(start, start + rows))
+            )
     conn.close()
 
 
-def write_config(tmp_path: Path, source_dsn: str, targets: dict[str, str], tables: dict[str, dict[str, Any]],
-                 name: str = "mirrorline.toml", slot: str = "mirrorline") -> C.Config:
-    lines = ["[source]", f'dsn = "{source_dsn}"', f'slot = "{slot}"', "", "[log]", 'path = "log"',
-             'segment_seconds = "0.2"', "", "[apply]", 'latency = "0.5s"', ""]
+def write_config(
+    tmp_path: Path,
+    source_dsn: str,
+    targets: dict[str, str],
+    tables: dict[str, dict[str, Any]],
+    name: str = "mirrorline.toml",
+    slot: str = "mirrorline",
+) -> C.Config:
+    lines = [
+        "[source]",
+        f'dsn = "{source_dsn}"',
+        f'slot = "{slot}"',
+        "",
+        "[log]",
+        'path = "log"',
+        'segment_seconds = "0.2"',
+        "",
+        "[apply]",
+        'latency = "0.5s"',
+        "",
+    ]
     for t, spec in tables.items():
         lines.append(f'[tables."{t}"]')
         for k, v in spec.items():
@@ -96,8 +117,11 @@ class Workload:
             cur.execute(f"INSERT INTO {self.table} ({ITEM_COLS}) VALUES {item_values(self.next_id, 3)}")
             self.next_id += 1
         elif r < 0.75:
-            cur.execute(f"UPDATE {self.table} SET qty = qty + 1, name = 'upd' || qty, f8 = f8 * 2, "
-                        f"ts = ts + interval '1 hour', flag = NOT flag WHERE id = %s", (k,))
+            cur.execute(
+                f"UPDATE {self.table} SET qty = qty + 1, name = 'upd' || qty, f8 = f8 * 2, "
+                f"ts = ts + interval '1 hour', flag = NOT flag WHERE id = %s",
+                (k,),
+            )
         elif r < 0.8:
             cur.execute(f"UPDATE {self.table} SET id = %s WHERE id = %s", (self.next_id, k))
             self.next_id += 1
