@@ -8,6 +8,7 @@ from dataclasses import replace
 import pyarrow as pa
 import pytest
 
+from decoder_vectors import REAL, col
 from mirrorline.capture.assembler import Assembler
 from mirrorline.capture.decoder import (
     PG_EPOCH_UNIX_US,
@@ -43,7 +44,6 @@ from mirrorline.capture.rowbuf import to_changes
 from mirrorline.errors import DecodeError, SourceError
 from mirrorline.model import Change, Op, TableSchema
 from mirrorline.position import Position
-from test_decoder_vectors import REAL, col
 
 TYPES = {23: "integer", 25: "text", 1043: "character varying(20)", 1700: "numeric(10,2)", 17: "bytea"}
 

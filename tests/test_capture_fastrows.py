@@ -12,6 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from decoder_vectors import col, encode
 from mirrorline.capture import batching as batching_module
 from mirrorline.capture.batching import BatchAssembler
 from mirrorline.capture.decoder import (
@@ -34,7 +35,6 @@ from mirrorline.capture.events import Committed, Event, SpillChanges, TableInfo
 from mirrorline.capture.rowbuf import to_changes
 from mirrorline.errors import DecodeError
 from mirrorline.model import Change, TableSchema
-from test_decoder_vectors import col, encode
 
 RELS = {
     1: Relation(None, 1, "public", "a", "d", (col("id", 23, True), col("v", 25), col("w", 25))),

@@ -15,7 +15,7 @@ from mirrorline.log import ChangeLog, LogWriter
 from mirrorline.log.interchange import export_daystream, import_daystream
 from mirrorline.model import Change, Column, Op, TableSchema
 from mirrorline.position import ZERO, Position
-from test_daystream import DAYSTREAM, DELTAFLOOD
+from test_log_daystream import DAYSTREAM, DELTAFLOOD
 
 ZZZ = {"public.zzz": TableConfig("public.zzz", key=("a",), columns={"a": "text", "b": "text"})}
 

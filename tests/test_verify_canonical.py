@@ -7,7 +7,7 @@ from decimal import Decimal
 
 import pytest
 
-from mirrorline.verify.canonical import checksum, converter, pg_float_text, row_hash, select_text, timestamptz_utc
+from mirrorline.verify.canonical import checksum, native_text, pg_float_text, row_hash, select_text, timestamptz_utc
 
 # (value, float8 text, real text) as PostgreSQL 15 prints them (extra_float_digits = 1)
 FLOATS = [
@@ -47,22 +47,21 @@ def test_timestamptz_text_in_any_zone_becomes_utc() -> None:
 
 
 def test_engine_values_to_postgresql_text() -> None:
-    assert converter("sqlite", "boolean")(1) == "t" and converter("duckdb", "boolean")(False) == "f"
-    assert converter("sqlite", "bigint")(42) == "42"
-    assert converter("sqlite", "bytea")(b"\x01\xff") == "\\x01ff"
-    assert converter("duckdb", "numeric(10,2)")(Decimal("1.50")) == "1.50"
-    assert converter("duckdb", "numeric(12,10)")(Decimal("0E-10")) == "0.0000000000"
-    assert converter("duckdb", "date")(dt.date(2024, 1, 2)) == "2024-01-02"
+    assert native_text("boolean")(1) == "t" and native_text("boolean")(False) == "f"
+    assert native_text("bigint")(42) == "42"
+    assert native_text("bytea")(b"\x01\xff") == "\\x01ff"
+    assert native_text("numeric(10,2)")(Decimal("1.50")) == "1.50"
+    assert native_text("numeric(12,10)")(Decimal("0E-10")) == "0.0000000000"
+    assert native_text("date")(dt.date(2024, 1, 2)) == "2024-01-02"
     assert (
-        converter("duckdb", "timestamp without time zone")(dt.datetime(2024, 1, 2, 3, 4, 5, 120000))
-        == "2024-01-02 03:04:05.12"
+        native_text("timestamp without time zone")(dt.datetime(2024, 1, 2, 3, 4, 5, 120000)) == "2024-01-02 03:04:05.12"
     )
     aware = dt.datetime(2024, 1, 2, 3, 4, 5, tzinfo=dt.timezone(dt.timedelta(hours=2)))
-    assert converter("duckdb", "timestamp with time zone")(aware) == "2024-01-02 01:04:05+00"
-    assert converter("sqlite", "timestamp with time zone")("2024-01-02 03:04:05+02") == "2024-01-02 01:04:05+00"
-    assert converter("duckdb", "time without time zone")(dt.time(3, 4, 5, 500000)) == "03:04:05.5"
-    assert converter("duckdb", "real")(0.10000000149011612) == "0.1"
-    assert converter("sqlite", "text")(None) is None
+    assert native_text("timestamp with time zone")(aware) == "2024-01-02 01:04:05+00"
+    assert native_text("timestamp with time zone")("2024-01-02 03:04:05+02") == "2024-01-02 01:04:05+00"
+    assert native_text("time without time zone")(dt.time(3, 4, 5, 500000)) == "03:04:05.5"
+    assert native_text("real")(0.10000000149011612) == "0.1"
+    assert native_text("text")(None) is None
     assert select_text('"b"', "boolean").startswith("CASE WHEN")
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import itertools
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -76,6 +76,11 @@ class DuckdbSession(Session):
 
     def query(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         return self.cur.execute(sql, list(params) if params else None).fetchall()
+
+    def fetch(self, sql: str, size: int = 10_000) -> Iterator[list[tuple[Any, ...]]]:
+        res = self.cur.execute(sql)
+        while batch := res.fetchmany(size):
+            yield batch
 
     def load(self, name: str, columns: Sequence[str], data: pa.Table) -> None:
         view = f"mirrorline_arrow_{next(_views)}"

@@ -34,11 +34,12 @@ from mirrorline.apply.sql import Dialect, key_col, parse_mask
 from mirrorline.apply.stage import ArrowStager, Stager
 from mirrorline.apply.state import AppliedState
 from mirrorline.apply.state import parse as parse_state
+from mirrorline.apply.state import read as read_state
 from mirrorline.apply.state import write as write_state
 from mirrorline.apply.state import write_missing as write_missing_state
 from mirrorline.apply.types import cannot_hold
 from mirrorline.errors import ApplyError, TargetError, TransientTargetError
-from mirrorline.model import Change, TableSchema
+from mirrorline.model import Change, TableSchema, quote_ident
 from mirrorline.position import Position
 
 if TYPE_CHECKING:
@@ -46,6 +47,42 @@ if TYPE_CHECKING:
 
 _images = itertools.count(1)
 ChangeSource = Callable[[], Iterable[Change]] | Sequence[Change] | None
+
+
+class TargetRead(ABC):
+    """One consistent view of a target, for ``verify``: its applied position and its tables' rows, every value in
+    the canonical text form (:mod:`mirrorline.verify.canonical`), all as of one moment."""
+
+    position: Position
+
+    @abstractmethod
+    def columns(self, table: str) -> list[str] | None:
+        """The columns of the target's table for source table ``table`` (None: no such table)."""
+
+    @abstractmethod
+    def rows(self, ts: TableSchema) -> Iterator[list[Sequence[str | None]]]:
+        """``ts``'s rows, its columns in order, in batches."""
+
+
+class _SessionRead(TargetRead):
+    """A read transaction on one of the target's sessions; values turned into canonical text from the engine's
+    own types."""
+
+    def __init__(self, target: Target, s: Session) -> None:
+        self.target, self.s = target, s
+        s.begin_read()
+        self.position = read_state(s).position
+
+    def columns(self, table: str) -> list[str] | None:
+        return self.s.table_columns(table)
+
+    def rows(self, ts: TableSchema) -> Iterator[list[Sequence[str | None]]]:
+        from mirrorline.verify.canonical import native_text
+
+        convs = [native_text(c.type_name) for c in ts.columns]
+        cols = ", ".join(quote_ident(c) for c in ts.column_names)
+        for batch in self.s.fetch(f"SELECT {cols} FROM {self.target.dialect.table(ts.table)}"):
+            yield [[f(v) for f, v in zip(convs, row, strict=True)] for row in batch]
 
 
 @dataclass
@@ -165,6 +202,17 @@ class Target(ABC):
                     self._idle.append(s)
                     return
         s.disconnect()
+
+    @contextlib.contextmanager
+    def consistent_read(self) -> Iterator[TargetRead]:
+        """A read of the target as of one moment (see :class:`TargetRead`), ended (rolled back) with the block."""
+        s = self.session()
+        try:
+            yield _SessionRead(self, s)
+        finally:
+            with contextlib.suppress(Exception):
+                s.rollback()
+            s.close()
 
     @contextlib.contextmanager
     def transaction(self) -> Iterator[Session]:

@@ -13,6 +13,7 @@ task that ran twice cannot insert twice.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import select
 import uuid
@@ -27,10 +28,11 @@ import pyarrow.csv as pacsv
 
 from mirrorline.apply import rows as work_rows
 from mirrorline.apply import types as type_map
-from mirrorline.apply.engine import Target, check_unknown_types
+from mirrorline.apply.engine import Target, TargetRead, check_unknown_types
 from mirrorline.apply.session import Session
-from mirrorline.apply.sql import Dialect
+from mirrorline.apply.sql import STATE_TABLE, Dialect
 from mirrorline.apply.stage import Stager, generic_flatten, pick
+from mirrorline.apply.state import parse as parse_state
 from mirrorline.config import redact_dsn
 from mirrorline.errors import TargetError, TransientTargetError
 from mirrorline.model import Column, TableSchema, quote_ident
@@ -196,11 +198,65 @@ class PostgresTarget(Target):
 
         check_unknown_types(self.dialect, schemas, known)
 
+    @contextlib.contextmanager
+    def consistent_read(self) -> Iterator[TargetRead]:
+        """A REPEATABLE READ, READ ONLY transaction of its own, in the canonical session settings (``TimeZone =
+        UTC``): PostgreSQL prints every value in canonical text itself
+        (:func:`mirrorline.verify.canonical.select_text`), read through a server-side cursor."""
+        from mirrorline.snapshot.source import SESSION_SETTINGS
+
+        conn = connect(self.location)
+        try:
+            with conn.cursor() as cur:
+                for stmt in (*SESSION_SETTINGS, "SET TimeZone = 'UTC'"):
+                    cur.execute(stmt)
+                conn.commit()
+                cur.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+            yield _PgRead(self, conn)
+        finally:
+            with contextlib.suppress(Exception):
+                conn.rollback()
+            conn.close()
+
     def stager(self, batch: NetBatch, schemas: Mapping[str, TableSchema], tables: list[str]) -> Stager:
         rows = batch.net_rows if batch.net_rows is not None else batch.changes
         if not batch.on_driver and (rows >= self.parallel_rows > 0 or self.parallel_rows == 0):
             return SparkCopyStager(self.location, batch, schemas, tables)
         return super().stager(batch, schemas, tables)
+
+
+class _PgRead(TargetRead):
+    def __init__(self, target: PostgresTarget, conn: Any) -> None:
+        self.target, self.conn = target, conn
+        d = target.dialect
+        with conn.cursor() as cur:
+            cur.execute("SELECT to_regclass(%s) IS NOT NULL", (d.own(STATE_TABLE),))
+            found = cur.fetchone()[0]
+            rows = []
+            if found:
+                cur.execute(d.read_state())
+                rows = cur.fetchall()
+        self.position = parse_state(rows).position
+
+    def columns(self, table: str) -> list[str] | None:
+        with self.conn.cursor() as cur:
+            cur.execute(
+                "SELECT attname FROM pg_attribute WHERE attrelid = to_regclass(%s) AND attnum > 0 AND NOT attisdropped "
+                "ORDER BY attnum",
+                (self.target.dialect.table(table),),
+            )
+            have = [r[0] for r in cur.fetchall()]
+        return have or None
+
+    def rows(self, ts: TableSchema) -> Iterator[list[Sequence[str | None]]]:
+        from mirrorline.verify.canonical import select_text
+
+        cols = ", ".join(select_text(quote_ident(c.name), c.type_name) for c in ts.columns)
+        with self.conn.cursor(name="mirrorline_verify_t") as cur:
+            cur.itersize = 10_000
+            cur.execute(f"SELECT {cols} FROM {self.target.dialect.table(ts.table)}")
+            while batch := cur.fetchmany(10_000):
+                yield batch
 
 
 class SparkCopyStager(Stager):

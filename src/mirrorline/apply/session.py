@@ -4,7 +4,7 @@ of a worktable from Arrow, catalog lookups. Each target module implements it."""
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +48,16 @@ class Session(ABC):
 
     @abstractmethod
     def query(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]: ...
+
+    def begin_read(self) -> None:
+        """Start a transaction that reads one consistent state of the database without blocking its writers."""
+        self.begin()
+
+    def fetch(self, sql: str, size: int = 10_000) -> Iterator[list[tuple[Any, ...]]]:
+        """The rows of a query in batches of ``size`` (native values), inside the current transaction."""
+        rows = self.query(sql)
+        for i in range(0, len(rows), size):
+            yield rows[i : i + size]
 
     @abstractmethod
     def load(self, name: str, columns: Sequence[str], data: pa.Table) -> None:

@@ -8,7 +8,7 @@ with the table, column, type and value."""
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -148,6 +148,14 @@ class SqliteSession(Session):
 
     def query(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         return self.conn.execute(sql, tuple(params)).fetchall()
+
+    def begin_read(self) -> None:
+        self.conn.execute("BEGIN")  # deferred: a read snapshot at the first read, writers not blocked (WAL)
+
+    def fetch(self, sql: str, size: int = 10_000) -> Iterator[list[tuple[Any, ...]]]:
+        cur = self.conn.execute(sql)
+        while batch := cur.fetchmany(size):
+            yield batch
 
     def load(self, name: str, columns: Sequence[str], data: pa.Table) -> None:
         self.execute(self.dialect.create_worktable(name, columns))

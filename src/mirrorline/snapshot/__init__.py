@@ -11,24 +11,36 @@ What other stages use::
     reconcile_targets(config)                         # at start: new targets / added tables loaded; removed left
     catch_up(config, "cache", upto=None)              # apply the log to one target (units cut at table positions)
     target_states(config)                             # see mirrorline.status
+
+For ``verify``, the consistent-read building blocks: ``describe_tables`` (the tables at a consistent point),
+``run_tasks`` (chunk tasks under its snapshot), ``check_rewritten`` / ``Rewritten`` / ``retrying`` / ``ATTEMPTS``
+(a table rewritten under the snapshot: take a new point), ``target_config``.
 """
 
 from mirrorline.snapshot.catchup import catch_up
 from mirrorline.snapshot.folder import Manifest, check_folder
 from mirrorline.snapshot.plan import SEQ_MAX, consistent_position, point_of
 from mirrorline.snapshot.run import (
+    ATTEMPTS,
     Options,
+    Rewritten,
     SnapshotResult,
     TargetReconcile,
+    check_rewritten,
+    describe_tables,
     export_snapshot,
     load_snapshot,
     missing_tables,
     reconcile_targets,
+    retrying,
+    run_tasks,
     snapshot_target,
+    target_config,
 )
 from mirrorline.snapshot.state import CATCHING_UP, LIVE, LOADING, NEW
 
 __all__ = [
+    "ATTEMPTS",
     "CATCHING_UP",
     "LIVE",
     "LOADING",
@@ -36,15 +48,21 @@ __all__ = [
     "SEQ_MAX",
     "Manifest",
     "Options",
+    "Rewritten",
     "SnapshotResult",
     "TargetReconcile",
     "catch_up",
     "check_folder",
+    "check_rewritten",
     "consistent_position",
+    "describe_tables",
     "export_snapshot",
     "load_snapshot",
     "missing_tables",
     "point_of",
     "reconcile_targets",
+    "retrying",
+    "run_tasks",
     "snapshot_target",
+    "target_config",
 ]

@@ -152,7 +152,7 @@ def _spark_poll(group: str, total_rows: int, total_chunks: int) -> Callable[[Pro
 ATTEMPTS = 5  # consistent points tried when a table is rewritten between one and the read of its chunks
 
 
-class _Rewritten(Exception):
+class Rewritten(Exception):
     """A table was rewritten (TRUNCATE, ...) after the consistent point and before a task read it: the chunks read
     under that snapshot are wrong (see :mod:`mirrorline.snapshot.tasks`); take a new consistent point."""
 
@@ -161,10 +161,11 @@ class _Rewritten(Exception):
         self.tables = tables
 
 
-def _check_rewritten(results: Iterable[dict[str, Any]]) -> None:
+def check_rewritten(results: Iterable[dict[str, Any]]) -> None:
+    """Raise :class:`Rewritten` when a task reports that its table was rewritten under the snapshot."""
     bad = sorted({str(r["table"]) for r in results if r.get("rewritten")})
     if bad:
-        raise _Rewritten(bad)
+        raise Rewritten(bad)
 
 
 def _attempts(what: str) -> Iterator[int]:
@@ -179,7 +180,8 @@ def _attempts(what: str) -> Iterator[int]:
     )
 
 
-def _retrying(e: _Rewritten, what: str, attempt: int) -> None:
+def retrying(e: Rewritten, what: str, attempt: int) -> None:
+    """Say that ``what`` takes a new consistent point after ``e``."""
     log.info(
         "%s: %s rewritten (TRUNCATE?) after the consistent point, before it was read; taking a new consistent "
         "point (attempt %d of %d)",
@@ -220,7 +222,7 @@ def snapshot_target(
         for attempt in _attempts(f"snapshot of {name}"):
             try:
                 with consistent_point(config) as cp:
-                    stats = _describe(config, cp, only)
+                    stats = describe_tables(config, cp, only)
                     schemas = [s.schema for s in stats.values()]
                     target.ensure_schema(schemas)
                     _register(config.log.path, name, cp.position)
@@ -232,8 +234,8 @@ def snapshot_target(
                         chunks = plan_chunks(stats.values(), _chunk_blocks(opts, STAGED_CHUNK_MB), _parallelism())
                         rows = _wire_staged(config, target, cp, stats, chunks, whole, opts)
                 break
-            except _Rewritten as e:
-                _retrying(e, f"snapshot of {name}", attempt)
+            except Rewritten as e:
+                retrying(e, f"snapshot of {name}", attempt)
     finally:
         target.close()
     if only is None:
@@ -275,7 +277,8 @@ def _parallelism() -> int:
     return max(int(get_spark().sparkContext.defaultParallelism), 1)
 
 
-def _describe(config: Config, cp: ConsistentPoint, only: set[str] | None) -> dict[str, TableStat]:
+def describe_tables(config: Config, cp: ConsistentPoint, only: set[str] | None) -> dict[str, TableStat]:
+    """The configured tables (or ``only`` these) as the source holds them at the consistent point: schema, size."""
     assert config.source is not None
     conn = snapshot_connection(config.source.dsn, cp.snapshot)
     try:
@@ -332,8 +335,8 @@ def _wire_postgres(
             ]
             results = run_tasks(pipe_chunk, specs, group, f"snapshot of {target.name} (group {i + 1})")
             try:
-                _check_rewritten(results)
-            except _Rewritten:
+                check_rewritten(results)
+            except Rewritten:
                 _forget_load(target, load_id)
                 raise
             for r in results:
@@ -431,7 +434,7 @@ def _wire_staged(
         runner.join()
         if failed:
             raise failed[0]
-        _check_rewritten(done)
+        check_rewritten(done)
         end_lsn = current_wal_lsn(config.source.dsn)
         loader.finish(rows, cp.position, end_lsn, "wire", whole)
         ok = True
@@ -463,7 +466,7 @@ def export_snapshot(config: Config, directory: str | Path, *, options: Options |
         for attempt in _attempts(f"export to {folder}"):
             try:
                 with consistent_point(config) as cp:
-                    stats = _describe(config, cp, None)
+                    stats = describe_tables(config, cp, None)
                     _register(config.log.path, f"export-{folder.name}", cp.position)
                     chunks = plan_chunks(stats.values(), _chunk_blocks(opts), _parallelism())
                     specs = _chunk_specs(config, cp, stats, chunks, folder, export_id)
@@ -480,11 +483,11 @@ def export_snapshot(config: Config, directory: str | Path, *, options: Options |
                         results = run_tasks(write_chunk, specs, group, f"export to {folder}")
                         prog.rows = sum(int(r["rows"]) for r in results)
                         prog.exact = True
-                    _check_rewritten(results)
+                    check_rewritten(results)
                     end_lsn = current_wal_lsn(config.source.dsn)
                 break
-            except _Rewritten as e:
-                _retrying(e, f"export to {folder}", attempt)
+            except Rewritten as e:
+                retrying(e, f"export to {folder}", attempt)
                 for p in folder.iterdir():
                     p.unlink()
     except BaseException:

@@ -139,12 +139,10 @@ def _as_text(v: Any) -> str:
     return str(v)
 
 
-def converter(engine: str, type_name: str) -> Canon:
-    """How a value read from ``engine`` ("postgresql" as text, "sqlite", "duckdb") for a column of PostgreSQL type
-    ``type_name`` becomes canonical text."""
+def native_text(type_name: str) -> Canon:
+    """How a value a target engine holds in its own types (SQLite's, DuckDB's: :mod:`mirrorline.apply.types`) for
+    a column of PostgreSQL type ``type_name`` becomes canonical text."""
     b = base_type(type_name)
-    if engine == "postgresql":
-        return lambda v: v  # read as canonical text already (see mirrorline.verify.read)
     if b.endswith("[]"):
         return _none(_as_text)
     if b in _FLOAT8:

@@ -13,7 +13,6 @@ verify takes a new point and tries again.)
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import os
 import time
@@ -22,9 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mirrorline.apply import open_target
-from mirrorline.apply import state as applied
 from mirrorline.apply.engine import Target
-from mirrorline.apply.sql import STATE_TABLE
 from mirrorline.config import Config
 from mirrorline.errors import MirrorlineError
 from mirrorline.log.layout import Layout
@@ -34,7 +31,7 @@ from mirrorline.snapshot import state as snapstate
 from mirrorline.snapshot.plan import TableStat, plan_chunks, select_sql
 from mirrorline.snapshot.source import consistent_point, require_source, snapshot_connection
 from mirrorline.snapshot.tasks import rewritten
-from mirrorline.verify.canonical import MASK, Canon, checksum, combine, converter, select_text
+from mirrorline.verify.canonical import MASK, checksum, combine, select_text
 
 FETCH = 10_000
 
@@ -157,7 +154,7 @@ def _text_select(schema: TableSchema, sql_from: str) -> str:
 def source_checksums(
     config: Config, snapshot: str, stats: dict[str, TableStat], chunk_blocks: int = 16384
 ) -> dict[str, tuple[int, int]]:
-    from mirrorline.snapshot.run import _check_rewritten, run_tasks
+    from mirrorline.snapshot import check_rewritten, run_tasks
 
     src = require_source(config)
     chunks = plan_chunks(stats.values(), chunk_blocks, 1)
@@ -169,7 +166,7 @@ def source_checksums(
         specs.append({"dsn": src.dsn, "snapshot": snapshot, "table": c.table, "sql": _text_select(schema, sql_from)})
     out = {t: (0, 0) for t in stats}
     results = run_tasks(checksum_chunk, specs, f"mirrorline-verify-{os.getpid()}", "verify: reading the source")
-    _check_rewritten(results)
+    check_rewritten(results)
     for r in results:
         out[r["table"]] = combine(out[r["table"]], (int(r["rows"]), int(r["sum"])))
     return out
@@ -244,52 +241,13 @@ def ensure_log(config: Config, point: int, wait_seconds: float = 120.0) -> None:
 def target_checksums(
     target: Target, schemas: Sequence[TableSchema]
 ) -> tuple[Position, dict[str, tuple[int, int] | None], dict[str, str]]:
-    """(applied position, per table (rows, sum) or None when missing, notes), read in one transaction."""
-    d = target.dialect
+    """(applied position, per table (rows, sum) or None when missing, notes), read as of one moment
+    (:meth:`~mirrorline.apply.engine.Target.consistent_read`)."""
     out: dict[str, tuple[int, int] | None] = {}
     notes: dict[str, str] = {}
-    if target.kind == "postgresql":
-        conn = snapshot_connection(target.location, None, "mirrorline verify", utc=True)
-        try:
-            with conn.cursor() as cur:
-                cur.execute("SELECT to_regclass(%s) IS NOT NULL", (d.own(STATE_TABLE),))
-                pos = ZERO
-                if cur.fetchone()[0]:
-                    cur.execute(d.read_state())
-                    pos = applied.parse(cur.fetchall()).position
-            for ts in schemas:
-                with conn.cursor() as cur:
-                    cur.execute(
-                        "SELECT attname FROM pg_attribute WHERE attrelid = to_regclass(%s) AND attnum > 0 "
-                        "AND NOT attisdropped",
-                        (d.table(ts.table),),
-                    )
-                    have = {r[0] for r in cur.fetchall()}
-                if not have:
-                    out[ts.table] = None
-                    continue
-                lacking = [c for c in ts.column_names if c not in have]
-                if lacking:
-                    out[ts.table], notes[ts.table] = (0, 0), f"target lacks column(s) {', '.join(lacking)}"
-                    continue
-                with conn.cursor(name="mirrorline_verify_t") as cur:
-                    cur.itersize = FETCH
-                    cur.execute(_text_select(ts, d.table(ts.table)))
-                    out[ts.table] = checksum(cur)
-        finally:
-            conn.close()
-        return pos, out, notes
-    s = target.session()
-    try:
-        if target.kind == "sqlite":
-            s.conn.execute("BEGIN")  # type: ignore[attr-defined]
-            rd: Any = s.conn  # type: ignore[attr-defined]
-        else:
-            s.begin()
-            rd = s.cur  # type: ignore[attr-defined]
-        pos = applied.read(s).position
+    with target.consistent_read() as rd:
         for ts in schemas:
-            found = s.table_columns(ts.table)
+            found = rd.columns(ts.table)
             if found is None:
                 out[ts.table] = None
                 continue
@@ -297,22 +255,12 @@ def target_checksums(
             if lacking:
                 out[ts.table], notes[ts.table] = (0, 0), f"target lacks column(s) {', '.join(lacking)}"
                 continue
-            convs: list[Canon] = [converter(target.kind, c.type_name) for c in ts.columns]
-            cols = ", ".join(quote_ident(c) for c in ts.column_names)
-            res = rd.execute(f"SELECT {cols} FROM {d.table(ts.table)}")
             n, total = 0, 0
-            while True:
-                batch = res.fetchmany(FETCH)
-                if not batch:
-                    break
-                bn, bs = checksum([f(v) for f, v in zip(convs, row, strict=True)] for row in batch)
+            for batch in rd.rows(ts):
+                bn, bs = checksum(batch)
                 n, total = n + bn, (total + bs) & MASK
             out[ts.table] = (n, total)
-        with contextlib.suppress(Exception):
-            s.rollback()
-    finally:
-        s.close()
-    return pos, out, notes
+        return rd.position, out, notes
 
 
 def _snapshot_state(target: Target) -> dict[str, snapstate.TableSnapshot]:
@@ -327,8 +275,8 @@ def verify(
     config: Config, targets: Iterable[str] | None = None, *, attempts: int = 3, wait_seconds: float = 120.0
 ) -> VerifyReport:
     """Compare the configured tables of each target (or of ``targets``) with the source at one position."""
+    from mirrorline.snapshot import ATTEMPTS, Rewritten, describe_tables, retrying, target_config
     from mirrorline.snapshot.catchup import catch_up
-    from mirrorline.snapshot.run import ATTEMPTS, _describe, _retrying, _Rewritten, target_config
 
     names = list(targets) if targets is not None else sorted(config.targets)
     for n in names:
@@ -338,12 +286,12 @@ def verify(
     for _ in range(max(attempts, 1)):
         for attempt in range(1, ATTEMPTS + 1):
             with consistent_point(config, reconcile=False, create_main=False) as cp:
-                stats = _describe(config, cp, None)
+                stats = describe_tables(config, cp, None)
                 try:
                     source = source_checksums(config, cp.snapshot, stats)
                     break
-                except _Rewritten as e:  # TRUNCATE is not MVCC-safe: the snapshot saw the table empty
-                    _retrying(e, "verify", attempt)
+                except Rewritten as e:  # TRUNCATE is not MVCC-safe: the snapshot saw the table empty
+                    retrying(e, "verify", attempt)
         else:
             raise VerifyError(
                 f"the source rewrote a table (TRUNCATE, VACUUM FULL, CLUSTER or a rewriting ALTER "

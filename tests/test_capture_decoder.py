@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from decoder_vectors import REAL, col, encode
 from mirrorline.capture.decoder import (
     HAS_BINARY,
     HAS_UNCHANGED,
@@ -34,7 +35,6 @@ from mirrorline.capture.decoder import (
     decode,
 )
 from mirrorline.errors import DecodeError
-from test_decoder_vectors import REAL, col, encode
 
 # ------------------------------------------------------------------------------------------------ message kinds
 
@@ -306,3 +306,12 @@ def test_fuzz_generated_updates_round_trip(relid: int, old: list, new: list, kin
     assert isinstance(out, Update)
     assert (out.xid, out.relid, out.old_kind, out.old, out.new) == (xid, relid, kind, old if kind else None, new)
     assert bool(out.flags & HAS_UNCHANGED) == any(v is UNCHANGED for v in new)
+
+
+def test_every_real_vector_decodes_to_its_message_and_encodes_back() -> None:
+    from mirrorline.capture.decoder import decode
+
+    for hexdata, in_stream, expected in REAL:
+        data = bytes.fromhex(hexdata)
+        assert decode(data, in_stream) == expected, hexdata
+        assert encode(expected) == data, hexdata

@@ -14,7 +14,7 @@ from mirrorline import config as cfg
 from mirrorline.capture.session import Capture
 from mirrorline.workload import Workload
 from tests.pipeline_support import assert_same, config_text, target_url
-from tests.test_crash import KILLS, _finish, _kill_loop
+from tests.test_pipeline_crash import KILLS, _finish, _kill_loop
 
 pytestmark = [pytest.mark.pg, pytest.mark.slow]
 
