@@ -215,3 +215,24 @@ def test_a_pipeline_stops_on_a_key_inserted_twice_and_keeps_its_position(
     assert (e.value.table, e.value.key) == ("public.a", first.key)
     assert a.positions()["t"] == ZERO
     a.close()
+
+
+def test_inserts_reach_apply_in_key_order_as_the_tables_columns() -> None:
+    import pyarrow as pa
+
+    from mirrorline.apply import rows as work_rows
+    from mirrorline.compile.batch import Inserts
+
+    rows = pa.table({"id": ["10", "9", "100"], "v": ["a", None, "c"], "_ml_lsn": [3, 2, 1], "_ml_seq": [0, 0, 0]})
+    ins = Inserts(rows, ("id",))  # no "w": a column the schema gained after these rows were captured
+    direct = work_rows.direct_from_inserts(ins, A)
+    assert direct.to_pylist() == [
+        {"id": "9", "v": None, "w": None},
+        {"id": "10", "v": "a", "w": None},
+        {"id": "100", "v": "c", "w": None},
+    ]
+    work = work_rows.from_inserts(ins, A)
+    assert work.column_names == work_rows.work_columns(A, "I")
+    assert work.column("id").to_pylist() == ["9", "10", "100"]
+    assert work.column("_ml_unchanged").to_pylist() == ["", "", ""]
+    assert work.column("_ml_lsn").to_pylist() == ["2", "3", "1"]

@@ -422,8 +422,7 @@ class Target(ABC):
         # worktable staged first: their moved_from rows are read before the deletes
         direct = None
         if self.direct_inserts:
-            on_driver = stager.rows(ts, "I")
-            direct = work_rows.direct_inserts(on_driver, ts) if on_driver is not None else None
+            direct = stager.direct(ts)
         inserts = stager.stage(s, ts, "I") if direct is None else None
         t0 = result.timed("stage", t0)
         images = self._moved_images(s, ts, inserts[0]) if inserts else []

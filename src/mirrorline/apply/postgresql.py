@@ -89,7 +89,7 @@ def copy_csv_sql(name: str, columns: Sequence[str]) -> str:
 
 
 def copy_in(cur: Any, name: str, columns: Sequence[str], data: pa.Table) -> None:
-    cur.copy_expert(copy_csv_sql(name, columns), to_csv(data))
+    cur.copy_expert(copy_csv_sql(name, columns), to_csv(data), size=1 << 20)
 
 
 class PgSession(Session):

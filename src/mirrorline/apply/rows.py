@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -64,6 +65,14 @@ def flatten(net: pa.Table, s: TableSchema, kind: str) -> pa.Table:
     return key_order(flat, s, [key_col(i) for i in range(len(s.key))] if kind in ("D", "U") else list(s.key))
 
 
+def direct_from_inserts(ins: Inserts, s: TableSchema) -> pa.Table:
+    """An inserts-only unit's rows of one table as the table's own columns in key order (:func:`direct_inserts`)."""
+    n = ins.rows.num_rows
+    have = set(ins.rows.column_names)
+    cols = {c: ins.rows[c] if c in have else pa.nulls(n, pa.string()) for c in s.column_names}
+    return key_order(pa.table({c: _as_string(v) for c, v in cols.items()}), s, list(s.key))
+
+
 def from_inserts(ins: Inserts, s: TableSchema) -> pa.Table:
     """An inserts-only unit's rows of one table (already flat) -> the worktable's rows of kind I, in key order."""
     n = ins.rows.num_rows
@@ -71,12 +80,18 @@ def from_inserts(ins: Inserts, s: TableSchema) -> pa.Table:
     out: dict[str, pa.ChunkedArray | pa.Array] = {
         c: ins.rows[c] if c in have else pa.nulls(n, pa.string()) for c in s.column_names
     }
-    out[MASK_COL] = pa.array([""] * n, pa.string()) if n else pa.array([], pa.string())
+    out[MASK_COL] = _empty_strings(n)
     for i in range(len(s.key)):
         out[moved_col(i)] = pa.nulls(n, pa.string())
     out[POS_COLS[0]], out[POS_COLS[1]] = ins.rows[POSITION_COLUMNS[0]], ins.rows[POSITION_COLUMNS[1]]
     names = work_columns(s, "I")
     return key_order(pa.table([_as_string(out[c]) for c in names], names=names), s, list(s.key))
+
+
+def _empty_strings(n: int) -> pa.Array:
+    """``n`` empty strings, made without a Python list."""
+    offsets = pa.py_buffer(np.zeros(n + 1, dtype=np.int32).tobytes())
+    return pa.StringArray.from_buffers(n, offsets, pa.py_buffer(b""))
 
 
 def _as_string(a: pa.ChunkedArray | pa.Array) -> pa.ChunkedArray | pa.Array:

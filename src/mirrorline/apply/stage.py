@@ -34,6 +34,12 @@ class Stager(ABC):
         """The worktable rows of ``ts``'s net rows of ``kind`` on the driver, when this stager has them there."""
         return None
 
+    def direct(self, ts: TableSchema) -> pa.Table | None:
+        """``ts``'s net inserts as the table's own columns in key order, ready to load straight into it, when they
+        are on the driver and complete (none marks columns to take from the target); else None."""
+        rows = self.rows(ts, "I")
+        return work_rows.direct_inserts(rows, ts) if rows is not None else None
+
     @abstractmethod
     def finish(self, s: Session, table: str) -> None:
         """Drop the table's worktables (inside the session's transaction)."""
@@ -85,6 +91,13 @@ class ArrowStager(Stager):
     def rows(self, ts: TableSchema, kind: str) -> pa.Table | None:
         return self.flat(ts)[kind]
 
+    def direct(self, ts: TableSchema) -> pa.Table | None:
+        inserts = self.batch.inserts
+        if inserts is not None:  # an inserts-only unit: its flat rows as they are, no worktable layout
+            ins = inserts.get(ts.table)
+            return work_rows.direct_from_inserts(ins, ts) if ins is not None else ts_empty(ts)
+        return super().direct(ts)
+
     def stage(self, s: Session, ts: TableSchema, kind: str) -> tuple[str, int] | None:
         data = self.flat(ts)[kind]
         if data.num_rows == 0:
@@ -99,6 +112,11 @@ class ArrowStager(Stager):
             s.execute(s.dialect.drop_table(name))
         with self._lock:
             self._flat.pop(table, None)
+
+
+def ts_empty(ts: TableSchema) -> pa.Table:
+    """No rows, the table's columns as text."""
+    return pa.table({c: pa.array([], pa.string()) for c in ts.column_names})
 
 
 def generic_columns(ts: TableSchema) -> list[str]:
