@@ -12,7 +12,7 @@ from mirrorline.apply.postgresql import POSTGRESQL
 from mirrorline.apply.sql import MASK_SEP, mask_of, parse_mask
 from mirrorline.apply.sqlite import SQLITE
 from mirrorline.apply.state import AppliedState
-from mirrorline.apply.types import base_type, duckdb_type, sqlite_type
+from mirrorline.apply.types import base_type
 from mirrorline.errors import TargetError
 from mirrorline.model import Column, TableSchema
 from mirrorline.position import Position
@@ -125,15 +125,15 @@ def test_mirror_image_keeps_unchanged_columns_from_the_target() -> None:
     ],
 )
 def test_type_mapping(pg: str, sqlite: str, duck: str) -> None:
-    assert sqlite_type("public.t", "c", pg).target_type == sqlite
-    assert duckdb_type("public.t", "c", pg).target_type == duck
+    assert SQLITE.type_info("public.t", Column("c", pg)).target_type == sqlite
+    assert DUCKDB.type_info("public.t", Column("c", pg)).target_type == duck
 
 
 @pytest.mark.parametrize("pg", ["tsvector", "point", "mood", "int4range"])
 def test_types_a_file_target_cannot_hold(pg: str) -> None:
-    for fn in (sqlite_type, duckdb_type):
+    for dialect in (SQLITE, DUCKDB):
         with pytest.raises(TargetError) as e:
-            fn("public.t", "c", pg)
+            dialect.type_info("public.t", Column("c", pg))
         assert e.value.context == {"table": "public.t", "column": "c", "type": pg}
         assert pg in str(e.value)
 

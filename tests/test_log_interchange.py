@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from daystream_vectors import DAYSTREAM, DELTAFLOOD
 from mirrorline.cli.main import main
 from mirrorline.config import TableConfig
 from mirrorline.errors import DecodeError, LogError
@@ -15,7 +16,6 @@ from mirrorline.log import ChangeLog, LogWriter
 from mirrorline.log.interchange import export_daystream, import_daystream
 from mirrorline.model import Change, Column, Op, TableSchema
 from mirrorline.position import ZERO, Position
-from test_log_daystream import DAYSTREAM, DELTAFLOOD
 
 ZZZ = {"public.zzz": TableConfig("public.zzz", key=("a",), columns={"a": "text", "b": "text"})}
 

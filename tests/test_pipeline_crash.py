@@ -3,13 +3,9 @@ afterwards every target equals the source."""
 
 from __future__ import annotations
 
-import os
 import random
 import signal
-import subprocess
-import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -18,63 +14,10 @@ from mirrorline import config as cfg
 from mirrorline.capture.session import Capture
 from mirrorline.log.reader import ChangeLog
 from mirrorline.workload import Workload
+from tests.crash_support import KILLS, finish, kill_loop, mirrorline_process
 from tests.pipeline_support import assert_same, config_text, target_url
 
 pytestmark = [pytest.mark.pg, pytest.mark.slow]
-
-KILLS = 20
-
-
-def _mirrorline(*args: str, log_file: Path) -> subprocess.Popen[bytes]:
-    out = open(log_file, "ab")  # noqa: SIM115 - handed to the child
-    return subprocess.Popen(
-        [sys.executable, "-m", "mirrorline.cli.main", *args],
-        stdout=out,
-        stderr=out,
-        env={**os.environ, "MIRRORLINE_SPARK_DRIVER_MEMORY": "1g"},
-    )
-
-
-def _units_logged(path: Path) -> int:
-    try:
-        return sum(1 for line in path.read_text(errors="replace").splitlines() if line.startswith("unit "))
-    except FileNotFoundError:
-        return 0
-
-
-def _kill_loop(
-    args: list[str], tmp_path: Path, rng: random.Random, between: Callable[[], None] | None = None
-) -> tuple[int, int]:
-    """Start ``mirrorline ARGS`` and SIGKILL it, KILLS times: one kill in four at a random moment of its start-up,
-    the others a random moment (0-3 s) after it applied a unit, so they land between and inside units. Returns
-    (kills that landed on a running process, of which after a unit was applied)."""
-    landed = mid_apply = attempts = 0
-    child_log = tmp_path / "child.log"
-    while landed < KILLS:
-        attempts += 1
-        assert attempts < KILLS * 3, "the process kept finishing before it could be killed"
-        before = _units_logged(child_log)
-        proc = _mirrorline(*args, log_file=child_log)
-        if rng.random() < 0.25:
-            time.sleep(rng.uniform(0.2, 6.0))
-        else:
-            deadline = time.monotonic() + 180
-            while proc.poll() is None and _units_logged(child_log) == before and time.monotonic() < deadline:
-                time.sleep(0.05)
-            time.sleep(rng.uniform(0.0, 2.0))
-            mid_apply += _units_logged(child_log) > before and proc.poll() is None
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGKILL)
-            landed += 1
-        proc.wait()
-        if between is not None:
-            between()
-    return landed, mid_apply
-
-
-def _finish(args: list[str], tmp_path: Path) -> None:
-    proc = _mirrorline(*args, log_file=tmp_path / "final.log")
-    assert proc.wait(timeout=600) == 0, (tmp_path / "final.log").read_text()[-3000:]
 
 
 def test_apply_killed_at_random_applies_everything_exactly_once(pg, pg_cluster, tmp_path):
@@ -101,9 +44,9 @@ def test_apply_killed_at_random_applies_everything_exactly_once(pg, pg_cluster, 
         work.run(transactions=30)
         Capture(conf, once=True).run()
 
-    landed, mid_apply = _kill_loop(["apply", "--once", "-c", str(conf_file)], tmp_path, rng, more_work)
+    landed, mid_apply = kill_loop(["apply", "--once", "-c", str(conf_file)], tmp_path, rng, more_work)
     assert landed >= KILLS and mid_apply >= KILLS // 2
-    _finish(["apply", "--once", "-c", str(conf_file)], tmp_path)
+    finish(["apply", "--once", "-c", str(conf_file)], tmp_path)
     for name, url in urls.items():
         assert_same(pg.dsn, "postgresql" if name == "pgt" else "sqlite", url)
 
@@ -149,7 +92,7 @@ def test_apply_killed_while_the_next_unit_compiles_and_this_one_applies(pg, pg_c
         attempts += 1
         assert attempts < KILLS * 2, "no kill landed while a unit compiled ahead"
         child_log.unlink(missing_ok=True)
-        proc = _mirrorline(*args, log_file=child_log)
+        proc = mirrorline_process(*args, log_file=child_log)
         deadline = time.monotonic() + 180
         skip = rng.randrange(3)  # not always the first overlap of a run
         while proc.poll() is None and time.monotonic() < deadline:
@@ -167,6 +110,6 @@ def test_apply_killed_while_the_next_unit_compiles_and_this_one_applies(pg, pg_c
         if proc.returncode == 0:  # it finished: give the next run something to apply
             work.run(transactions=150)
             Capture(conf, once=True).run()
-    _finish(["apply", "--once", "-c", str(conf_file)], tmp_path)
+    finish(["apply", "--once", "-c", str(conf_file)], tmp_path)
     for name, url in urls.items():
         assert_same(pg.dsn, {"pgt": "postgresql", "lite": "sqlite", "duck": "duckdb"}[name], url)

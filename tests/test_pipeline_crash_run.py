@@ -13,8 +13,8 @@ import pytest
 from mirrorline import config as cfg
 from mirrorline.capture.session import Capture
 from mirrorline.workload import Workload
+from tests.crash_support import KILLS, finish, kill_loop
 from tests.pipeline_support import assert_same, config_text, target_url
-from tests.test_pipeline_crash import KILLS, _finish, _kill_loop
 
 pytestmark = [pytest.mark.pg, pytest.mark.slow]
 
@@ -51,7 +51,7 @@ def test_run_killed_at_random_while_the_source_changes(pg, pg_cluster, tmp_path)
     writer = threading.Thread(target=source_load, daemon=True)
     writer.start()
     try:
-        landed, mid_apply = _kill_loop(["run", "-c", str(conf_file)], tmp_path, random.Random(12))
+        landed, mid_apply = kill_loop(["run", "-c", str(conf_file)], tmp_path, random.Random(12))
     finally:
         stop.set()
         writer.join()
@@ -61,6 +61,6 @@ def test_run_killed_at_random_while_the_source_changes(pg, pg_cluster, tmp_path)
     text = conf_file.read_text()
     assert "max_changes = 200\n" in text
     conf_file.write_text(text.replace("max_changes = 200\n", "max_changes = 5000\n"))
-    _finish(["run", "--once", "-c", str(conf_file)], tmp_path)
+    finish(["run", "--once", "-c", str(conf_file)], tmp_path)
     assert_same(pg.dsn, "duckdb", urls["lake"])
     assert_same(pg.dsn, "postgresql", urls["pgt"])

@@ -37,7 +37,27 @@ class DuckdbDialect(Dialect):
     text_type = "VARCHAR"
 
     def type_info(self, table: str, col: Column) -> type_map.TypeInfo:
-        return type_map.duckdb_type(table, col.name, col.type_name)
+        b = type_map.base_type(col.type_name)
+        if b.endswith("[]") or b in type_map.TEXT_TYPES or b in type_map.AS_TEXT_TYPES:
+            return type_map.TypeInfo(col.type_name, "VARCHAR", "text")
+        if b in type_map.INT_TYPES:
+            return type_map.TypeInfo(col.type_name, type_map.INT_TYPES[b], "cast")
+        if b in type_map.FLOAT_TYPES:
+            return type_map.TypeInfo(col.type_name, type_map.FLOAT_TYPES[b], "cast")
+        if b == "boolean":
+            return type_map.TypeInfo(col.type_name, "BOOLEAN", "cast")
+        if b == "bytea":
+            return type_map.TypeInfo(col.type_name, "BLOB", "bytea")
+        if b == "numeric":
+            mod = type_map.typmod(col.type_name)
+            if mod and 1 <= mod[0] <= 38:
+                scale = mod[1] if len(mod) > 1 else 0
+                if 0 <= scale <= mod[0]:
+                    return type_map.TypeInfo(col.type_name, f"DECIMAL({mod[0]},{scale})", "cast")
+            return type_map.TypeInfo(col.type_name, "VARCHAR", "text")
+        if b in type_map.DIRECT_TYPES:
+            return type_map.TypeInfo(col.type_name, type_map.DIRECT_TYPES[b], "cast")
+        raise type_map.cannot_hold("DuckDB", table, col.name, col.type_name)
 
     def conv(self, expr: str, info: type_map.TypeInfo, table: str = "", column: str = "") -> str:
         if info.conv == "bytea":  # PostgreSQL's hex form, \x...

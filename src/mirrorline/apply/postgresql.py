@@ -53,7 +53,12 @@ class PostgresDialect(Dialect):
     parallel_load = True
 
     def type_info(self, table: str, col: Column) -> type_map.TypeInfo:
-        return type_map.postgresql_type(table, col.name, col.type_name)
+        """PostgreSQL holds its own types; whether the target database has a user-defined type is checked against it.
+        Text types are assigned without an explicit cast so that a too-long value is an error, not a truncation."""
+        b = type_map.base_type(col.type_name)
+        if b in type_map.TEXT_TYPES:
+            return type_map.TypeInfo(col.type_name, col.type_name, "text")
+        return type_map.TypeInfo(col.type_name, col.type_name, "cast")
 
     def text_param(self) -> str:
         return "CAST(%s AS text)"

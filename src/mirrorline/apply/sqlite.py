@@ -41,7 +41,20 @@ class SqliteDialect(Dialect):
         return "?"
 
     def type_info(self, table: str, col: Column) -> type_map.TypeInfo:
-        return type_map.sqlite_type(table, col.name, col.type_name)
+        b = type_map.base_type(col.type_name)
+        if b.endswith("[]"):
+            return type_map.TypeInfo(col.type_name, "TEXT", "text")
+        if b in type_map.INT_TYPES:
+            return type_map.TypeInfo(col.type_name, "INTEGER", "int")
+        if b in type_map.FLOAT_TYPES:
+            return type_map.TypeInfo(col.type_name, "REAL", "real")
+        if b == "boolean":
+            return type_map.TypeInfo(col.type_name, "INTEGER", "bool")
+        if b == "bytea":
+            return type_map.TypeInfo(col.type_name, "BLOB", "bytea")
+        if b == "numeric" or b in type_map.TEXT_TYPES or b in type_map.AS_TEXT_TYPES or b in type_map.DIRECT_TYPES:
+            return type_map.TypeInfo(col.type_name, "TEXT", "text")
+        raise type_map.cannot_hold("SQLite", table, col.name, col.type_name)
 
     def conv(self, expr: str, info: type_map.TypeInfo, table: str = "", column: str = "") -> str:
         # SQLite casts never fail (CAST('abc' AS INTEGER) is 0): check first, else call the error function (which

@@ -1,5 +1,7 @@
-"""Type mapping: PostgreSQL column types (as ``format_type()`` prints them) to each target's types, and how a value
-that arrives as PostgreSQL text is turned into the target's value. Pure code.
+"""Type mapping, what every target kind shares: PostgreSQL's types classified (as ``format_type()`` prints them),
+:class:`TypeInfo` (a column's type at the target and how a value that arrives as PostgreSQL text is turned into it),
+and the error for a type a target cannot hold. Each kind's mapping is its dialect's ``type_info`` (in its module).
+Pure code.
 
 Values travel as PostgreSQL's text output: booleans ``t``/``f``, ``bytea`` as ``\\x`` + hex, timestamps as ISO text,
 numerics as exact decimal text, arrays / json / ranges as their text forms.
@@ -43,10 +45,10 @@ from dataclasses import dataclass
 
 from mirrorline.errors import TargetError
 
-_INT_TYPES = {"smallint": "SMALLINT", "integer": "INTEGER", "bigint": "BIGINT", "oid": "UBIGINT"}
-_FLOAT_TYPES = {"real": "REAL", "double precision": "DOUBLE"}
-_TEXT_TYPES = {"text", "character varying", "varchar", "character", "char", "bpchar", "name", "citext", '"char"'}
-_AS_TEXT_TYPES = {
+INT_TYPES = {"smallint": "SMALLINT", "integer": "INTEGER", "bigint": "BIGINT", "oid": "UBIGINT"}
+FLOAT_TYPES = {"real": "REAL", "double precision": "DOUBLE"}
+TEXT_TYPES = {"text", "character varying", "varchar", "character", "char", "bpchar", "name", "citext", '"char"'}
+AS_TEXT_TYPES = {
     "interval",
     "time with time zone",
     "xml",
@@ -58,7 +60,7 @@ _AS_TEXT_TYPES = {
     "bit varying",
     "money",
 }
-_DIRECT = {
+DIRECT_TYPES = {
     "date": "DATE",
     "time without time zone": "TIME",
     "time": "TIME",
@@ -90,7 +92,7 @@ def base_type(type_name: str) -> str:
     return re.sub(r"\s+", " ", t).strip()
 
 
-def _typmod(type_name: str) -> list[int]:
+def typmod(type_name: str) -> list[int]:
     m = _TYPMOD_RE.search(type_name)
     if not m:
         return []
@@ -108,53 +110,3 @@ def cannot_hold(dialect: str, table: str, column: str, type_name: str) -> Target
         column=column,
         type=type_name,
     )
-
-
-def sqlite_type(table: str, column: str, type_name: str) -> TypeInfo:
-    b = base_type(type_name)
-    if b.endswith("[]"):
-        return TypeInfo(type_name, "TEXT", "text")
-    if b in _INT_TYPES:
-        return TypeInfo(type_name, "INTEGER", "int")
-    if b in _FLOAT_TYPES:
-        return TypeInfo(type_name, "REAL", "real")
-    if b == "boolean":
-        return TypeInfo(type_name, "INTEGER", "bool")
-    if b == "bytea":
-        return TypeInfo(type_name, "BLOB", "bytea")
-    if b == "numeric" or b in _TEXT_TYPES or b in _AS_TEXT_TYPES or b in _DIRECT:
-        return TypeInfo(type_name, "TEXT", "text")
-    raise cannot_hold("SQLite", table, column, type_name)
-
-
-def duckdb_type(table: str, column: str, type_name: str) -> TypeInfo:
-    b = base_type(type_name)
-    if b.endswith("[]") or b in _TEXT_TYPES or b in _AS_TEXT_TYPES:
-        return TypeInfo(type_name, "VARCHAR", "text")
-    if b in _INT_TYPES:
-        return TypeInfo(type_name, _INT_TYPES[b], "cast")
-    if b in _FLOAT_TYPES:
-        return TypeInfo(type_name, _FLOAT_TYPES[b], "cast")
-    if b == "boolean":
-        return TypeInfo(type_name, "BOOLEAN", "cast")
-    if b == "bytea":
-        return TypeInfo(type_name, "BLOB", "bytea")
-    if b == "numeric":
-        mod = _typmod(type_name)
-        if mod and 1 <= mod[0] <= 38:
-            scale = mod[1] if len(mod) > 1 else 0
-            if 0 <= scale <= mod[0]:
-                return TypeInfo(type_name, f"DECIMAL({mod[0]},{scale})", "cast")
-        return TypeInfo(type_name, "VARCHAR", "text")
-    if b in _DIRECT:
-        return TypeInfo(type_name, _DIRECT[b], "cast")
-    raise cannot_hold("DuckDB", table, column, type_name)
-
-
-def postgresql_type(table: str, column: str, type_name: str) -> TypeInfo:
-    """PostgreSQL holds its own types; whether the target database has a user-defined type is checked against it.
-    Text types are assigned without an explicit cast so that a too-long value is an error, not a truncation."""
-    b = base_type(type_name)
-    if b in _TEXT_TYPES:
-        return TypeInfo(type_name, type_name, "text")
-    return TypeInfo(type_name, type_name, "cast")

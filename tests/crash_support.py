@@ -1,0 +1,67 @@
+"""Helpers of the SIGKILL tests (test_pipeline_crash.py, test_pipeline_crash_run.py): start ``mirrorline`` as a child
+process, kill it at random moments, finish the work with a last uninterrupted run."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+KILLS = 20
+
+
+def mirrorline_process(*args: str, log_file: Path) -> subprocess.Popen[bytes]:
+    out = open(log_file, "ab")  # noqa: SIM115 - handed to the child
+    return subprocess.Popen(
+        [sys.executable, "-m", "mirrorline.cli.main", *args],
+        stdout=out,
+        stderr=out,
+        env={**os.environ, "MIRRORLINE_SPARK_DRIVER_MEMORY": "1g"},
+    )
+
+
+def units_logged(path: Path) -> int:
+    try:
+        return sum(1 for line in path.read_text(errors="replace").splitlines() if line.startswith("unit "))
+    except FileNotFoundError:
+        return 0
+
+
+def kill_loop(
+    args: list[str], tmp_path: Path, rng: random.Random, between: Callable[[], None] | None = None
+) -> tuple[int, int]:
+    """Start ``mirrorline ARGS`` and SIGKILL it, KILLS times: one kill in four at a random moment of its start-up,
+    the others a random moment (0-3 s) after it applied a unit, so they land between and inside units. Returns
+    (kills that landed on a running process, of which after a unit was applied)."""
+    landed = mid_apply = attempts = 0
+    child_log = tmp_path / "child.log"
+    while landed < KILLS:
+        attempts += 1
+        assert attempts < KILLS * 3, "the process kept finishing before it could be killed"
+        before = units_logged(child_log)
+        proc = mirrorline_process(*args, log_file=child_log)
+        if rng.random() < 0.25:
+            time.sleep(rng.uniform(0.2, 6.0))
+        else:
+            deadline = time.monotonic() + 180
+            while proc.poll() is None and units_logged(child_log) == before and time.monotonic() < deadline:
+                time.sleep(0.05)
+            time.sleep(rng.uniform(0.0, 2.0))
+            mid_apply += units_logged(child_log) > before and proc.poll() is None
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGKILL)
+            landed += 1
+        proc.wait()
+        if between is not None:
+            between()
+    return landed, mid_apply
+
+
+def finish(args: list[str], tmp_path: Path) -> None:
+    proc = mirrorline_process(*args, log_file=tmp_path / "final.log")
+    assert proc.wait(timeout=600) == 0, (tmp_path / "final.log").read_text()[-3000:]
