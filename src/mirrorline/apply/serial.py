@@ -164,7 +164,7 @@ def _insert_moved(target: Target, s: Session, ts: TableSchema, c: Change, unsent
     )
     try:
         if int(s.query(d.count(image))[0][0]) != 1:
-            raise RowMissing("I")
+            raise RowMissing("M")
         s.dml(d.insert_typed(ts, image, cols))
     finally:
         s.execute(d.drop_table(image))

@@ -15,13 +15,16 @@ from mirrorline.model import TableSchema
 
 
 class RowMissing(Exception):
-    """A single-row update or delete found no row with its key at the target."""
+    """A single-row change of the failure path found no row to change (``op``: U, D; I an insert that wrote none; M
+    an insert whose unsent columns come from the old key's row)."""
 
     def __init__(self, op: str) -> None:
-        super().__init__(
-            f"no row with this key at the target to {'update' if op == 'U' else 'delete'} "
-            f"(it was removed there, or never copied)"
-        )
+        what = {
+            "U": "no row with this key at the target to update",
+            "I": "the insert of this key wrote no row (a rule or trigger at the target swallowed it?)",
+            "M": "no row with the old key at the target to take the columns the key change did not send from",
+        }.get(op, "no row with this key at the target to delete")
+        super().__init__(what if op == "I" else f"{what} (it was removed there, or never copied)")
 
 
 class Session(ABC):

@@ -19,7 +19,7 @@ from mirrorline.apply.sql import MASK_COL, MASK_SEP, POS_COLS, key_col, moved_co
 from mirrorline.model import TableSchema
 
 if TYPE_CHECKING:
-    from mirrorline.compile.batch import NetBatch
+    from mirrorline.compile.batch import Inserts, NetBatch
 
 _ids = itertools.count(1)
 
@@ -57,20 +57,21 @@ class ArrowStager(Stager):
     def __init__(self, batch: NetBatch, whole: bool) -> None:
         self.batch = batch
         self._whole: pa.Table | None = None
-        self._flat: dict[str, dict[str, pa.Table]] = {}
+        self._flat: dict[str, dict[str, Any]] = {}  # kind -> pa.Table (or _LazyInserts until first use)
         self._lock = threading.Lock()
         self._load_whole = whole
         self._names: dict[tuple[int, str], list[str]] = {}
 
-    def flat(self, ts: TableSchema) -> dict[str, pa.Table]:
-        """The table's worktable rows per kind."""
+    def _tables(self, ts: TableSchema) -> dict[str, Any]:
+        """The table's worktable rows per kind (see :meth:`_of`)."""
         with self._lock:
             if ts.table not in self._flat:
                 inserts = self.batch.inserts
-                if inserts is not None:  # an inserts-only unit: flat already, on the driver
+                if inserts is not None:  # an inserts-only unit: flat already, on the driver; its worktable
+                    # layout of the inserts is built only when a worktable is loaded (not for a direct COPY)
                     ins = inserts.get(ts.table)
                     self._flat[ts.table] = {
-                        k: work_rows.from_inserts(ins, ts)
+                        k: _LazyInserts(ins, ts)
                         if k == "I" and ins is not None
                         else pa.table({c: pa.array([], pa.string()) for c in work_rows.work_columns(ts, k)})
                         for k in work_rows.KINDS
@@ -88,8 +89,17 @@ class ArrowStager(Stager):
                     self._flat[ts.table] = {k: pick(flat, ts, k) for k in work_rows.KINDS}
             return self._flat[ts.table]
 
+    def _of(self, ts: TableSchema, kind: str) -> pa.Table:
+        """One kind's worktable rows (an inserts-only unit's built on first use)."""
+        flat = self._tables(ts)
+        with self._lock:
+            data = flat[kind]
+            if isinstance(data, _LazyInserts):
+                data = flat[kind] = data.build()
+        return data
+
     def rows(self, ts: TableSchema, kind: str) -> pa.Table | None:
-        return self.flat(ts)[kind]
+        return self._of(ts, kind)
 
     def direct(self, ts: TableSchema) -> pa.Table | None:
         inserts = self.batch.inserts
@@ -99,7 +109,7 @@ class ArrowStager(Stager):
         return super().direct(ts)
 
     def stage(self, s: Session, ts: TableSchema, kind: str) -> tuple[str, int] | None:
-        data = self.flat(ts)[kind]
+        data = self._of(ts, kind)
         if data.num_rows == 0:
             return None
         name = f"mirrorline_w{next(_ids)}_{kind.lower()}"
@@ -112,6 +122,16 @@ class ArrowStager(Stager):
             s.execute(s.dialect.drop_table(name))
         with self._lock:
             self._flat.pop(table, None)
+
+
+class _LazyInserts:
+    """An inserts-only unit's rows of one table, turned into the worktable layout on first use."""
+
+    def __init__(self, ins: Inserts, ts: TableSchema) -> None:
+        self.ins, self.ts = ins, ts
+
+    def build(self) -> pa.Table:
+        return work_rows.from_inserts(self.ins, self.ts)
 
 
 def ts_empty(ts: TableSchema) -> pa.Table:
