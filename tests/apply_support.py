@@ -18,6 +18,7 @@ KINDS = [
     pytest.param("postgresql", marks=pytest.mark.pg, id="postgresql"),
     pytest.param("sqlite", id="sqlite"),
     pytest.param("duckdb", id="duckdb"),
+    pytest.param("delta", id="delta"),
 ]
 MODES = ["update", "mirror"]
 
@@ -128,5 +129,15 @@ def sql(target: Target, statement: str) -> list[tuple[Any, ...]]:
 
 
 def fetch(target: Target, table: str, columns: Sequence[str]) -> list[tuple[Any, ...]]:
+    if target.kind == "delta":  # read by deltalake itself, the table's current version
+        return sorted(delta_rows(target, table, columns), key=repr)
     cols = ", ".join(f'"{c}"' for c in columns)
     return sorted(sql(target, f"SELECT {cols} FROM {target.dialect.table(table)}"), key=repr)
+
+
+def delta_rows(target: Any, table: str, columns: Sequence[str]) -> list[tuple[Any, ...]]:
+    """A Delta target's table read through ``deltalake`` to Arrow (not through mirrorline)."""
+    from deltalake import DeltaTable
+
+    data = DeltaTable(str(target.path(table))).to_pyarrow_table(columns=list(columns))
+    return list(zip(*(data[c].to_pylist() for c in columns), strict=True))

@@ -94,7 +94,7 @@ def test_explicit_latency_wins_over_the_threads_form(tmp_path):
         ('[tables."public.t"]\nkeys = ["a"]\n', 'tables."public.t".keys', "unknown key"),
         ('[targets.x]\nurl = "mysql://h/db"\n', "targets.x.url", "unknown target kind"),
         ('[targets.x]\nurl = "sqlite:/rel.db"\n', "targets.x.url", "sqlite:///relative/path"),
-        ('[targets.x]\nurl = "parquet:///lake"\n', "targets.x.url", "parquet target kind is not built"),
+        ('[targets.x]\nurl = "parquet:///lake"\n', "targets.x.url", "there is no parquet target kind"),
         ('[targets.x]\nurl = "sqlite:///x.db"\nmode = "merge"\n', "targets.x.mode", "update, mirror"),
         ("[targets.x]\n", "targets.x.url", "is required"),
         ("[sources]\n", "sources", "unknown key"),

@@ -15,7 +15,7 @@ from typing import Any
 
 from mirrorline.errors import ConfigError
 
-TARGET_KINDS = ("postgresql", "sqlite", "duckdb")
+TARGET_KINDS = ("postgresql", "sqlite", "duckdb", "delta")
 MODES = ("update", "mirror")
 ON_ERROR = ("stop", "reject")
 _DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
@@ -132,8 +132,11 @@ def target_location(url: str, base: Path) -> tuple[str, str]:
     if scheme in ("postgresql", "postgres"):
         return "postgresql", url
     if scheme == "parquet":
-        raise ValueError(f"the parquet target kind is not built: expected one of {', '.join(TARGET_KINDS)}")
-    if scheme in ("sqlite", "duckdb"):
+        raise ValueError(
+            f"there is no parquet target kind (for a lake table use delta:///path): expected one of "
+            f"{', '.join(TARGET_KINDS)}"
+        )
+    if scheme in ("sqlite", "duckdb", "delta"):
         rest = url[len(scheme) + 1 :]
         if not rest.startswith("///"):
             raise ValueError(f"expected {scheme}:///relative/path or {scheme}:////absolute/path, got {url!r}")

@@ -33,6 +33,7 @@ class TargetStatus:
     lag_bytes: int | None = None
     tables: dict[str, str] = field(default_factory=dict)  # table -> its snapshot state
     error: str = ""
+    details: dict[str, dict[str, Any]] = field(default_factory=dict)  # per table (Delta: version, files, position)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -44,6 +45,7 @@ class TargetStatus:
             "lag_bytes": self.lag_bytes,
             "tables": self.tables,
             "error": self.error or None,
+            **({"table_details": self.details} if self.details else {}),
         }
 
 
@@ -102,6 +104,8 @@ class Status:
                 lag = f", lag {t.lag_seconds or 0:.1f} s / {_size(t.lag_bytes or 0)}"
             err = f" ({t.error})" if t.error else ""
             lines.append(f"target {t.name} ({t.kind}): {t.state}, applied {t.position or '-'}{lag}{err}")
+            for table, d in t.details.items():
+                lines.append(f"  {table}: " + ", ".join(f"{k} {v}" for k, v in d.items()))
         lines += [f"warning: {w}" for w in self.warnings]
         lines += [f"error: {e}" for e in self.errors]
         return "\n".join(lines)
@@ -181,9 +185,6 @@ def _target(config: Config, name: str, st: Status, cl: Any) -> TargetStatus:
 
     tcfg = config.targets[name]
     ts = TargetStatus(name, tcfg.kind, snapstate.NEW, None)
-    if tcfg.kind == "parquet":
-        ts.error = "status of parquet targets is not built"
-        return ts
     try:
         target = open_target(tcfg)
         try:
@@ -193,6 +194,7 @@ def _target(config: Config, name: str, st: Status, cl: Any) -> TargetStatus:
             finally:
                 s.close()
             applied = target.applied_positions().position if snaps else None
+            ts.details = target.describe()
         finally:
             target.close()
     except MirrorlineError as e:

@@ -35,7 +35,11 @@ def target_class(kind: str) -> type[Target]:
         from mirrorline.apply.duckdb import DuckdbTarget
 
         return DuckdbTarget
-    raise ConfigError("targets", kind, f"no apply target for kind {kind!r} (built: postgresql, sqlite, duckdb)")
+    if kind == "delta":
+        from mirrorline.apply.delta import DeltaTarget
+
+        return DeltaTarget
+    raise ConfigError("targets", kind, f"no apply target for kind {kind!r} (built: postgresql, sqlite, duckdb, delta)")
 
 
 def open_target(cfg: TargetConfig, *, threads: int = 1, **options: Any) -> Target:

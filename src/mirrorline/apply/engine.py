@@ -242,6 +242,11 @@ class Target(ABC):
             for c in s.columns:
                 self.dialect.type_info(s.table, c)
 
+    def describe(self) -> dict[str, dict[str, Any]]:
+        """Per table, what ``status`` shows beyond the positions (a Delta table's version and file count); nothing
+        for a database."""
+        return {}
+
     def close(self) -> None:
         """Release what the target keeps open between units: its idle connections."""
         with self._idle_lock:
@@ -331,18 +336,23 @@ class Target(ABC):
         self.ensure_schema(schemas[t] for t in todo)
         u = _Unit(batch, schemas, changes, state, self.stager(batch, schemas, todo), result)
         try:
-            if self.threads == 1:
-                s = self.session()
-                try:
-                    self._apply_scope(s, u, todo, unit=True)
-                finally:
-                    s.close()
-            else:
-                self._apply_lanes(u, tables, todo)
+            self._apply_unit(u, tables, todo)
         finally:
             u.stager.close()
         result.seconds = time.monotonic() - t0
         return result
+
+    def _apply_unit(self, u: _Unit, tables: list[str], todo: list[str]) -> None:
+        """Apply the unit's tables ``todo`` (``tables``: all of the unit's, in first-seen order), positions with
+        them: one transaction (threads = 1) or a transaction per table on ``threads`` lanes."""
+        if self.threads == 1:
+            s = self.session()
+            try:
+                self._apply_scope(s, u, todo, unit=True)
+            finally:
+                s.close()
+        else:
+            self._apply_lanes(u, tables, todo)
 
     def _apply_lanes(self, u: _Unit, tables: list[str], todo: list[str]) -> None:
         """``threads > 1``: the tables dealt to lanes, each table its own transaction and position."""

@@ -62,6 +62,10 @@ class Session(ABC):
         for i in range(0, len(rows), size):
             yield rows[i : i + size]
 
+    def truncate(self, table: str) -> None:
+        """Empty the target's table for the source table ``table`` (inside the current transaction)."""
+        self.execute(self.dialect.truncate(table))
+
     @abstractmethod
     def load(self, name: str, columns: Sequence[str], data: pa.Table) -> None:
         """Create the temp worktable ``name`` (text columns) and bulk-load ``data`` into it."""

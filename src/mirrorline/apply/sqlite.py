@@ -116,7 +116,7 @@ def sqlite_values(batch: pa.RecordBatch, schema: TableSchema, dialect: Dialect) 
 
 class SqliteSession(Session):
     dialect = SQLITE
-    db_errors = (sqlite3.Error,)
+    db_errors: tuple[type[BaseException], ...] = (sqlite3.Error,)
 
     def __init__(self, path: str) -> None:
         try:

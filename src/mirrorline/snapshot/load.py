@@ -34,7 +34,7 @@ class BulkLoader:
         s.begin()
         snapstate.ensure_tables(s)
         for ts in schemas:
-            s.execute(self.d.truncate(ts.table))
+            s.truncate(ts.table)
 
     def load(self, schema: TableSchema, path: str | Path, header: bool = True) -> int:
         return self.s.load_chunk(schema, path, header)
@@ -68,7 +68,7 @@ def mark_loading(
         snapstate.ensure_tables(s)
         if truncate:
             for ts in schemas:
-                s.execute(target.dialect.truncate(ts.table))
+                s.truncate(ts.table)
         stamp = snapstate.now()
         snapstate.write(
             s, [snapstate.TableSnapshot(ts.table, "loading", position, 0, 0, origin, stamp) for ts in schemas]

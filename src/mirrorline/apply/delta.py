@@ -1,0 +1,710 @@
+"""Delta Lake target: one Delta table per replicated table under the target's folder, written with delta-rs (the
+``deltalake`` package: no JVM, no jars).
+
+- A table's folder is its name at the target (``public.orders`` -> ``orders``, ``sales.orders`` -> ``sales.orders``).
+- Each unit's net changes of a table are **one Delta commit**: a MERGE (deletes; updates of only the columns that
+  were sent; inserts; in ``mirror`` mode an update of a missing row inserts it), or, for a table the unit truncates,
+  an overwrite. The commit carries the target's position: Delta's application transaction (``txn``) with app id =
+  the target's name and version = the position's LSN, a second one ``<name>.seq`` with its sequence, and
+  ``mirrorline.position`` in the commit's metadata. The table's position is read back from its ``txn`` versions
+  (they survive checkpoints): a table whose last commit holds the unit is skipped after a crash (exactly once per
+  table). Tables are separate Delta tables: a reader may see one table a unit ahead of another.
+- mirrorline's own state (the unit end every table has reached, the snapshot state, rejects) lives beside them in
+  ``_mirrorline.sqlite``, the same tables as on a SQLite target (:mod:`mirrorline.apply.state`). A table's own
+  position is the later of its Delta ``txn`` and that file's.
+- Values arrive as PostgreSQL's text and are converted by DuckDB's casts (in memory) into the Arrow types of the
+  table (:meth:`DeltaDialect.type_info`). The checks a database's constraints make elsewhere (the row to delete or
+  update exists, the key to insert does not) are made before the commit, against the table's current version: a
+  failing net change stops the unit with nothing written, or (``on_error = "reject"``) is set aside in
+  ``mirrorline_rejects`` as one row per net change (its key, kind and image, and the position of its last change).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import threading
+import time
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import duckdb
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from mirrorline.apply import types as type_map
+from mirrorline.apply.chunks import read_chunk
+from mirrorline.apply.engine import Target, TargetRead, _Unit
+from mirrorline.apply.session import Session
+from mirrorline.apply.sql import MASK_COL, MASK_SEP, key_col, lit, moved_col, parse_mask
+from mirrorline.apply.sqlite import SqliteDialect, SqliteSession
+from mirrorline.apply.state import AppliedState
+from mirrorline.apply.state import now as now_stamp
+from mirrorline.apply.state import parse as parse_state
+from mirrorline.apply.state import read as read_state
+from mirrorline.apply.state import write as write_state
+from mirrorline.errors import ApplyError, TargetError, TransientTargetError
+from mirrorline.model import Column, TableSchema, quote_ident
+from mirrorline.position import ZERO, Position
+
+if TYPE_CHECKING:
+    from deltalake import DeltaTable
+
+log = logging.getLogger(__name__)
+
+STATE_FILE = "_mirrorline.sqlite"
+OP_COL, GROUP_COL = "_ml_op", "_ml_group"
+
+# Delta type -> (DuckDB type its text is cast to, Arrow type written)
+_TYPES: dict[str, tuple[str, pa.DataType]] = {
+    "short": ("SMALLINT", pa.int16()),
+    "integer": ("INTEGER", pa.int32()),
+    "long": ("BIGINT", pa.int64()),
+    "float": ("REAL", pa.float32()),
+    "double": ("DOUBLE", pa.float64()),
+    "boolean": ("BOOLEAN", pa.bool_()),
+    "date": ("DATE", pa.date32()),
+    "timestamp_ntz": ("TIMESTAMP", pa.timestamp("us")),
+    "timestamp": ("TIMESTAMPTZ", pa.timestamp("us", tz="UTC")),
+    "binary": ("BLOB", pa.binary()),
+    "string": ("VARCHAR", pa.string()),
+}
+_INTS = {"smallint": "short", "integer": "integer", "bigint": "long", "oid": "long"}
+_FLOATS = {"real": "float", "double precision": "double"}
+_TIMES = {
+    "date": "date",
+    "timestamp without time zone": "timestamp_ntz",
+    "timestamp": "timestamp_ntz",
+    "timestamp with time zone": "timestamp",
+    "timestamptz": "timestamp",
+}
+_STRING_TYPES = {"uuid", "json", "jsonb", "time", "time without time zone"}
+
+
+class DeltaDialect(SqliteDialect):
+    """The type mapping of the Delta target. mirrorline's own tables are SQLite's (``_mirrorline.sqlite``)."""
+
+    name = "delta"
+
+    def type_info(self, table: str, col: Column) -> type_map.TypeInfo:
+        b = type_map.base_type(col.type_name)
+        if b.endswith("[]") or b in type_map.TEXT_TYPES or b in type_map.AS_TEXT_TYPES or b in _STRING_TYPES:
+            return type_map.TypeInfo(col.type_name, "string", "text")
+        if b in _INTS:
+            return type_map.TypeInfo(col.type_name, _INTS[b], "cast")
+        if b in _FLOATS:
+            return type_map.TypeInfo(col.type_name, _FLOATS[b], "cast")
+        if b == "boolean":
+            return type_map.TypeInfo(col.type_name, "boolean", "cast")
+        if b == "bytea":
+            return type_map.TypeInfo(col.type_name, "binary", "bytea")
+        if b == "numeric":
+            mod = type_map.typmod(col.type_name)
+            if mod and 1 <= mod[0] <= 38:
+                scale = mod[1] if len(mod) > 1 else 0
+                if 0 <= scale <= mod[0]:
+                    return type_map.TypeInfo(col.type_name, f"decimal({mod[0]},{scale})", "cast")
+            return type_map.TypeInfo(col.type_name, "string", "text")
+        if b in _TIMES:
+            return type_map.TypeInfo(col.type_name, _TIMES[b], "time")
+        raise type_map.cannot_hold("Delta", table, col.name, col.type_name)
+
+    def arrow_type(self, info: type_map.TypeInfo) -> pa.DataType:
+        t = info.target_type
+        if t.startswith("decimal("):
+            p, s = (int(x) for x in t[len("decimal(") : -1].split(","))
+            return pa.decimal128(p, s)
+        return _TYPES[t][1]
+
+    def arrow_schema(self, ts: TableSchema) -> pa.Schema:
+        return pa.schema(
+            [pa.field(c.name, self.arrow_type(self.type_info(ts.table, c)), nullable=True) for c in ts.columns]
+        )
+
+    def convert(self, expr: str, ts: TableSchema, col: Column) -> str:
+        """DuckDB SQL turning the text ``expr`` into the column's value (an error names table, column and value)."""
+        info = self.type_info(ts.table, col)
+        if info.conv == "text":
+            return expr
+        where = lit(f"{ts.table}.{col.name}: ")
+        if info.conv == "bytea":
+            bad = f"error({where} || 'not a bytea value: ' || {expr})"
+            return f"CASE WHEN starts_with({expr}, '\\x') THEN unhex(substr({expr}, 3)) ELSE {bad} END"
+        decimal = info.target_type.startswith("decimal(")
+        duck = info.target_type.upper() if decimal else _TYPES[info.target_type][0]
+        cast = f"CAST({expr} AS {duck})"
+        if info.conv == "time":  # Delta's dates and timestamps have no infinity
+            bad = f"error({where} || {expr} || ' cannot be stored in a Delta {info.target_type} column')"
+            return f"CASE WHEN lower({expr}) IN ('infinity', '-infinity') THEN {bad} ELSE {cast} END"
+        return cast
+
+    def table_dir(self, root: Path, table: str) -> Path:
+        _, name = self.names(table)
+        return root / name
+
+
+DELTA = DeltaDialect()
+
+
+def commit_properties(target: str, position: Position) -> Any:
+    """A commit carrying the target's position: two application transactions and the commit's metadata."""
+    from deltalake import CommitProperties, Transaction
+
+    return CommitProperties(
+        custom_metadata={"mirrorline.target": target, "mirrorline.position": str(position)},
+        app_transactions=[Transaction(target, position.lsn), Transaction(f"{target}.seq", position.seq)],
+    )
+
+
+def table_position(dt: DeltaTable, target: str) -> Position:
+    """What the table's last commit by ``target`` applied (ZERO: none yet)."""
+    lsn = dt.transaction_version(target)
+    if lsn is None:
+        return ZERO
+    return Position(int(lsn), int(dt.transaction_version(f"{target}.seq") or 0))
+
+
+def _open(path: Path) -> DeltaTable | None:
+    from deltalake import DeltaTable
+
+    return DeltaTable(str(path)) if DeltaTable.is_deltatable(str(path)) else None
+
+
+def _duck() -> duckdb.DuckDBPyConnection:
+    con = duckdb.connect()
+    con.execute("SET TimeZone = 'UTC'")
+    return con
+
+
+class DeltaSession(SqliteSession):
+    """A transaction on ``_mirrorline.sqlite`` plus the Delta writes of a snapshot's load: the tables emptied
+    (:meth:`truncate`) are overwritten at :meth:`commit`, each in one Delta commit with the position the transaction
+    gave it, before the state file commits (a crash in between leaves the load ``loading``: it is loaded again)."""
+
+    dialect = DELTA
+    db_errors: tuple[type[BaseException], ...] = (*SqliteSession.db_errors, duckdb.Error, OSError)
+
+    def __init__(self, target: DeltaTarget) -> None:
+        target.root.mkdir(parents=True, exist_ok=True)
+        super().__init__(str(target.root / STATE_FILE))
+        self.target = target
+        self._pending: dict[str, list[pa.Table]] = {}
+        self._emptied: set[str] = set()
+        self._con: duckdb.DuckDBPyConnection | None = None
+
+    def begin(self) -> None:
+        self._pending, self._emptied = {}, set()
+        super().begin()
+
+    def rollback(self) -> None:
+        self._pending, self._emptied = {}, set()
+        super().rollback()
+
+    def truncate(self, table: str) -> None:
+        self._pending[table] = []
+        self._emptied.add(table)
+
+    def load_chunk(self, ts: TableSchema, path: str | Path, header: bool = True) -> int:
+        """The chunk's rows converted, kept until :meth:`commit` writes them (added to the table's rows, or in
+        place of them when it was emptied in this transaction)."""
+        self._pending.setdefault(ts.table, [])
+        if self._con is None:
+            self._con = _duck()
+        n = 0
+        for batch in read_chunk(path, ts.column_names, header):
+            data = pa.Table.from_batches([batch]).rename_columns(list(ts.column_names))
+            self._pending[ts.table].append(typed(self._con, data, ts, list(ts.column_names)))
+            n += batch.num_rows
+        return n
+
+    def commit(self) -> None:
+        if self._pending:
+            state = read_state(self)  # as this transaction set it
+            for table, parts in self._pending.items():
+                position = state.table(table)
+                self.target.write(table, parts, position, overwrite=table in self._emptied)
+            self._pending, self._emptied = {}, set()
+        super().commit()
+
+    def table_columns(self, table: str) -> list[str] | None:
+        dt = _open(self.dialect.table_dir(self.target.root, table))
+        if dt is not None:
+            return [f.name for f in dt.schema().fields]
+        return super().table_columns(table)
+
+    def is_data_error(self, exc: BaseException) -> bool:
+        if isinstance(exc, duckdb.ConversionException | duckdb.InvalidInputException | duckdb.OutOfRangeException):
+            return True
+        return super().is_data_error(exc)
+
+    def disconnect(self) -> None:
+        if self._con is not None:
+            self._con.close()
+        super().disconnect()
+
+
+def typed(con: duckdb.DuckDBPyConnection, data: pa.Table, ts: TableSchema, columns: Sequence[str]) -> pa.Table:
+    """Text rows holding ``columns`` of ``ts`` -> the Delta table's Arrow types (every column of ``ts``, missing
+    ones null)."""
+    view = "mirrorline_text"
+    con.register(view, data)
+    try:
+        have = set(columns)
+        exprs = [
+            (DELTA.convert(quote_ident(c.name), ts, c) if c.name in have else "NULL") + f" AS {quote_ident(c.name)}"
+            for c in ts.columns
+        ]
+        out = con.sql(f"SELECT {', '.join(exprs)} FROM {view}").to_arrow_table()
+    finally:
+        con.unregister(view)
+    return out.cast(DELTA.arrow_schema(ts))
+
+
+@dataclass
+class _Failure:
+    kind: str  # D, U, I, M (the row to take unsent columns from)
+    key: list[Any]
+    position: str
+    what: str
+    image: dict[str, Any] | None
+    error: ApplyError | None = None  # the error to stop with, when it is not the generic one
+
+
+class _DeltaRead(TargetRead):
+    def __init__(self, target: DeltaTarget) -> None:
+        self.target = target
+        self.position = target.applied_positions().position
+        self._tables: dict[str, DeltaTable | None] = {}
+
+    def _table(self, table: str) -> DeltaTable | None:
+        if table not in self._tables:
+            self._tables[table] = _open(DELTA.table_dir(self.target.root, table))
+        return self._tables[table]
+
+    def columns(self, table: str) -> list[str] | None:
+        dt = self._table(table)
+        return None if dt is None else [f.name for f in dt.schema().fields]
+
+    def rows(self, ts: TableSchema) -> Iterator[list[Sequence[str | None]]]:
+        from mirrorline.verify.canonical import native_text
+
+        dt = self._table(ts.table)
+        assert dt is not None
+        convs = [native_text(c.type_name) for c in ts.columns]
+        for batch in dt.to_pyarrow_dataset().to_batches(columns=list(ts.column_names), batch_size=10_000):
+            cols = [batch.column(i).to_pylist() for i in range(batch.num_columns)]
+            yield [[f(v) for f, v in zip(convs, row, strict=True)] for row in zip(*cols, strict=True)]
+
+
+class DeltaTarget(Target):
+    kind = "delta"
+    dialect = DELTA
+
+    def __init__(self, name: str, location: str, **kwargs: Any) -> None:
+        kwargs.pop("parallel_rows", None)
+        super().__init__(name, location, **kwargs)
+        self.root = Path(location)
+        self._write_lock = threading.Lock()
+
+    def connect(self) -> Session:
+        return DeltaSession(self)
+
+    def path(self, table: str) -> Path:
+        return self.dialect.table_dir(self.root, table)
+
+    def delta_table(self, table: str) -> DeltaTable | None:
+        return _open(self.path(table))
+
+    def tables(self) -> dict[str, DeltaTable]:
+        """The Delta tables under the target's folder, by folder name."""
+        out = {}
+        if self.root.is_dir():
+            for p in sorted(self.root.iterdir()):
+                dt = _open(p) if p.is_dir() else None
+                if dt is not None:
+                    out[p.name] = dt
+        return out
+
+    # -- state -----------------------------------------------------------------------------------------------------
+    def applied_positions(self) -> AppliedState:
+        s = self.session()
+        try:
+            self._prepare(s)
+            base = parse_state(s.query(self.dialect.read_state()))
+        finally:
+            s.close()
+        tables = dict(base.tables)
+        for folder, dt in self.tables().items():
+            table = folder if "." in folder else f"public.{folder}"
+            tables[table] = max(tables.get(table, ZERO), table_position(dt, self.name))
+        return AppliedState(base.unit_end, tables)
+
+    @contextlib.contextmanager
+    def consistent_read(self) -> Iterator[TargetRead]:
+        """Each table's current version, and the applied position read before them (units go on being applied
+        meanwhile only when ``run`` is live: ``verify`` stops ``run``'s target from moving by catching it up itself
+        first; a table a unit ahead shows as a moved position)."""
+        yield _DeltaRead(self)
+
+    # -- schema ----------------------------------------------------------------------------------------------------
+    def ensure_schema(self, schemas: Iterable[TableSchema]) -> list[str]:
+        from deltalake import DeltaTable
+        from deltalake.schema import Field
+
+        schemas = list(schemas)
+        for ts in schemas:
+            for c in ts.columns:
+                self.dialect.type_info(ts.table, c)
+        done: list[str] = []
+        self.root.mkdir(parents=True, exist_ok=True)
+        for ts in schemas:
+            path = self.path(ts.table)
+            want = self.dialect.arrow_schema(ts)
+            dt = _open(path)
+            if dt is None:
+                DeltaTable.create(str(path), want, name=ts.table)
+                done.append(f"created {ts.table}")
+                continue
+            have = {f.name for f in dt.schema().fields}
+            new = [f for f in want if f.name not in have]
+            if new:
+                dt.alter.add_columns([Field.from_arrow(f) for f in new])
+                done.extend(f"added {ts.table}.{f.name}" for f in new)
+        return done
+
+    # -- writes ----------------------------------------------------------------------------------------------------
+    def write(self, table: str, parts: Sequence[pa.Table], position: Position, overwrite: bool) -> None:
+        """Add ``parts`` to the table's rows, or replace them (``overwrite``), in one commit carrying ``position``
+        (a snapshot's load)."""
+        from deltalake import write_deltalake
+
+        dt = self.delta_table(table)
+        if dt is None:
+            raise TargetError(f"target {self.name}: no Delta table for {table} at {self.path(table)}", target=self.name)
+        schema = pa.schema(dt.schema().to_arrow())
+        data = pa.concat_tables([p.cast(schema) for p in parts]) if parts else schema.empty_table()
+        mode = "overwrite" if overwrite else "append"
+        with self._write_lock, self._writing(table, position):
+            write_deltalake(dt, data, mode=mode, commit_properties=commit_properties(self.name, position))
+
+    def _apply_unit(self, u: _Unit, tables: list[str], todo: list[str]) -> None:
+        """Each table in one Delta commit with the unit's end, then the unit end in the state file."""
+        rejects: list[tuple[str, _Failure, str]] = []
+        for t in todo:
+            t0 = time.monotonic()
+            counts, failed = self._apply_table(u, u.schemas[t])
+            u.result.timed("delta", t0)
+            u.result.rows[t] = counts
+            u.result.applied.append(t)
+            rejects.extend((t, f, f.what) for f in failed)
+        u.result.rejects += len(rejects)
+        with self.transaction() as s:
+            write_state(s, [], u.batch.end, unit=True)
+
+    def _apply_table(self, u: _Unit, ts: TableSchema) -> tuple[dict[str, int], list[_Failure]]:
+        from deltalake import write_deltalake
+
+        batch = u.batch
+        rows = {k: u.stager.rows(ts, k) for k in ("D", "U", "I")}
+        assert all(r is not None for r in rows.values())
+        dt = self.delta_table(ts.table)
+        assert dt is not None
+        con = _duck()
+        try:
+            for k, r in rows.items():
+                assert r is not None
+                con.register(f"w_{k.lower()}", r.append_column("_ml_row", pa.array(range(r.num_rows), pa.int64())))
+            con.register("tgt", dt.to_pyarrow_dataset())
+            truncated = ts.table in batch.truncated
+            plan = _Plan(self, ts, truncated)
+            failures = plan.check(con)
+            if failures and self.on_error == "stop":
+                raise self._failure_error(ts, failures[0])
+            src = plan.source(con)
+            if failures:
+                self._reject(ts, failures, batch.start, batch.end)
+        finally:
+            con.close()
+        counts = {
+            "D": int(pc.sum(pc.is_in(src[OP_COL], pa.array(["D", "R"]))).as_py() or 0),
+            "U": int(pc.sum(pc.equal(src[OP_COL], "U")).as_py() or 0),
+            "I": int(pc.sum(pc.is_in(src[OP_COL], pa.array(["I", "R"]))).as_py() or 0),
+        }
+        props = commit_properties(self.name, batch.end)
+        with self._write_lock, self._writing(ts.table, batch.end):
+            if truncated:
+                keep = src.filter(pc.invert(pc.equal(src[OP_COL], "D")))
+                data = keep.select(list(ts.column_names)).cast(pa.schema(dt.schema().to_arrow()))
+                write_deltalake(dt, data, mode="overwrite", commit_properties=props)
+            else:
+                plan.merge(dt, src, props)
+        return counts, failures
+
+    @contextlib.contextmanager
+    def _writing(self, table: str, end: Position) -> Iterator[None]:
+        """A Delta write's failure as mirrorline's error: a table constraint (CHECK, NOT NULL) the rows break is
+        the data's (ApplyError), anything else the target's (nothing was committed either way)."""
+        from deltalake.exceptions import CommitFailedError, DeltaError
+
+        try:
+            yield
+        except (DeltaError, OSError) as e:
+            msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            ctx: dict[str, Any] = {"target": self.name, "table": table, "position": str(end)}
+            if "violat" in msg.lower():
+                raise ApplyError(
+                    f"target {self.name}: the unit up to {end} breaks a constraint of the Delta table {table}: {msg}",
+                    hint="drop or change the constraint at the target (or fix the row at the source) and run again",
+                    db_message=msg,
+                    **ctx,
+                ) from e
+            cls = TransientTargetError if isinstance(e, CommitFailedError | OSError) else TargetError
+            raise cls(
+                f"target {self.name}: writing the Delta table {table} failed: {msg}",
+                hint="nothing of the unit was committed to this table; check the target folder and run again",
+                **ctx,
+            ) from e
+
+    def _failure_error(self, ts: TableSchema, f: _Failure) -> ApplyError:
+        if f.error is not None:
+            return f.error
+        what = {"D": "delete", "U": "update", "I": "insert", "M": "insert"}[f.kind]
+        return ApplyError(
+            f"target {self.name}: {what} on {ts.table} key {f.key} (net change up to {f.position}) failed: {f.what}",
+            hint='fix the target (or the row) and run again; or set on_error = "reject" to set failing changes aside',
+            target=self.name,
+            table=ts.table,
+            key=f.key,
+            position=f.position,
+            op=f.kind,
+        )
+
+    def _reject(self, ts: TableSchema, failures: list[_Failure], start: Position, end: Position) -> None:
+        """The unit's rejects of the table, written before its commit (again, identically, if the unit is applied
+        again after a crash)."""
+        stamp = now_stamp()
+        with self.transaction() as s:
+            s.execute(
+                f"DELETE FROM {self.dialect.own('mirrorline_rejects')} WHERE {quote_ident('table')} = ? "
+                "AND (lsn > ? OR (lsn = ? AND seq > ?)) AND (lsn < ? OR (lsn = ? AND seq <= ?))",
+                (ts.table, start.lsn, start.lsn, start.seq, end.lsn, end.lsn, end.seq),
+            )
+            for f in failures:
+                pos = Position.parse(f.position) if f.position else end
+                s.execute(
+                    self.dialect.insert_reject(),
+                    (
+                        pos.lsn,
+                        pos.seq,
+                        str(pos),
+                        ts.table,
+                        json.dumps(f.key, default=str),
+                        f.kind,
+                        json.dumps(f.image, default=str) if f.image is not None else None,
+                        f.what,
+                        stamp,
+                    ),
+                )
+
+    # -- upkeep ----------------------------------------------------------------------------------------------------
+    def maintain(self, *, retention_hours: int = 168, compact: bool = True, vacuum: bool = True) -> dict[str, Any]:
+        """Compact each table's small files (one commit per table, no data change) and remove files no version
+        younger than ``retention_hours`` reads. Apply waits only for the commit of each table's compaction."""
+        out: dict[str, Any] = {}
+        for folder, dt in self.tables().items():
+            entry: dict[str, Any] = {}
+            if compact:
+                with self._write_lock:
+                    m = dt.optimize.compact()
+                entry["compacted"] = {"removed": m.get("numFilesRemoved", 0), "added": m.get("numFilesAdded", 0)}
+            if vacuum:
+                removed = dt.vacuum(retention_hours=retention_hours, dry_run=False, enforce_retention_duration=False)
+                entry["vacuumed"] = len(removed)
+            out[folder] = entry
+        return out
+
+    def describe(self) -> dict[str, dict[str, Any]]:
+        """Per table: its Delta version, file count and the position its last commit applied."""
+        out = {}
+        for folder, dt in self.tables().items():
+            out[folder] = {
+                "version": dt.version(),
+                "files": len(dt.file_uris()),
+                "position": str(table_position(dt, self.name)),
+            }
+        return out
+
+
+class _Plan:
+    """One table's net rows of a unit against its current version: the checks, then the MERGE's source (every
+    column typed, ``_ml_op`` D / U / I / R (a delete and an insert of one key: the row replaced), ``_ml_group`` the
+    U row's set of unsent columns)."""
+
+    def __init__(self, target: DeltaTarget, ts: TableSchema, truncated: bool) -> None:
+        self.target, self.ts, self.truncated = target, ts, truncated
+        self.mirror = target.mode == "mirror"
+        self.rejected: dict[str, set[int]] = {"d": set(), "u": set(), "i": set()}
+        self.masks: list[str] = []
+
+    def _typed_key(self, alias: str, names: Sequence[str]) -> list[str]:
+        return [
+            DELTA.convert(f"{alias}.{quote_ident(n)}", self.ts, self.ts.column(k))
+            for k, n in zip(self.ts.key, names, strict=True)
+        ]
+
+    def _match(self, t: str, exprs: Sequence[str]) -> str:
+        parts = []
+        for k, e in zip(self.ts.key, exprs, strict=True):
+            op = "IS NOT DISTINCT FROM" if self.ts.column(k).nullable else "="
+            parts.append(f"{t}.{quote_ident(k)} {op} {e}")
+        return " AND ".join(parts) or "TRUE"
+
+    def _exists(self, exprs: Sequence[str]) -> str:
+        if self.truncated:
+            return "FALSE"
+        return f"EXISTS (SELECT 1 FROM tgt t WHERE {self._match('t', exprs)})"
+
+    def check(self, con: duckdb.DuckDBPyConnection) -> list[_Failure]:
+        ts, nk = self.ts, len(self.ts.key)
+        wk = [key_col(i) for i in range(nk)]
+        dkey = self._typed_key("w", wk)
+        out: list[_Failure] = []
+
+        def rows(sql: str) -> list[tuple[Any, ...]]:
+            return con.sql(sql).fetchall()
+
+        for row in rows(f"SELECT _ml_row, {', '.join(wk)} FROM w_d w WHERE NOT {self._exists(dkey)} ORDER BY 1"):
+            self.rejected["d"].add(row[0])
+            out.append(_Failure("D", list(row[1:]), "", "no row with this key at the target to delete", None))
+        need_u = "TRUE" if not self.mirror else f"w.{MASK_COL} <> ''"
+        for row in rows(
+            f"SELECT _ml_row, {', '.join(wk)} FROM w_u w WHERE {need_u} AND NOT {self._exists(dkey)} ORDER BY 1"
+        ):
+            self.rejected["u"].add(row[0])
+            out.append(_Failure("U", list(row[1:]), "", "no row with this key at the target to update", None))
+        icols = [quote_ident(k) for k in ts.key]
+        ikey = self._typed_key("w", list(ts.key))
+        deleted = (
+            f"EXISTS (SELECT 1 FROM w_d d WHERE d._ml_row NOT IN ({_ids(self.rejected['d'])}) AND "
+            + " AND ".join(
+                f"{e} IS NOT DISTINCT FROM {DELTA.convert('d.' + quote_ident(key_col(i)), ts, ts.column(k))}"
+                for i, (k, e) in enumerate(zip(ts.key, ikey, strict=True))
+            )
+            + ")"
+        )
+        self._deleted = deleted
+        pos = "w._ml_lsn, w._ml_seq"
+        for row in rows(
+            f"SELECT _ml_row, {pos}, {', '.join('w.' + c for c in icols)} FROM w_i w "
+            f"WHERE {self._exists(ikey)} AND NOT {deleted} ORDER BY 1"
+        ):
+            self.rejected["i"].add(row[0])
+            out.append(
+                _Failure(
+                    "I",
+                    list(row[3:]),
+                    str(Position(int(row[1]), int(row[2]))),
+                    "a row with this key is at the target already",
+                    None,
+                )
+            )
+        mk = self._typed_key("w", [moved_col(i) for i in range(nk)])
+        moved_exists = f"EXISTS (SELECT 1 FROM tgt t WHERE {self._match('t', mk)})"
+        moved = ", ".join(f"w.{quote_ident(moved_col(i))}" for i in range(nk))
+        for row in rows(
+            f"SELECT _ml_row, {', '.join('w.' + c for c in icols)}, {moved}, {pos}, w.{MASK_COL} FROM w_i w "
+            f"WHERE w.{MASK_COL} <> '' AND NOT {moved_exists} ORDER BY 1"
+        ):
+            if row[0] not in self.rejected["i"]:
+                self.rejected["i"].add(row[0])
+                err = self.target._moved_error(ts, row[1:-1], parse_mask(row[-1]))
+                p = Position(int(row[1 + 2 * nk]), int(row[2 + 2 * nk]))
+                out.append(_Failure("M", list(row[1 : 1 + nk]), str(p), err.message, None, err))
+        return out
+
+    def source(self, con: duckdb.DuckDBPyConnection) -> pa.Table:
+        """The MERGE's source rows (rejected rows left out)."""
+        ts, nk = self.ts, len(self.ts.key)
+        cols = list(ts.column_names)
+        value_cols = [c for c in cols if c not in ts.key]
+        wk = [key_col(i) for i in range(nk)]
+        dkey = self._typed_key("w", wk)
+
+        def conv(alias: str, c: str) -> str:
+            return DELTA.convert(f"{alias}.{quote_ident(c)}", ts, ts.column(c))
+
+        null_values = [f"NULL AS {quote_ident(c)}" for c in value_cols]
+        not_in = {k: f"_ml_row NOT IN ({_ids(v)})" for k, v in self.rejected.items()}
+        replaced = (
+            f"EXISTS (SELECT 1 FROM w_i i WHERE i._ml_row NOT IN ({_ids(self.rejected['i'])}) AND "
+            + " AND ".join(f"{conv('i', k)} IS NOT DISTINCT FROM {e}" for k, e in zip(ts.key, dkey, strict=True))
+            + ")"
+        )
+        keys_as = [f"{e} AS {quote_ident(k)}" for k, e in zip(ts.key, dkey, strict=True)]
+        parts = [
+            f"SELECT {', '.join(keys_as + null_values)}, 'D' AS {OP_COL}, '' AS {MASK_COL} FROM w_d w "
+            f"WHERE {not_in['d']} AND NOT {replaced}",
+            f"SELECT {', '.join(keys_as + [conv('w', c) + ' AS ' + quote_ident(c) for c in value_cols])}, "
+            f"'U' AS {OP_COL}, w.{MASK_COL} AS {MASK_COL} FROM w_u w WHERE {not_in['u']}",
+        ]
+        op = f"CASE WHEN {self._deleted} THEN 'R' ELSE 'I' END AS {OP_COL}"
+        plain = [conv("w", c) + " AS " + quote_ident(c) for c in cols]
+        parts.append(
+            f"SELECT {', '.join(plain)}, {op}, '' AS {MASK_COL} FROM w_i w WHERE {not_in['i']} AND w.{MASK_COL} = ''"
+        )
+        mk = self._typed_key("w", [moved_col(i) for i in range(nk)])
+        completed = [
+            f"CASE WHEN list_contains(string_split(w.{MASK_COL}, {lit(MASK_SEP)}), {lit(c)}) THEN m.{quote_ident(c)} "
+            f"ELSE {conv('w', c)} END AS {quote_ident(c)}"
+            for c in cols
+        ]
+        parts.append(
+            f"SELECT {', '.join(completed)}, {op}, '' AS {MASK_COL} FROM w_i w JOIN tgt m ON {self._match('m', mk)} "
+            f"WHERE {not_in['i']} AND w.{MASK_COL} <> ''"
+        )
+        sql = " UNION ALL ".join(f"({p})" for p in parts)
+        src = con.sql(sql).to_arrow_table()
+        schema = DELTA.arrow_schema(ts)
+        src = pa.table(
+            {**{c: src[c].cast(schema.field(c).type) for c in cols}, OP_COL: src[OP_COL], MASK_COL: src[MASK_COL]}
+        )
+        self.masks = sorted(set(pc.unique(pc.fill_null(src[MASK_COL], "")).to_pylist()))
+        group = pc.index_in(pc.fill_null(src[MASK_COL], ""), value_set=pa.array(self.masks, pa.string()))
+        return src.drop_columns([MASK_COL]).append_column(GROUP_COL, group)
+
+    def merge(self, dt: DeltaTable, src: pa.Table, props: Any) -> None:
+        ts = self.ts
+        cols = list(ts.column_names)
+        value_cols = [c for c in cols if c not in ts.key]
+        s = {c: f"s.{quote_ident(c)}" for c in cols}
+        pred = " AND ".join(
+            f"t.{quote_ident(k)} {'IS NOT DISTINCT FROM' if ts.column(k).nullable else '='} s.{quote_ident(k)}"
+            for k in ts.key
+        )
+        m = dt.merge(src, predicate=pred, source_alias="s", target_alias="t", commit_properties=props)
+        m = m.when_matched_delete(predicate=f"s.{OP_COL} = 'D'")
+        m = m.when_matched_update(updates=s, predicate=f"s.{OP_COL} = 'R'")
+        for i, mask in enumerate(self.masks):
+            kept = parse_mask(mask)
+            set_cols = [c for c in value_cols if c not in kept]
+            if set_cols:
+                m = m.when_matched_update(
+                    updates={c: s[c] for c in set_cols}, predicate=f"s.{OP_COL} = 'U' AND s.{GROUP_COL} = {i}"
+                )
+        if self.mirror and "" in self.masks:
+            m = m.when_not_matched_insert(
+                updates=s, predicate=f"s.{OP_COL} = 'U' AND s.{GROUP_COL} = {self.masks.index('')}"
+            )
+        m = m.when_not_matched_insert(updates=s, predicate=f"s.{OP_COL} IN ('I', 'R')")
+        m.execute()
+
+
+def _ids(ids: Iterable[int]) -> str:
+    return ", ".join(str(i) for i in sorted(ids)) or "-1"
+
+
+def maintain_targets(targets: Mapping[str, DeltaTarget], retention_hours: int) -> dict[str, Any]:
+    return {n: t.maintain(retention_hours=retention_hours) for n, t in targets.items()}
