@@ -48,7 +48,8 @@ def target_url(kind: str, tmp_path: Path, pg_cluster: Any, name: str) -> str:
     if kind == "postgresql":
         pg_cluster.create_database(name)
         return str(pg_cluster.url(name))
-    return f"{kind}:///{tmp_path / (name + ('.db' if kind == 'sqlite' else '.duckdb'))}"
+    suffix = {"sqlite": ".db", "duckdb": ".duckdb", "delta": ".lake"}[kind]
+    return f"{kind}:///{tmp_path / (name + suffix)}"
 
 
 def _canon(table: str, col: str, v: Any) -> str | None:
@@ -82,7 +83,12 @@ def target_rows(kind: str, url: str, table: str) -> list[tuple[Any, ...]]:
         finally:
             conn.close()
     path = url.split(":///", 1)[1]
-    if kind == "sqlite":
+    if kind == "delta":  # read by deltalake to Arrow, not through mirrorline
+        from deltalake import DeltaTable
+
+        data = DeltaTable(str(Path(path) / d.names(table)[1])).to_pyarrow_table(columns=list(cols))
+        raw = list(zip(*(data[c].to_pylist() for c in cols), strict=True))
+    elif kind == "sqlite":
         with sqlite3.connect(path) as sconn:
             raw = sconn.execute(f"SELECT {sel} FROM {d.table(table)}").fetchall()
     else:

@@ -14,7 +14,7 @@ pytestmark = [pytest.mark.pg, pytest.mark.spark]
 
 
 @pytest.mark.parametrize("mode", ["update", "mirror"])
-@pytest.mark.parametrize("kind", ["postgresql", "sqlite", "duckdb"])
+@pytest.mark.parametrize("kind", ["postgresql", "sqlite", "duckdb", "delta"])
 def test_random_workload_replicates_exactly(pg, pg_cluster, spark, tmp_path, kind, mode):
     work = Workload(pg.dsn, seed=hash((kind, mode)) % 1000)
     work.create()
