@@ -102,6 +102,24 @@ def target_rows(kind: str, url: str, table: str) -> list[tuple[Any, ...]]:
     return sorted((tuple(_canon(table, c, v) for c, v in zip(cols, r, strict=True)) for r in raw), key=repr)
 
 
+def delta_parquet_rows(url: str, table: str) -> list[tuple[Any, ...]]:
+    """A Delta table's rows read by DuckDB from the Parquet files its current version lists (not through deltalake's
+    reader, not through mirrorline), canonical as :func:`target_rows`."""
+    import duckdb
+    from deltalake import DeltaTable
+
+    cols = COLUMNS[table]
+    folder = Path(url.split(":///", 1)[1]) / target_class("delta").dialect.names(table)[1]
+    files = [u.removeprefix("file://") for u in DeltaTable(str(folder)).file_uris()]
+    con = duckdb.connect()
+    try:
+        sel = ", ".join(f'"{c}"' for c in cols)
+        raw = con.execute(f"SELECT {sel} FROM read_parquet(?)", [files]).fetchall() if files else []
+    finally:
+        con.close()
+    return sorted((tuple(_canon(table, c, v) for c, v in zip(cols, r, strict=True)) for r in raw), key=repr)
+
+
 def assert_same(source_dsn: str, kind: str, url: str) -> None:
     for table in TABLES:
         src = source_rows(source_dsn, table)

@@ -1,4 +1,5 @@
-"""Exactly once under crashes: ``run`` (capture, snapshot of new targets, compile, apply) killed with SIGKILL at
+"""Exactly once under crashes: ``run`` (capture, snapshot of new targets, compile, apply; DuckDB, PostgreSQL and
+Delta targets) killed with SIGKILL at
 random moments at least 20 times while the source keeps changing, restarted each time; afterwards every target
 equals the source."""
 
@@ -25,13 +26,14 @@ def test_run_killed_at_random_while_the_source_changes(pg, pg_cluster, tmp_path)
     urls = {
         "lake": target_url("duckdb", tmp_path, pg_cluster, "lake"),
         "pgt": target_url("postgresql", tmp_path, pg_cluster, f"crash_run_{pg.name[-6:]}"),
+        "delta": target_url("delta", tmp_path, pg_cluster, "delta"),
     }
     conf_file = tmp_path / "m.toml"
     conf_file.write_text(
         config_text(
             pg.dsn,
             tmp_path / "log",
-            {"lake": (urls["lake"], "mirror"), "pgt": (urls["pgt"], "update")},
+            {"lake": (urls["lake"], "mirror"), "pgt": (urls["pgt"], "update"), "delta": (urls["delta"], "update")},
             max_changes=200,
             latency="300ms",
         )
@@ -64,3 +66,4 @@ def test_run_killed_at_random_while_the_source_changes(pg, pg_cluster, tmp_path)
     finish(["run", "--once", "-c", str(conf_file)], tmp_path)
     assert_same(pg.dsn, "duckdb", urls["lake"])
     assert_same(pg.dsn, "postgresql", urls["pgt"])
+    assert_same(pg.dsn, "delta", urls["delta"])

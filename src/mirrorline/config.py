@@ -6,6 +6,7 @@ Every problem is refused at start with the file, the key and the reason. Passwor
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import tomllib
@@ -62,6 +63,8 @@ class TargetConfig:
     location: str  # a path for file targets, a DSN for PostgreSQL
     mode: str = "update"
     on_error: str = "stop"
+    compact_every: float = 0.0  # Delta: seconds between compactions and cleanups while run is live (0: never)
+    retention_hours: int = 168  # Delta: files no version younger than this reads are removed by the cleanup
 
 
 @dataclass(frozen=True)
@@ -274,7 +277,7 @@ def parse(data: dict[str, Any], path: Path) -> Config:
         if not re.fullmatch(r"[A-Za-z0-9_-]{1,40}", name):
             raise r.fail(name, "target names are letters, digits, _ and -, at most 40")
         t = _Reader(file, f"targets.{name}", spec)
-        t.only("url", "mode", "on_error")
+        t.only("url", "mode", "on_error", "compact_every", "vacuum_retention")
         url = t.get("url", str, required=True)
         try:
             kind, location = target_location(url, base)
@@ -286,7 +289,29 @@ def parse(data: dict[str, Any], path: Path) -> Config:
         t_on_error = t.get("on_error", str, on_error)
         if t_on_error not in ON_ERROR:
             raise t.fail("on_error", f"expected one of {', '.join(ON_ERROR)}, got {t_on_error!r}")
-        targets[name] = TargetConfig(name=name, url=url, kind=kind, location=location, mode=mode, on_error=t_on_error)
+        upkeep: dict[str, Any] = {}
+        if kind == "delta":
+            try:
+                upkeep["compact_every"] = parse_duration(t.get("compact_every", (str, int, float), "1h"))
+            except ValueError as e:
+                raise t.fail("compact_every", str(e)) from None
+            try:
+                retention = parse_duration(t.get("vacuum_retention", (str, int, float), "168h"))
+            except ValueError as e:
+                raise t.fail("vacuum_retention", str(e)) from None
+            if retention < 3600:
+                raise t.fail(
+                    "vacuum_retention",
+                    "must be at least 1h: a reader of an older version (or a unit being applied) still needs its files",
+                )
+            upkeep["retention_hours"] = math.ceil(retention / 3600)
+        else:
+            for key in ("compact_every", "vacuum_retention"):
+                if key in t.data:
+                    raise t.fail(key, f"only a Delta target has files to compact and clean up (this one is {kind})")
+        targets[name] = TargetConfig(
+            name=name, url=url, kind=kind, location=location, mode=mode, on_error=t_on_error, **upkeep
+        )
 
     return Config(file=path, source=source, log=log, apply=apply, tables=tables, targets=targets)
 

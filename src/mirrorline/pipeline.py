@@ -103,6 +103,8 @@ class Applier:
         # ... and saved when a target that another process applies (``apply --target``) may need them
         self._save_units = any(n not in names for n in config.targets)
         self._ahead: tuple[NetBatch, float] | None = None  # the next unit, compiled while this one applied
+        self._upkept: dict[str, float] = {}  # target -> when its last storage upkeep started (monotonic)
+        self._upkeep: dict[str, threading.Thread] = {}
 
     def start_warm_up(self) -> None:
         """Warm Spark up in the background now; the first compile waits for it."""
@@ -124,6 +126,8 @@ class Applier:
         return self._spark
 
     def close(self) -> None:
+        for thread in self._upkeep.values():
+            thread.join()  # a compaction is one commit per table: let the one running finish
         if self._ahead is not None:
             self._ahead[0].release()
             self._ahead = None
@@ -434,7 +438,39 @@ class Applier:
             if time.monotonic() - last_prune > 30:
                 self.prune()
                 last_prune = time.monotonic()
+            self.upkeep()
             stop.wait(poll)
+
+    def upkeep(self) -> None:
+        """Start the storage upkeep of each target whose ``compact_every`` has passed (a Delta target compacts its
+        small files and removes those no version younger than ``vacuum_retention`` reads), in a thread of its own
+        beside apply: a unit whose commit meets a compaction's is applied again on the new version."""
+        now = time.monotonic()
+        for n, target in self.targets.items():
+            every = self.config.targets[n].compact_every
+            if every <= 0:
+                continue
+            started = self._upkept.setdefault(n, now)  # the first one period after the start
+            running = self._upkeep.get(n)
+            if now - started < every or (running is not None and running.is_alive()):
+                continue
+            self._upkept[n] = now
+            retention = self.config.targets[n].retention_hours
+            thread = threading.Thread(
+                target=self._maintain, args=(n, target, retention), name=f"mirrorline-upkeep-{n}", daemon=True
+            )
+            self._upkeep[n] = thread
+            thread.start()
+
+    @staticmethod
+    def _maintain(name: str, target: Target, retention_hours: int) -> None:
+        t0 = time.monotonic()
+        try:
+            done = target.maintain(retention_hours=retention_hours)
+        except Exception as e:  # upkeep is retried at the next period; replication goes on
+            log.warning("target %s: compaction and cleanup failed (tried again later): %s", name, e)
+            return
+        log.info("target %s: compaction and cleanup in %.1f s: %s", name, time.monotonic() - t0, done)
 
 
 @dataclass

@@ -26,7 +26,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -56,6 +56,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 STATE_FILE = "_mirrorline.sqlite"
+COMMIT_ATTEMPTS = 5  # a table's commit of a unit, redone when a concurrent commit (a compaction) won
 OP_COL, GROUP_COL = "_ml_op", "_ml_group"
 
 # Delta type -> (DuckDB type its text is cast to, Arrow type written)
@@ -188,7 +189,14 @@ class DeltaSession(SqliteSession):
     db_errors: tuple[type[BaseException], ...] = (*SqliteSession.db_errors, duckdb.Error, OSError)
 
     def __init__(self, target: DeltaTarget) -> None:
-        target.root.mkdir(parents=True, exist_ok=True)
+        try:
+            target.root.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise TargetError(
+                f"target {target.name}: cannot use {target.root} as the Delta target's folder: {e.strerror or e}",
+                hint="point the target's url at a folder (delta:///relative/path or delta:////absolute/path)",
+                target=target.name,
+            ) from e
         super().__init__(str(target.root / STATE_FILE))
         self.target = target
         self._pending: dict[str, list[pa.Table]] = {}
@@ -281,8 +289,32 @@ class _DeltaRead(TargetRead):
 
     def _table(self, table: str) -> DeltaTable | None:
         if table not in self._tables:
-            self._tables[table] = _open(DELTA.table_dir(self.target.root, table))
+            dt = _open(DELTA.table_dir(self.target.root, table))
+            if dt is not None and table_position(dt, self.target.name) > self.position:
+                self._as_of(table, dt)
+            self._tables[table] = dt
         return self._tables[table]
+
+    def _as_of(self, table: str, dt: DeltaTable) -> None:
+        """A table one unit ahead of the target's position (its commit landed, the unit end not yet): read the
+        version of its last commit at or before the position (later commits of others, such as a compaction,
+        change no rows)."""
+        name = self.target.name
+        for commit in dt.history():
+            pos = commit.get("mirrorline.position")
+            if commit.get("mirrorline.target") == name and pos and Position.parse(pos) <= self.position:
+                dt.load_as_version(int(commit["version"]))
+                return
+            if commit.get("operation") in ("CREATE TABLE", "CREATE OR REPLACE TABLE"):
+                dt.load_as_version(int(commit["version"]))
+                return
+        raise TargetError(
+            f"target {name}: {table} is ahead of the target's position {self.position} and its history no longer "
+            "holds the version at that position",
+            hint="run mirrorline again so that the target's position catches up with its tables, then verify",
+            target=name,
+            table=table,
+        )
 
     def columns(self, table: str) -> list[str] | None:
         dt = self._table(table)
@@ -344,9 +376,8 @@ class DeltaTarget(Target):
 
     @contextlib.contextmanager
     def consistent_read(self) -> Iterator[TargetRead]:
-        """Each table's current version, and the applied position read before them (units go on being applied
-        meanwhile only when ``run`` is live: ``verify`` stops ``run``'s target from moving by catching it up itself
-        first; a table a unit ahead shows as a moved position)."""
+        """The target's applied position and each table as of it: its current version, or (a table whose commit of
+        a later unit landed before the unit end) the version of its last commit at or before the position."""
         yield _DeltaRead(self)
 
     # -- schema ----------------------------------------------------------------------------------------------------
@@ -386,16 +417,32 @@ class DeltaTarget(Target):
             raise TargetError(f"target {self.name}: no Delta table for {table} at {self.path(table)}", target=self.name)
         schema = pa.schema(dt.schema().to_arrow())
         data = pa.concat_tables([p.cast(schema) for p in parts]) if parts else schema.empty_table()
-        mode = "overwrite" if overwrite else "append"
+        props = commit_properties(self.name, position)
         with self._write_lock, self._writing(table, position):
-            write_deltalake(dt, data, mode=mode, commit_properties=commit_properties(self.name, position))
+            if overwrite:
+                write_deltalake(dt, data, mode="overwrite", commit_properties=props)
+            else:
+                write_deltalake(dt, data, mode="append", commit_properties=props)
 
     def _apply_unit(self, u: _Unit, tables: list[str], todo: list[str]) -> None:
         """Each table in one Delta commit with the unit's end, then the unit end in the state file."""
         rejects: list[tuple[str, _Failure, str]] = []
         for t in todo:
             t0 = time.monotonic()
-            counts, failed = self._apply_table(u, u.schemas[t])
+            for attempt in range(1, COMMIT_ATTEMPTS + 1):
+                try:
+                    counts, failed = self._apply_table(u, u.schemas[t])
+                    break
+                except _Conflict as e:  # a compaction (or another writer) committed first: read it and redo
+                    if attempt == COMMIT_ATTEMPTS:
+                        raise TransientTargetError(
+                            f"target {self.name}: {t}'s commit of the unit up to {u.batch.end} lost to other "
+                            f"writers {attempt} times: {e}",
+                            hint="nothing of the unit was committed to this table; is another program writing it?",
+                            target=self.name,
+                            table=t,
+                        ) from e
+                    log.info("target %s: %s changed under the unit's commit (%s); applying it again", self.name, t, e)
             u.result.timed("delta", t0)
             u.result.rows[t] = counts
             u.result.applied.append(t)
@@ -451,17 +498,19 @@ class DeltaTarget(Target):
 
         try:
             yield
+        except CommitFailedError as e:
+            raise _Conflict(_first_line(e)) from e
         except (DeltaError, OSError) as e:
-            msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            msg = _first_line(e)
             ctx: dict[str, Any] = {"target": self.name, "table": table, "position": str(end)}
-            if "violat" in msg.lower():
+            if "violat" in msg.lower() or "failed validation" in msg.lower():
                 raise ApplyError(
                     f"target {self.name}: the unit up to {end} breaks a constraint of the Delta table {table}: {msg}",
                     hint="drop or change the constraint at the target (or fix the row at the source) and run again",
                     db_message=msg,
                     **ctx,
                 ) from e
-            cls = TransientTargetError if isinstance(e, CommitFailedError | OSError) else TargetError
+            cls = TransientTargetError if isinstance(e, OSError) else TargetError
             raise cls(
                 f"target {self.name}: writing the Delta table {table} failed: {msg}",
                 hint="nothing of the unit was committed to this table; check the target folder and run again",
@@ -513,16 +562,29 @@ class DeltaTarget(Target):
     def maintain(self, *, retention_hours: int = 168, compact: bool = True, vacuum: bool = True) -> dict[str, Any]:
         """Compact each table's small files (one commit per table, no data change) and remove files no version
         younger than ``retention_hours`` reads. Apply waits only for the commit of each table's compaction."""
+        from deltalake.exceptions import CommitFailedError
+
         out: dict[str, Any] = {}
         for folder, dt in self.tables().items():
             entry: dict[str, Any] = {}
             if compact:
-                with self._write_lock:
-                    m = dt.optimize.compact()
-                entry["compacted"] = {"removed": m.get("numFilesRemoved", 0), "added": m.get("numFilesAdded", 0)}
+                try:
+                    with self._write_lock:
+                        dt.update_incremental()
+                        m = dt.optimize.compact()
+                    entry["compacted"] = {"removed": m.get("numFilesRemoved", 0), "added": m.get("numFilesAdded", 0)}
+                except CommitFailedError as e:  # a unit committed first: compact at the next round
+                    entry["compacted"] = {"skipped": _first_line(e)}
             if vacuum:
-                removed = dt.vacuum(retention_hours=retention_hours, dry_run=False, enforce_retention_duration=False)
-                entry["vacuumed"] = len(removed)
+                try:
+                    with self._write_lock:
+                        dt.update_incremental()
+                    removed = dt.vacuum(
+                        retention_hours=retention_hours, dry_run=False, enforce_retention_duration=False
+                    )
+                    entry["vacuumed"] = len(removed)
+                except CommitFailedError as e:
+                    entry["vacuumed"] = {"skipped": _first_line(e)}
             out[folder] = entry
         return out
 
@@ -702,9 +764,13 @@ class _Plan:
         m.execute()
 
 
+class _Conflict(Exception):
+    """A commit lost to a concurrent one (a compaction, another writer): the table's apply is redone."""
+
+
+def _first_line(e: BaseException) -> str:
+    return str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+
+
 def _ids(ids: Iterable[int]) -> str:
     return ", ".join(str(i) for i in sorted(ids)) or "-1"
-
-
-def maintain_targets(targets: Mapping[str, DeltaTarget], retention_hours: int) -> dict[str, Any]:
-    return {n: t.maintain(retention_hours=retention_hours) for n, t in targets.items()}

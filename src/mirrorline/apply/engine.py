@@ -242,6 +242,11 @@ class Target(ABC):
             for c in s.columns:
                 self.dialect.type_info(s.table, c)
 
+    def maintain(self, *, retention_hours: int = 168) -> dict[str, Any]:
+        """Upkeep of the target's storage (a Delta target compacts small files and removes the files no version
+        younger than ``retention_hours`` reads); nothing for a database, which keeps its own."""
+        return {}
+
     def describe(self) -> dict[str, dict[str, Any]]:
         """Per table, what ``status`` shows beyond the positions (a Delta table's version and file count); nothing
         for a database."""

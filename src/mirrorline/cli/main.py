@@ -25,6 +25,7 @@ COMMANDS: list[tuple[str, str, str]] = [
     ("log", "mirrorline.cli.log_cmd", "import or export the change log as deltaflood/daystream lines"),
     ("status", "mirrorline.cli.status_cmd", "targets, positions, lag and the slot's retained WAL"),
     ("verify", "mirrorline.cli.verify_cmd", "compare source and target tables (exit 1 on any difference)"),
+    ("maintain", "mirrorline.cli.maintain_cmd", "compact and clean up the files of Delta targets"),
     ("demo", "mirrorline.cli.demo_cmd", "the embedded default: a throwaway PostgreSQL replicated into SQLite, DuckDB"),
 ]
 
@@ -42,8 +43,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="mirrorline",
         description="Change-data-capture replication of PostgreSQL tables: capture once through pgoutput, stage in "
-        "a durable change log, compile net row changes with Spark, apply set-based to PostgreSQL, SQLite and "
-        "DuckDB targets, exactly once.",
+        "a durable change log, compile net row changes with Spark, apply set-based to PostgreSQL, SQLite, "
+        "DuckDB and Delta Lake targets, exactly once.",
         epilog="Exit status: 0 success, 1 verify found a difference, 2 usage or configuration error, 3 other failure.",
     )
     parser.add_argument("--version", action="version", version=f"mirrorline {__version__}")
