@@ -1,5 +1,7 @@
 """Benchmark: apply one compiled unit (200,000 net updates + 200,000 net inserts, built on Spark) to each target,
-against the anchor measured in the same run: a plain COPY of the same 400,000 rows into an empty PostgreSQL table.
+against the anchors measured in the same run: a plain COPY of the same 400,000 rows into an empty PostgreSQL table,
+and for the Delta target a plain ``write_deltalake`` of the same rows, typed, into a new Delta table (the physical
+limit of the format).
 
 Each target starts with the 200,000 rows the updates hit (loaded by an apply of inserts, timed as "seed"). Figures:
 seconds per target and mode (median over --reps fresh targets), ratio to the COPY anchor, and where time goes: the
@@ -57,6 +59,7 @@ def net_frame(spark: Any, kind: str, lo: int, hi: int, tag: str) -> Any:
         "CAST(array() AS ARRAY<STRING>) AS unchanged",
         "CAST(256 AS BIGINT) AS lsn",
         "id AS seq",
+        "CAST(NULL AS ARRAY<STRING>) AS moved_from",
     )
 
 
@@ -95,7 +98,7 @@ def main() -> None:
         import pyarrow as pa
 
         upd = R.flatten(R.select(arrow, "public.items", "U"), SCHEMA, "I")
-        rows = pa.concat_tables([upd, flat])
+        rows = pa.concat_tables([upd, flat]).select(list(SCHEMA.column_names))
         copy_s = []
         for rep in range(max(args.reps, 1)):
             db = f"anchor{rep}"
@@ -124,7 +127,25 @@ def main() -> None:
             ("sqlite", "mirror", "sqlite_mirror", {}),
             ("duckdb", "update", "duckdb", {}),
             ("duckdb", "mirror", "duckdb_mirror", {}),
+            ("delta", "update", "delta", {}),
+            ("delta", "mirror", "delta_mirror", {}),
         ]
+        # the Delta anchor: a plain write_deltalake of the same 2n rows, already typed, into a new Delta table
+        from deltalake import write_deltalake
+
+        from mirrorline.apply.delta import duck_connection, typed
+
+        con = duck_connection()
+        typed_rows = typed(con, rows, SCHEMA, list(SCHEMA.column_names))
+        con.close()
+        writes = []
+        for rep in range(max(args.reps, 1)):
+            t0 = time.monotonic()
+            write_deltalake(str(Path(tmp) / f"anchor{rep}.delta"), typed_rows)
+            writes.append(time.monotonic() - t0)
+        delta_anchor = statistics.median(writes)
+        out["delta_write_anchor_s"] = round(delta_anchor, 3)
+        log(f"anchor write_deltalake of {2 * n} rows: {delta_anchor:.2f}s")
         for kind, mode, label, opts in configs:
             seeds, applies = [], []
             for rep in range(max(args.reps, 1)):
@@ -148,6 +169,8 @@ def main() -> None:
             out[f"{label}_s"] = round(a, 3)
             out[f"{label}_seed_s"] = round(statistics.median(seeds), 3)
             out[f"{label}_vs_copy"] = round(a / anchor, 2)
+            if kind == "delta":
+                out[f"{label}_vs_write_deltalake"] = round(a / delta_anchor, 2)
             log(f"{label}: apply {a:.2f}s ({a / anchor:.1f}x COPY), seed {statistics.median(seeds):.2f}s")
     print(json.dumps(out))
 

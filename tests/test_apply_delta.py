@@ -389,3 +389,19 @@ def test_run_compacts_on_schedule_and_the_command_does_it_at_once(spark: Any, tm
     assert report["lake"]["items"]["compacted"] == {"removed": 2, "added": 1}
     assert main(["maintain", "-c", str(tmp_path / "m.toml"), "--target", "nope"]) == 2
     assert sorted(fetch(t, "public.items", ["id"])) == [(1,), (2,), (3,), (9,)]
+
+
+def test_status_shows_each_delta_tables_version_files_and_position(spark: Any, tmp_path: Path) -> None:
+    from mirrorline import config
+    from mirrorline.apply import open_target as open_configured
+    from mirrorline.status import status
+
+    conf = config.load(_config(tmp_path, ""))
+    t = open_configured(conf.targets["lake"])
+    t.apply(batch(spark, [items(1), items(2)], P(0), P(0x10, 2)), SCHEMAS)
+    t.close()
+    st = status(conf)
+    (lake,) = st.targets
+    assert lake.details == {"items": {"version": 1, "files": 1, "position": str(P(0x10, 2))}}
+    assert st.to_json()["targets"][0]["table_details"]["items"]["version"] == 1
+    assert f"  items: version 1, files 1, position {P(0x10, 2)}" in st.text()

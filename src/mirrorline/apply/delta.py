@@ -27,6 +27,7 @@ import logging
 import threading
 import time
 from collections.abc import Iterable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -37,7 +38,7 @@ import pyarrow.compute as pc
 
 from mirrorline.apply import types as type_map
 from mirrorline.apply.chunks import read_chunk
-from mirrorline.apply.engine import Target, TargetRead, _Unit
+from mirrorline.apply.engine import Target, TargetRead, _Unit, deal
 from mirrorline.apply.session import Session
 from mirrorline.apply.sql import MASK_COL, MASK_SEP, key_col, lit, moved_col, parse_mask
 from mirrorline.apply.sqlite import SqliteDialect, SqliteSession
@@ -174,7 +175,7 @@ def _open(path: Path) -> DeltaTable | None:
     return DeltaTable(str(path)) if DeltaTable.is_deltatable(str(path)) else None
 
 
-def _duck() -> duckdb.DuckDBPyConnection:
+def duck_connection() -> duckdb.DuckDBPyConnection:
     con = duckdb.connect()
     con.execute("SET TimeZone = 'UTC'")
     return con
@@ -220,7 +221,7 @@ class DeltaSession(SqliteSession):
         place of them when it was emptied in this transaction)."""
         self._pending.setdefault(ts.table, [])
         if self._con is None:
-            self._con = _duck()
+            self._con = duck_connection()
         n = 0
         for batch in read_chunk(path, ts.column_names, header):
             data = pa.Table.from_batches([batch]).rename_columns(list(ts.column_names))
@@ -339,10 +340,17 @@ class DeltaTarget(Target):
         kwargs.pop("parallel_rows", None)
         super().__init__(name, location, **kwargs)
         self.root = Path(location)
-        self._write_lock = threading.Lock()
+        self._locks: dict[str, threading.Lock] = {}
+        self._locks_lock = threading.Lock()
 
     def connect(self) -> Session:
         return DeltaSession(self)
+
+    def _lock(self, table: str) -> threading.Lock:
+        """Held by this process's commits to one Delta table (apply, a load, a compaction): they wait for each other
+        rather than conflict."""
+        with self._locks_lock:
+            return self._locks.setdefault(table, threading.Lock())
 
     def path(self, table: str) -> Path:
         return self.dialect.table_dir(self.root, table)
@@ -370,7 +378,7 @@ class DeltaTarget(Target):
             s.close()
         tables = dict(base.tables)
         for folder, dt in self.tables().items():
-            table = folder if "." in folder else f"public.{folder}"
+            table = _table_of(folder)
             tables[table] = max(tables.get(table, ZERO), table_position(dt, self.name))
         return AppliedState(base.unit_end, tables)
 
@@ -418,48 +426,68 @@ class DeltaTarget(Target):
         schema = pa.schema(dt.schema().to_arrow())
         data = pa.concat_tables([p.cast(schema) for p in parts]) if parts else schema.empty_table()
         props = commit_properties(self.name, position)
-        with self._write_lock, self._writing(table, position):
+        with self._lock(table), self._writing(table, position):
             if overwrite:
                 write_deltalake(dt, data, mode="overwrite", commit_properties=props)
             else:
                 write_deltalake(dt, data, mode="append", commit_properties=props)
 
     def _apply_unit(self, u: _Unit, tables: list[str], todo: list[str]) -> None:
-        """Each table in one Delta commit with the unit's end, then the unit end in the state file."""
-        rejects: list[tuple[str, _Failure, str]] = []
-        for t in todo:
-            t0 = time.monotonic()
-            for attempt in range(1, COMMIT_ATTEMPTS + 1):
-                try:
-                    counts, failed = self._apply_table(u, u.schemas[t])
-                    break
-                except _Conflict as e:  # a compaction (or another writer) committed first: read it and redo
-                    if attempt == COMMIT_ATTEMPTS:
-                        raise TransientTargetError(
-                            f"target {self.name}: {t}'s commit of the unit up to {u.batch.end} lost to other "
-                            f"writers {attempt} times: {e}",
-                            hint="nothing of the unit was committed to this table; is another program writing it?",
-                            target=self.name,
-                            table=t,
-                        ) from e
-                    log.info("target %s: %s changed under the unit's commit (%s); applying it again", self.name, t, e)
-            u.result.timed("delta", t0)
-            u.result.rows[t] = counts
-            u.result.applied.append(t)
-            rejects.extend((t, f, f.what) for f in failed)
-        u.result.rejects += len(rejects)
+        """Each table in one Delta commit with the unit's end (``threads`` > 1: tables dealt to that many lanes
+        applied side by side), then the unit end in the state file once every table is done."""
+        lanes = [lane for lane in ([t for t in lane if t in todo] for lane in deal(tables, self.threads)) if lane]
+        done = threading.Lock()
+
+        def run_lane(lane: list[str]) -> None:
+            for t in lane:
+                counts, failed = self._apply_retried(u, u.schemas[t])
+                with done:
+                    u.result.rows[t] = counts
+                    u.result.applied.append(t)
+                    u.result.rejects += len(failed)
+
+        if len(lanes) <= 1:
+            for lane in lanes:
+                run_lane(lane)
+        else:
+            with ThreadPoolExecutor(len(lanes), thread_name_prefix=f"apply-{self.name}") as ex:
+                futures = [ex.submit(run_lane, lane) for lane in lanes]
+                errors = [e for e in (f.exception() for f in futures) if e is not None]
+            if errors:
+                raise errors[0]
         with self.transaction() as s:
             write_state(s, [], u.batch.end, unit=True)
 
+    def _apply_retried(self, u: _Unit, ts: TableSchema) -> tuple[dict[str, int], list[_Failure]]:
+        for attempt in range(1, COMMIT_ATTEMPTS + 1):
+            try:
+                return self._apply_table(u, ts)
+            except _Conflict as e:  # a compaction (or another writer) committed first: read it and redo
+                if attempt == COMMIT_ATTEMPTS:
+                    raise TransientTargetError(
+                        f"target {self.name}: {ts.table}'s commit of the unit up to {u.batch.end} lost to other "
+                        f"writers {attempt} times: {e}",
+                        hint="nothing of the unit was committed to this table; is another program writing it?",
+                        target=self.name,
+                        table=ts.table,
+                    ) from e
+                log.info(
+                    "target %s: %s changed under the unit's commit (%s); applying it again", self.name, ts.table, e
+                )
+        raise AssertionError("unreachable")
+
     def _apply_table(self, u: _Unit, ts: TableSchema) -> tuple[dict[str, int], list[_Failure]]:
+        """One table's net rows as one Delta commit: checked, typed, then merged (appended when they are all
+        inserts, written over the table when the unit truncated it)."""
         from deltalake import write_deltalake
 
-        batch = u.batch
+        batch, result = u.batch, u.result
+        t0 = time.monotonic()
         rows = {k: u.stager.rows(ts, k) for k in ("D", "U", "I")}
-        assert all(r is not None for r in rows.values())
         dt = self.delta_table(ts.table)
         assert dt is not None
-        con = _duck()
+        t0 = result.timed("stage", t0)
+        con = duck_connection()
         try:
             for k, r in rows.items():
                 assert r is not None
@@ -468,26 +496,34 @@ class DeltaTarget(Target):
             truncated = ts.table in batch.truncated
             plan = _Plan(self, ts, truncated)
             failures = plan.check(con)
+            t0 = result.timed("check", t0)
             if failures and self.on_error == "stop":
                 raise self._failure_error(ts, failures[0])
             src = plan.source(con)
+            t0 = result.timed("convert", t0)
             if failures:
                 self._reject(ts, failures, batch.start, batch.end)
         finally:
             con.close()
+        ops = src[OP_COL]
         counts = {
-            "D": int(pc.sum(pc.is_in(src[OP_COL], pa.array(["D", "R"]))).as_py() or 0),
-            "U": int(pc.sum(pc.equal(src[OP_COL], "U")).as_py() or 0),
-            "I": int(pc.sum(pc.is_in(src[OP_COL], pa.array(["I", "R"]))).as_py() or 0),
+            "D": int(pc.sum(pc.is_in(ops, pa.array(["D", "R"]))).as_py() or 0),
+            "U": int(pc.sum(pc.equal(ops, "U")).as_py() or 0),
+            "I": int(pc.sum(pc.is_in(ops, pa.array(["I", "R"]))).as_py() or 0),
         }
         props = commit_properties(self.name, batch.end)
-        with self._write_lock, self._writing(ts.table, batch.end):
+        schema = pa.schema(dt.schema().to_arrow())
+        with self._lock(ts.table), self._writing(ts.table, batch.end):
             if truncated:
-                keep = src.filter(pc.invert(pc.equal(src[OP_COL], "D")))
-                data = keep.select(list(ts.column_names)).cast(pa.schema(dt.schema().to_arrow()))
-                write_deltalake(dt, data, mode="overwrite", commit_properties=props)
+                keep = src.filter(pc.invert(pc.equal(ops, "D")))
+                write_deltalake(dt, keep.select(schema.names).cast(schema), mode="overwrite", commit_properties=props)
+            elif (
+                src.num_rows == 0 or pc.all(pc.equal(ops, "I")).as_py()
+            ):  # inserts only, none of whose keys is there (checked): no merge
+                write_deltalake(dt, src.select(schema.names).cast(schema), mode="append", commit_properties=props)
             else:
                 plan.merge(dt, src, props)
+        result.timed("commit", t0)
         return counts, failures
 
     @contextlib.contextmanager
@@ -569,7 +605,7 @@ class DeltaTarget(Target):
             entry: dict[str, Any] = {}
             if compact:
                 try:
-                    with self._write_lock:
+                    with self._lock(_table_of(folder)):
                         dt.update_incremental()
                         m = dt.optimize.compact()
                     entry["compacted"] = {"removed": m.get("numFilesRemoved", 0), "added": m.get("numFilesAdded", 0)}
@@ -577,7 +613,7 @@ class DeltaTarget(Target):
                     entry["compacted"] = {"skipped": _first_line(e)}
             if vacuum:
                 try:
-                    with self._write_lock:
+                    with self._lock(_table_of(folder)):
                         dt.update_incremental()
                     removed = dt.vacuum(
                         retention_hours=retention_hours, dry_run=False, enforce_retention_duration=False
@@ -762,6 +798,11 @@ class _Plan:
             )
         m = m.when_not_matched_insert(updates=s, predicate=f"s.{OP_COL} IN ('I', 'R')")
         m.execute()
+
+
+def _table_of(folder: str) -> str:
+    """The source table whose Delta table is in ``folder`` (the inverse of :meth:`DeltaDialect.table_dir`)."""
+    return folder if "." in folder else f"public.{folder}"
 
 
 class _Conflict(Exception):
