@@ -3,10 +3,10 @@
 1. Starts a throwaway PostgreSQL (``wal_level=logical``, ``logical_decoding_work_mem=64kB`` so that large
    transactions are streamed) and fills three tables with a generated workload.
 2. Writes a configuration with two targets, a SQLite file and a DuckDB file, and starts ``mirrorline run``: capture,
-   the initial snapshot of both targets, then compile and apply, continuously.
+   the initial snapshot of the three targets (SQLite, DuckDB, Delta Lake), then compile and apply, continuously.
 3. Meanwhile runs more of the workload (inserts, updates, some changing the key or leaving a TOASTed value
    unchanged, deletes, a truncate, rolled-back transactions) and one large transaction that PostgreSQL streams.
-4. Waits until both targets have applied everything, stops, and prints what happened, ``status`` and ``verify``.
+4. Waits until every target has applied everything, stops, and prints what happened, ``status`` and ``verify``.
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ def _config_text(dsn: str, folder: Path) -> str:
         f"{tables}\n"
         f'[targets.cache]\nurl = "sqlite:///{folder / "cache.db"}"\n'
         f'[targets.lake]\nurl = "duckdb:///{folder / "lake.duckdb"}"\n'
+        f'[targets.delta]\nurl = "delta:///{folder / "delta"}"\n'
     )
 
 
@@ -44,7 +45,7 @@ def run_demo(transactions: int = 2000, large: int = 100_000, keep: str | None = 
     folder = Path(keep) if keep else Path(tempfile.mkdtemp(prefix="mirrorline-demo-"))
     folder.mkdir(parents=True, exist_ok=True)
     t_start = time.monotonic()
-    _say("mirrorline demo: a throwaway PostgreSQL replicated into SQLite and DuckDB")
+    _say("mirrorline demo: a throwaway PostgreSQL replicated into SQLite, DuckDB and Delta Lake tables")
     cluster = PgCluster({"logical_decoding_work_mem": "64kB"})
     try:
         cluster.start()

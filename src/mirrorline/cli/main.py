@@ -26,7 +26,11 @@ COMMANDS: list[tuple[str, str, str]] = [
     ("status", "mirrorline.cli.status_cmd", "targets, positions, lag and the slot's retained WAL"),
     ("verify", "mirrorline.cli.verify_cmd", "compare source and target tables (exit 1 on any difference)"),
     ("maintain", "mirrorline.cli.maintain_cmd", "compact and clean up the files of Delta targets"),
-    ("demo", "mirrorline.cli.demo_cmd", "the embedded default: a throwaway PostgreSQL replicated into SQLite, DuckDB"),
+    (
+        "demo",
+        "mirrorline.cli.demo_cmd",
+        "the embedded default: a throwaway PostgreSQL replicated into SQLite, DuckDB, Delta",
+    ),
 ]
 
 
