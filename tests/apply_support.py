@@ -20,6 +20,7 @@ KINDS = [
     pytest.param("duckdb", id="duckdb"),
     pytest.param("delta", id="delta"),
 ]
+SQL_KINDS = KINDS[:3]  # the databases (the failure path that re-applies changes one by one in SQL)
 MODES = ["update", "mirror"]
 
 ITEMS = TableSchema(

@@ -219,9 +219,10 @@ def test_reject_sets_failing_net_changes_aside_and_applies_the_rest(spark: Any, 
         net("public.items", "I", [2], {"id": 2, "name": "dup", "qty": 0, "note": None}, pos=P(0x150, 3)),
         net("public.items", "U", [1], {"id": 1, "qty": 11}, unchanged=["name", "note"]),
         items(3),
+        net("public.items", "I", [4], {"id": 4, "name": "q", "qty": "lots", "note": None}, pos=P(0x160)),
     ]
     res = t.apply(batch(spark, rows, P(0x100), P(0x200)), SCHEMAS)
-    assert res.rejects == 3
+    assert res.rejects == 4
     assert fetch(t, "public.items", COLS) == [(1, "n1", 11, None), (2, "n2", 20, None), (3, "n3", 30, None)]
     assert t.applied_position() == P(0x200)
     s = t.session()
@@ -232,9 +233,11 @@ def test_reject_sets_failing_net_changes_aside_and_applies_the_rest(spark: Any, 
     assert [(r[0], r[1], r[2]) for r in got] == [
         ("public.items", '["9"]', "D"),
         ("public.items", '["2"]', "I"),
+        ("public.items", '["4"]', "I"),
         ("public.items", '["8"]', "U"),
     ]
     assert got[1][3] == str(P(0x150, 3)) and "already" in got[1][4]
+    assert got[2][3] == str(P(0x160)) and "'lots' is not a valid bigint value" in got[2][4]
 
 
 def test_a_read_is_as_of_the_targets_position_when_a_table_is_ahead(

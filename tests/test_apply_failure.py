@@ -1,6 +1,7 @@
-"""The failure path on every target: a bulk apply that fails is rolled back and re-applied serially in log order;
-on_error = "stop" names the first failing change, "reject" records it in mirrorline_rejects and applies the rest.
-Also: values that do not convert, rows missing at the target, and the types each target holds."""
+"""The failure path on every database target: a bulk apply that fails is rolled back and re-applied serially in log
+order; on_error = "stop" names the first failing change, "reject" records it in mirrorline_rejects and applies the
+rest. Also, on every target kind (Delta included, whose checks run before its commit): values that do not convert,
+rows missing at the target, and the types each target holds."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from apply_support import ITEMS, KINDS, MODES, P, batch, change, fetch, net, open_target, sql
+from apply_support import ITEMS, KINDS, MODES, SQL_KINDS, P, batch, change, fetch, net, open_target, sql
 from mirrorline.apply import serial
 from mirrorline.errors import ApplyError
 from mirrorline.model import Column, TableSchema
@@ -50,7 +51,7 @@ def seed(spark: Any, t: Any) -> None:
 
 
 @pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", SQL_KINDS)
 def test_stop_names_the_first_failing_change(kind: str, mode: str, spark: Any, request: Any, tmp_path: Path) -> None:
     t = open_target(kind, request, tmp_path, mode)
     items_with_check(t)
@@ -73,7 +74,7 @@ def test_stop_names_the_first_failing_change(kind: str, mode: str, spark: Any, r
 
 
 @pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", SQL_KINDS)
 def test_reject_records_the_change_and_the_rest_lands(
     kind: str, mode: str, spark: Any, request: Any, tmp_path: Path
 ) -> None:
@@ -93,7 +94,7 @@ def test_reject_records_the_change_and_the_rest_lands(
     assert t.apply(b, SCHEMAS, changes).noop
 
 
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", SQL_KINDS)
 def test_reject_sets_many_failing_changes_aside_in_one_pass(
     kind: str, spark: Any, request: Any, tmp_path: Path, monkeypatch: Any
 ) -> None:
@@ -154,8 +155,9 @@ def test_an_update_of_a_row_missing_at_the_target_is_not_skipped(
     t = open_target(kind, request, tmp_path)
     c = change("public.items", "U", [7], {"id": 7, "name": "x", "qty": 1, "note": None}, pos=P(0x10))
     b = batch(spark, [net("public.items", "U", [7], dict(c.new or {}), pos=c.pos)], P(0), P(0x10))
-    with pytest.raises(ApplyError, match="no row with this key"):
+    with pytest.raises(ApplyError, match="no row with this key") as e:
         t.apply(b, SCHEMAS, [c])
+    assert e.value.context["position"] == "0/10:0"
     # without the changes, the bulk failure is still reported, never dropped
     with pytest.raises(ApplyError, match="changes were not given"):
         t.apply(b, SCHEMAS)
@@ -218,7 +220,7 @@ def test_values_arrive_as_postgresql_text_and_land_typed(kind: str, spark: Any, 
 
 
 @pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", SQL_KINDS)
 def test_serial_path_key_change_keeps_the_old_rows_unsent_columns(
     kind: str, mode: str, spark: Any, request: Any, tmp_path: Path
 ) -> None:

@@ -143,6 +143,19 @@ class DeltaDialect(SqliteDialect):
             return f"CASE WHEN lower({expr}) IN ('infinity', '-infinity') THEN {bad} ELSE {cast} END"
         return cast
 
+    def bad_value(self, expr: str, info: type_map.TypeInfo) -> str | None:
+        """DuckDB SQL true for a text ``expr`` that :meth:`convert` refuses (None: every text converts)."""
+        if info.conv == "text":
+            return None
+        if info.conv == "bytea":
+            return f"({expr} IS NOT NULL AND NOT regexp_full_match({expr}, '\\\\x([0-9a-fA-F]{{2}})*'))"
+        decimal = info.target_type.startswith("decimal(")
+        duck = info.target_type.upper() if decimal else _TYPES[info.target_type][0]
+        bad = f"({expr} IS NOT NULL AND TRY_CAST({expr} AS {duck}) IS NULL)"
+        if info.conv == "time":
+            return f"({bad} OR lower({expr}) IN ('infinity', '-infinity'))"
+        return bad
+
     def table_dir(self, root: Path, table: str) -> Path:
         _, name = self.names(table)
         return root / name
@@ -280,6 +293,7 @@ class _Failure:
     what: str
     image: dict[str, Any] | None
     error: ApplyError | None = None  # the error to stop with, when it is not the generic one
+    op: str = ""  # the kind of the last change folded into the net change, when known (I, U, D)
 
 
 class _DeltaRead(TargetRead):
@@ -495,14 +509,22 @@ class DeltaTarget(Target):
             con.register("tgt", dt.to_pyarrow_dataset())
             truncated = ts.table in batch.truncated
             plan = _Plan(self, ts, truncated)
-            failures = plan.check(con)
+            try:
+                failures = plan.check(con)
+                src = plan.source(con) if not failures or self.on_error == "reject" else None
+            except duckdb.Error:  # a value that does not convert: find the rows holding one, then as above
+                failures = plan.bad_values(con)
+                if not failures:
+                    raise
+                failures += plan.check(con)
+                src = plan.source(con) if self.on_error == "reject" else None
             t0 = result.timed("check", t0)
-            if failures and self.on_error == "stop":
-                raise self._failure_error(ts, failures[0])
-            src = plan.source(con)
-            t0 = result.timed("convert", t0)
             if failures:
+                self._locate(u, ts, failures)
+                if self.on_error == "stop":
+                    raise self._failure_error(ts, failures[0])
                 self._reject(ts, failures, batch.start, batch.end)
+            assert src is not None
         finally:
             con.close()
         ops = src[OP_COL]
@@ -553,18 +575,39 @@ class DeltaTarget(Target):
                 **ctx,
             ) from e
 
+    @staticmethod
+    def _locate(u: _Unit, ts: TableSchema, failures: list[_Failure]) -> None:
+        """Give each failing net change the position and kind of the last change folded into it, when the unit's
+        changes are at hand (an insert's position travels with it)."""
+        wanted: dict[tuple[str | None, ...], _Failure] = {
+            tuple(None if v is None else str(v) for v in f.key): f for f in failures if not f.position
+        }
+        if not wanted or u.changes is None:
+            return
+        src = u.changes() if callable(u.changes) else u.changes
+        after = u.state.table(ts.table)
+        for c in src:
+            if c.table != ts.table or not after < c.pos <= u.batch.end:
+                continue
+            for key in (c.key, c.old_key):
+                f = wanted.get(key) if key is not None else None
+                if f is not None:
+                    f.position, f.op = str(c.pos), c.op.value
+
     def _failure_error(self, ts: TableSchema, f: _Failure) -> ApplyError:
         if f.error is not None:
             return f.error
-        what = {"D": "delete", "U": "update", "I": "insert", "M": "insert"}[f.kind]
+        what = {"D": "delete", "U": "update", "I": "insert", "M": "insert"}[f.op or f.kind]
+        where = f"at {f.position}" if f.position else "(its position unknown: the unit's changes were not given)"
         return ApplyError(
-            f"target {self.name}: {what} on {ts.table} key {f.key} (net change up to {f.position}) failed: {f.what}",
+            f"target {self.name}: {what} on {ts.table} key {f.key} {where} failed: {f.what}",
             hint='fix the target (or the row) and run again; or set on_error = "reject" to set failing changes aside',
             target=self.name,
             table=ts.table,
             key=f.key,
-            position=f.position,
-            op=f.kind,
+            position=f.position or None,
+            op=f.op or f.kind,
+            db_message=f.what,
         )
 
     def _reject(self, ts: TableSchema, failures: list[_Failure], start: Position, end: Position) -> None:
@@ -721,6 +764,41 @@ class _Plan:
                 err = self.target._moved_error(ts, row[1:-1], parse_mask(row[-1]))
                 p = Position(int(row[1 + 2 * nk]), int(row[2 + 2 * nk]))
                 out.append(_Failure("M", list(row[1 : 1 + nk]), str(p), err.message, None, err))
+        return out
+
+    def bad_values(self, con: duckdb.DuckDBPyConnection) -> list[_Failure]:
+        """The rows holding a value that does not convert to its column's type (looked for once a conversion has
+        failed), set aside like the rows that fail a check."""
+        ts, nk = self.ts, len(self.ts.key)
+        wk = [key_col(i) for i in range(nk)]
+        value_cols = [c for c in ts.column_names if c not in ts.key]
+        plans = [
+            ("D", list(zip(wk, ts.key, strict=True)), wk, None),
+            ("U", list(zip(wk, ts.key, strict=True)) + [(c, c) for c in value_cols], wk, None),
+            ("I", [(c, c) for c in ts.column_names], list(ts.key), "w._ml_lsn, w._ml_seq"),
+        ]
+        out: list[_Failure] = []
+        for kind, cols, keys, pos in plans:
+            rejected = self.rejected[kind.lower()]
+            for name, column in cols:
+                col = ts.column(column)
+                info = DELTA.type_info(ts.table, col)
+                bad = DELTA.bad_value(f"w.{quote_ident(name)}", info)
+                if bad is None:
+                    continue
+                sql = (
+                    f"SELECT _ml_row, {pos or 'NULL, NULL'}, w.{quote_ident(name)}, "
+                    f"{', '.join('w.' + quote_ident(k) for k in keys)} FROM w_{kind.lower()} w "
+                    f"WHERE {bad} AND _ml_row NOT IN ({_ids(rejected)}) ORDER BY 1"
+                )
+                for row in con.sql(sql).fetchall():
+                    rejected.add(row[0])
+                    where = str(Position(int(row[1]), int(row[2]))) if row[1] is not None else ""
+                    what = (
+                        f"{ts.table}.{column}: {row[3]!r} is not a valid {col.type_name} value for a Delta "
+                        f"{info.target_type} column"
+                    )
+                    out.append(_Failure(kind, list(row[4:]), where, what, None))
         return out
 
     def source(self, con: duckdb.DuckDBPyConnection) -> pa.Table:
