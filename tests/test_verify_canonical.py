@@ -71,3 +71,12 @@ def test_checksum_ignores_order_and_counts_duplicates() -> None:
     assert checksum(rows) != checksum(rows[:2])
     assert row_hash(("a", None)) != row_hash(("a", "")) != row_hash(("a,", ""))
     assert row_hash(("ab", "c")) != row_hash(("a", "bc"))
+
+
+def test_char_n_padding_is_not_a_difference() -> None:
+    # PostgreSQL's text of char(n) drops the padding; the targets keep what COPY or pgoutput sent (padded)
+    from mirrorline.verify.canonical import native_text
+
+    assert native_text("character(84)")("some text" + " " * 75) == "some text"
+    assert native_text("character(3)")("   ") == "" and native_text("character(3)")(None) is None
+    assert native_text("text")("kept  ") == "kept  "

@@ -30,6 +30,7 @@ Canon = Callable[[Any], str | None]
 _FLOAT8 = {"double precision", "float8"}
 _FLOAT4 = {"real", "float4"}
 _INTS = {"smallint", "integer", "bigint", "oid", "int2", "int4", "int8"}
+_BPCHAR = {"character", "char", "bpchar"}
 
 
 def row_hash(values: Sequence[str | None]) -> int:
@@ -155,6 +156,8 @@ def native_text(type_name: str) -> Canon:
         return _none(lambda v: str(int(v)))
     if b in ("timestamp with time zone", "timestamptz"):
         return _none(lambda v: timestamptz_utc(v) if isinstance(v, str) else _as_text(v))
+    if b in _BPCHAR:  # char(n): PostgreSQL's text of it drops the padding (the targets keep it as sent)
+        return _none(lambda v: _as_text(v).rstrip(" "))
     return _none(_as_text)
 
 

@@ -35,10 +35,14 @@ class Buckets:
 
     def add(self, rows: Iterable[Sequence[str | None]], key: Sequence[int]) -> None:
         n = len(self.count)
+        ids, hashes = [], []
         for r in rows:
-            b = bucket_of([r[i] for i in key], n)
-            self.count[b] += 1
-            self.total[b] += np.uint64(row_hash(r))
+            ids.append(bucket_of([r[i] for i in key], n))
+            hashes.append(row_hash(r))
+        if ids:
+            at = np.array(ids, np.int64)
+            np.add.at(self.count, at, 1)
+            np.add.at(self.total, at, np.array(hashes, np.uint64))  # wraps modulo 2^64
 
     def merge(self, other: Buckets) -> None:
         self.count += other.count

@@ -13,6 +13,7 @@ verify takes a new point and tries again.)
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import time
@@ -32,6 +33,7 @@ from mirrorline.snapshot.plan import TableStat, plan_chunks, select_sql
 from mirrorline.snapshot.source import consistent_point, require_source, snapshot_connection
 from mirrorline.snapshot.tasks import rewritten
 from mirrorline.verify.canonical import MASK, checksum, combine, select_text
+from mirrorline.verify.diff import Buckets, RowDiff, compare, in_buckets
 
 FETCH = 10_000
 
@@ -48,6 +50,10 @@ class TableCheck:
     target_rows: int | None  # None: the target lacks the table
     target_sum: int | None
     note: str = ""
+    key: list[str] = field(default_factory=list)  # the columns rows are matched on (--diff)
+    diffs: list[RowDiff] | None = None  # --diff: the first differing rows, in key order
+    differing_rows: int = 0  # --diff: how many rows differ (at least, when not ``exact``)
+    exact: bool = True
 
     @property
     def equal(self) -> bool:
@@ -62,6 +68,16 @@ class TableCheck:
             "target_rows": self.target_rows,
             "target_checksum": f"{self.target_sum:016x}" if self.target_sum is not None else None,
             "note": self.note or None,
+            **(
+                {
+                    "differing_rows": self.differing_rows,
+                    "differing_rows_exact": self.exact,
+                    "key": self.key,
+                    "rows": [d.to_json() for d in self.diffs],
+                }
+                if self.diffs is not None
+                else {}
+            ),
         }
 
 
@@ -125,6 +141,10 @@ class VerifyReport:
                 lines.append(
                     f"    {c.table}: {mark}: source {c.source_rows:,} rows {c.source_sum:016x}, target {tgt}{note}"
                 )
+                if c.diffs is not None and not c.equal:
+                    more = "" if c.exact else "at least "
+                    lines.append(f"      {more}{c.differing_rows:,} row(s) differ; the first {len(c.diffs)}:")
+                    lines.extend(f"      {d.text(c.key)}" for d in c.diffs)
         return "\n".join(lines)
 
 
@@ -132,18 +152,31 @@ class VerifyReport:
 
 
 def checksum_chunk(spec: dict[str, Any]) -> dict[str, Any]:
-    """A Spark task: one chunk of one source table read under the exported snapshot, as canonical text."""
+    """A Spark task: one chunk of one source table read under the exported snapshot, as canonical text: its count
+    and checksum; with ``key`` (column indexes) also its sums per key bucket; with ``wanted`` (buckets) instead the
+    rows of those buckets (``verify --diff``)."""
     conn = snapshot_connection(spec["dsn"], spec["snapshot"], "mirrorline verify", utc=True)
+    out: dict[str, Any] = {"table": spec["table"]}
     try:
         with conn.cursor(name="mirrorline_verify") as cur:
             cur.itersize = FETCH
             cur.execute(spec["sql"])
-            n, total = checksum(cur)
+            key, wanted = spec.get("key"), spec.get("wanted")
+            if wanted is not None:
+                out["rows"] = [list(r) for r in in_buckets(cur, spec["key"], set(wanted))]
+            elif key is not None:
+                rows = list(cur)
+                out["rows"], out["sum"] = checksum(rows)
+                b = Buckets()
+                b.add(rows, key)
+                out["buckets"] = b.to_json()
+            else:
+                out["rows"], out["sum"] = checksum(cur)
         with conn.cursor() as cur:  # same transaction, the table's lock still held: see snapshot.tasks
-            again = rewritten(cur, spec["table"])
+            out["rewritten"] = rewritten(cur, spec["table"])
     finally:
         conn.close()
-    return {"table": spec["table"], "rows": n, "sum": total, "rewritten": again}
+    return out
 
 
 def _text_select(schema: TableSchema, sql_from: str) -> str:
@@ -151,24 +184,57 @@ def _text_select(schema: TableSchema, sql_from: str) -> str:
     return f"SELECT {cols} FROM {sql_from}"
 
 
+def _key_indexes(schema: TableSchema) -> list[int]:
+    names = list(schema.column_names)
+    return [names.index(k) for k in schema.key] if schema.key else list(range(len(names)))
+
+
+def _source_specs(
+    config: Config, snapshot: str, stats: dict[str, TableStat], chunk_blocks: int
+) -> list[dict[str, Any]]:
+    src = require_source(config)
+    specs = []
+    for c in plan_chunks(stats.values(), chunk_blocks, 1):
+        schema = stats[c.table].schema
+        sql_from = select_sql(schema, c).split(" FROM ", 1)[1]
+        specs.append({"dsn": src.dsn, "snapshot": snapshot, "table": c.table, "sql": _text_select(schema, sql_from)})
+    return specs
+
+
 def source_checksums(
-    config: Config, snapshot: str, stats: dict[str, TableStat], chunk_blocks: int = 16384
-) -> dict[str, tuple[int, int]]:
+    config: Config, snapshot: str, stats: dict[str, TableStat], chunk_blocks: int = 16384, buckets: bool = False
+) -> tuple[dict[str, tuple[int, int]], dict[str, Buckets]]:
+    """Per table (rows, checksum), and with ``buckets`` its sums per key bucket (``verify --diff``)."""
     from mirrorline.snapshot import check_rewritten, run_tasks
 
-    src = require_source(config)
-    chunks = plan_chunks(stats.values(), chunk_blocks, 1)
-    specs = []
-    for c in chunks:
-        schema = stats[c.table].schema
-        base = select_sql(schema, c)
-        sql_from = base.split(" FROM ", 1)[1]
-        specs.append({"dsn": src.dsn, "snapshot": snapshot, "table": c.table, "sql": _text_select(schema, sql_from)})
+    specs = _source_specs(config, snapshot, stats, chunk_blocks)
+    if buckets:
+        for spec in specs:
+            spec["key"] = _key_indexes(stats[spec["table"]].schema)
     out = {t: (0, 0) for t in stats}
+    by_bucket = {t: Buckets() for t in stats} if buckets else {}
     results = run_tasks(checksum_chunk, specs, f"mirrorline-verify-{os.getpid()}", "verify: reading the source")
     check_rewritten(results)
     for r in results:
         out[r["table"]] = combine(out[r["table"]], (int(r["rows"]), int(r["sum"])))
+        if buckets:
+            by_bucket[r["table"]].merge(Buckets.from_json(r["buckets"]))
+    return out, by_bucket
+
+
+def source_rows_in(
+    config: Config, snapshot: str, stats: dict[str, TableStat], wanted: dict[str, set[int]], chunk_blocks: int = 16384
+) -> dict[str, list[tuple[Any, ...]]]:
+    """The source rows of ``wanted`` buckets per table, read under the same snapshot."""
+    from mirrorline.snapshot import run_tasks
+
+    sub = {t: st for t, st in stats.items() if t in wanted}
+    specs = _source_specs(config, snapshot, sub, chunk_blocks)
+    for spec in specs:
+        spec["key"], spec["wanted"] = _key_indexes(sub[spec["table"]].schema), sorted(wanted[spec["table"]])
+    out: dict[str, list[tuple[Any, ...]]] = {t: [] for t in sub}
+    for r in run_tasks(checksum_chunk, specs, f"mirrorline-verify-{os.getpid()}", "verify --diff: the source's rows"):
+        out[r["table"]].extend(tuple(x) for x in r["rows"])
     return out
 
 
@@ -239,10 +305,11 @@ def ensure_log(config: Config, point: int, wait_seconds: float = 120.0) -> None:
 
 
 def target_checksums(
-    target: Target, schemas: Sequence[TableSchema]
+    target: Target, schemas: Sequence[TableSchema], buckets: dict[str, Buckets] | None = None
 ) -> tuple[Position, dict[str, tuple[int, int] | None], dict[str, str]]:
     """(applied position, per table (rows, sum) or None when missing, notes), read as of one moment
-    (:meth:`~mirrorline.apply.engine.Target.consistent_read`)."""
+    (:meth:`~mirrorline.apply.engine.Target.consistent_read`); ``buckets``: filled with each table's sums per key
+    bucket (``verify --diff``)."""
     out: dict[str, tuple[int, int] | None] = {}
     notes: dict[str, str] = {}
     with target.consistent_read() as rd:
@@ -256,11 +323,47 @@ def target_checksums(
                 out[ts.table], notes[ts.table] = (0, 0), f"target lacks column(s) {', '.join(lacking)}"
                 continue
             n, total = 0, 0
+            b = Buckets() if buckets is not None else None
             for batch in rd.rows(ts):
                 bn, bs = checksum(batch)
                 n, total = n + bn, (total + bs) & MASK
+                if b is not None:
+                    b.add(batch, _key_indexes(ts))
             out[ts.table] = (n, total)
+            if buckets is not None and b is not None:
+                buckets[ts.table] = b
         return rd.position, out, notes
+
+
+def target_rows_in(
+    target: Target, schemas: Sequence[TableSchema], wanted: dict[str, set[int]]
+) -> tuple[Position, dict[str, list[tuple[Any, ...]]]]:
+    """The target's rows of ``wanted`` buckets per table, with the position they were read at."""
+    out: dict[str, list[tuple[Any, ...]]] = {}
+    with target.consistent_read() as rd:
+        for ts in schemas:
+            if ts.table in wanted:
+                key = _key_indexes(ts)
+                out[ts.table] = [r for batch in rd.rows(ts) for r in in_buckets(batch, key, wanted[ts.table])]
+        return rd.position, out
+
+
+ROW_BUDGET = 200_000  # --diff reads at most about this many rows per table and side in its second pass
+
+
+def pick_buckets(src: Buckets, tgt: Buckets) -> tuple[set[int], bool]:
+    """The differing buckets to read again (in bucket order, within :data:`ROW_BUDGET` rows, at least one), and
+    whether that is all of them."""
+    differing = sorted(src.differing(tgt))
+    picked: set[int] = set()
+    rows = 0
+    for b in differing:
+        size = int(src.count[b]) + int(tgt.count[b])
+        if picked and rows + size > ROW_BUDGET:
+            break
+        picked.add(b)
+        rows += size
+    return picked, len(picked) == len(differing)
 
 
 def _snapshot_state(target: Target) -> dict[str, snapstate.TableSnapshot]:
@@ -272,9 +375,16 @@ def _snapshot_state(target: Target) -> dict[str, snapstate.TableSnapshot]:
 
 
 def verify(
-    config: Config, targets: Iterable[str] | None = None, *, attempts: int = 3, wait_seconds: float = 120.0
+    config: Config,
+    targets: Iterable[str] | None = None,
+    *,
+    attempts: int = 3,
+    wait_seconds: float = 120.0,
+    diff: int = 0,
 ) -> VerifyReport:
-    """Compare the configured tables of each target (or of ``targets``) with the source at one position."""
+    """Compare the configured tables of each target (or of ``targets``) with the source at one position. ``diff``:
+    for a table that differs, find its differing rows (up to that many reported) by key-bucket checksums; the
+    source's snapshot is then held until they are read."""
     from mirrorline.snapshot import ATTEMPTS, Rewritten, describe_tables, retrying, target_config
     from mirrorline.snapshot.catchup import catch_up
 
@@ -284,64 +394,114 @@ def verify(
     t0 = time.monotonic()
     last_moved = ""
     for _ in range(max(attempts, 1)):
-        for attempt in range(1, ATTEMPTS + 1):
-            with consistent_point(config, reconcile=False, create_main=False) as cp:
-                stats = describe_tables(config, cp, None)
+        with contextlib.ExitStack() as held:
+            for attempt in range(1, ATTEMPTS + 1):
+                point = contextlib.ExitStack()
+                cp = point.enter_context(consistent_point(config, reconcile=False, create_main=False))
                 try:
-                    source = source_checksums(config, cp.snapshot, stats)
-                    break
+                    stats = describe_tables(config, cp, None)
+                    source, src_buckets = source_checksums(config, cp.snapshot, stats, buckets=diff > 0)
                 except Rewritten as e:  # TRUNCATE is not MVCC-safe: the snapshot saw the table empty
+                    point.close()
                     retrying(e, "verify", attempt)
-        else:
-            raise VerifyError(
-                f"the source rewrote a table (TRUNCATE, VACUUM FULL, CLUSTER or a rewriting ALTER "
-                f"TABLE) after each of {ATTEMPTS} verification points, before it was read",
-                hint="verify when the source is not truncating or rewriting the configured tables continually",
-            )
-        schemas = [s.schema for s in stats.values()]
-        ensure_log(config, cp.lsn, wait_seconds)
-        checks: list[TargetCheck] = []
-        moved = False
-        for name in names:
-            target = open_target(config.targets[name], threads=config.apply.threads)
-            try:
-                snaps = _snapshot_state(target)
-                loaded = {t for t, r in snaps.items() if r.state == "loaded"}
-                unloaded = [t for t in stats if t not in loaded]
-                if unloaded:
-                    checks.append(
-                        TargetCheck(
-                            name,
-                            ZERO,
-                            error=f"not loaded: {', '.join(unloaded)} (run mirrorline snapshot --target {name})",
-                        )
-                    )
                     continue
-                if target.applied_positions().position < cp.position:
-                    catch_up(config, name, upto=cp.position, target=target)
-                pos, sums, notes = target_checksums(target, schemas)
-            finally:
-                target.close()
-            if pos != cp.position:
-                moved, last_moved = True, f"target {name} was at {pos}, not at {cp.position}"
+                except BaseException:
+                    point.close()
+                    raise
+                if diff > 0:
+                    held.enter_context(point)  # the snapshot stays for the rows of differing buckets
+                else:
+                    point.close()
                 break
-            tc = TargetCheck(name, pos)
-            for t, (rows, total) in source.items():
-                got = sums.get(t)
-                tc.tables.append(
-                    TableCheck(
-                        t,
-                        rows,
-                        total,
-                        got[0] if got else None,
-                        got[1] if got else None,
-                        notes.get(t, "" if got is not None else "missing in the target"),
-                    )
+            else:
+                raise VerifyError(
+                    f"the source rewrote a table (TRUNCATE, VACUUM FULL, CLUSTER or a rewriting ALTER "
+                    f"TABLE) after each of {ATTEMPTS} verification points, before it was read",
+                    hint="verify when the source is not truncating or rewriting the configured tables continually",
                 )
-            checks.append(tc)
-        if not moved:
-            return VerifyReport(cp.lsn, cp.position, checks, time.monotonic() - t0)
+            schemas = [s.schema for s in stats.values()]
+            ensure_log(config, cp.lsn, wait_seconds)
+            checks: list[TargetCheck] = []
+            moved = False
+            for name in names:
+                target = open_target(config.targets[name], threads=config.apply.threads)
+                tgt_buckets: dict[str, Buckets] = {}
+                try:
+                    snaps = _snapshot_state(target)
+                    loaded = {t for t, r in snaps.items() if r.state == "loaded"}
+                    unloaded = [t for t in stats if t not in loaded]
+                    if unloaded:
+                        checks.append(
+                            TargetCheck(
+                                name,
+                                ZERO,
+                                error=f"not loaded: {', '.join(unloaded)} (run mirrorline snapshot --target {name})",
+                            )
+                        )
+                        continue
+                    if target.applied_positions().position < cp.position:
+                        catch_up(config, name, upto=cp.position, target=target)
+                    pos, sums, notes = target_checksums(target, schemas, tgt_buckets if diff > 0 else None)
+                    if pos != cp.position:
+                        moved, last_moved = True, f"target {name} was at {pos}, not at {cp.position}"
+                        break
+                    tc = TargetCheck(name, pos)
+                    for t, (rows, total) in source.items():
+                        got = sums.get(t)
+                        tc.tables.append(
+                            TableCheck(
+                                t,
+                                rows,
+                                total,
+                                got[0] if got else None,
+                                got[1] if got else None,
+                                notes.get(t, "" if got is not None else "missing in the target"),
+                            )
+                        )
+                    if diff > 0:
+                        moved = not _diff(config, cp.snapshot, stats, target, tc, src_buckets, tgt_buckets, diff)
+                        if moved:
+                            last_moved = f"target {name} moved past {cp.position} while verify read it"
+                            break
+                finally:
+                    target.close()
+                checks.append(tc)
+            if not moved:
+                return VerifyReport(cp.lsn, cp.position, checks, time.monotonic() - t0)
     raise VerifyError(
         f"could not read the targets at the verification point: {last_moved}",
         hint="another process keeps applying to it; pause its apply while verifying",
     )
+
+
+def _diff(
+    config: Config,
+    snapshot: str,
+    stats: dict[str, TableStat],
+    target: Target,
+    tc: TargetCheck,
+    src_buckets: dict[str, Buckets],
+    tgt_buckets: dict[str, Buckets],
+    limit: int,
+) -> bool:
+    """Fill the differing tables' rows (``--diff``); False when the target moved meanwhile."""
+    wanted: dict[str, set[int]] = {}
+    for c in tc.tables:
+        if c.equal or c.table not in tgt_buckets:  # a missing table, or missing columns: nothing row by row
+            continue
+        wanted[c.table], c.exact = pick_buckets(src_buckets[c.table], tgt_buckets[c.table])
+    if not wanted:
+        return True
+    src_rows = source_rows_in(config, snapshot, stats, wanted)
+    pos, tgt_rows = target_rows_in(target, [stats[t].schema for t in wanted], wanted)
+    if pos != tc.position:
+        return False
+    for c in tc.tables:
+        if c.table in wanted:
+            schema = stats[c.table].schema
+            key = _key_indexes(schema)
+            c.key = [schema.column_names[i] for i in key]
+            c.diffs, c.differing_rows = compare(
+                src_rows[c.table], tgt_rows[c.table], list(schema.column_names), key, limit
+            )
+    return True
