@@ -15,9 +15,12 @@ from mirrorline.model import Change, Column, Op, TableSchema
 from mirrorline.position import ZERO
 
 SEED = Path(__file__).resolve().parents[2] / "shared" / "seeds" / "002_3903d6a2179b2f70.txt"
-ZZZ = TableSchema("public.zzz", (Column("a", "text"), Column("b", "text")), ("a",))
-T = TableSchema("s.t", (Column("id", "bigint"), Column("v", "text"), Column("doc", "jsonb")), ("id",), version=2)
-SCHEMAS = {"public.zzz": ZZZ, "s.t": T}
+ZZZ = TableSchema("public.zzz", (Column("a", "text", nullable=False), Column("b", "text")), ("a",))
+T = TableSchema(
+    "s.t", (Column("id", "bigint", nullable=False), Column("v", "text"), Column("doc", "jsonb")), ("id",), version=2
+)
+FULL = TableSchema("public.full", (Column("x", "integer"), Column("y", "integer")), ("x", "y"))  # no primary key
+SCHEMAS = {"public.zzz": ZZZ, "s.t": T, "public.full": FULL}
 
 
 def decode(lines: list[str], default_ts: int = 0) -> list:
@@ -221,3 +224,25 @@ def test_malformed_lines(text, reason):
 def test_lines_that_do_not_fit_the_table(lines, reason):
     with pytest.raises(LineError, match=reason):
         decode(lines)
+
+
+def test_null_key_columns_of_a_table_without_a_primary_key_round_trip():
+    changes = [
+        Change(ZERO, 0, 3, "public.full", Op.INSERT, ("1", None), {"x": "1", "y": None}),
+        Change(ZERO, 0, 3, "public.full", Op.UPDATE, ("2", None), {"x": "2", "y": None}, old_key=("1", None)),
+        Change(ZERO, 0, 3, "public.full", Op.DELETE, (None, "5")),
+    ]
+    enc = Encoder(lambda table, version: SCHEMAS[table])
+    lines = [ln for c in changes for ln in enc.lines(_with_ts(c, 9_000_000))]
+    assert lines[1] == "_c\t9\t_s\t1\t_table\tfull\t_xid\t3\t_action\treplace\tx\t1\t\t"  # y left out: NULL
+    (txn,) = decode(lines)
+    assert txn.changes == changes
+
+
+def test_a_replace_and_its_update_are_one_change_without_xids():
+    # lines without _xid are transactions of their own, but a replace belongs with the update after it (in the next
+    # file of an import, too: one decoder reads every file of the call)
+    txns = decode(["_table\tzzz\t_action\treplace\ta\tx\t\t", "_table\tzzz\t_action\tupdate\ta\ty\tb\tz"])
+    assert len(txns) == 1
+    (c,) = txns[0].changes
+    assert (c.op, c.key, c.old_key, c.new) == (Op.UPDATE, ("y",), ("x",), {"a": "y", "b": "z"})

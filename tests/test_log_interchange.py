@@ -187,3 +187,17 @@ def test_cli_bad_line_is_one_line_on_stderr_and_nothing_imported(tmp_path, confi
 def test_cli_export_of_no_log_is_a_clear_error(config, capsys):
     assert main(["log", "export", "-c", str(config)]) == 3
     assert "no change log" in capsys.readouterr().err
+
+
+def test_a_replace_at_the_end_of_one_file_and_its_update_in_the_next_are_one_change(tmp_path):
+    a = write(tmp_path / "a.ds", ["_c\t5\t_s\t0\t_table\tzzz\t_action\treplace\ta\told\t\t"])
+    b = write(tmp_path / "b.ds", ["_c\t5\t_s\t1\t_table\tzzz\t_action\tupdate\ta\tnew\tb\tv"])
+    r = import_daystream(tmp_path / "log", [a, b], ZZZ)
+    assert r.transactions == 1 and r.changes == 1
+    (c,) = ChangeLog(tmp_path / "log").read()
+    assert (c.op, c.key, c.old_key) == (Op.UPDATE, ("new",), ("old",))
+
+
+def test_a_delete_without_its_primary_key_is_still_an_error(tmp_path):
+    with pytest.raises(DecodeError, match="lacks key column"):
+        import_daystream(tmp_path / "log", [write(tmp_path / "a.ds", ["_table\tzzz\t_action\tdelete\tb\tx\t\t"])], ZZZ)

@@ -14,11 +14,13 @@ Mapping to log changes (the seed's ``_action`` values, as the deltaflood plugin 
 - ``truncate`` (not in deltaflood, mirrorline's addition): a TRUNCATE of ``_table``, no columns.
 
 NULL values are left out of a line (deltaflood's default ``skip-nulls``): a column of the table's schema missing
-from an insert/update line is NULL. Columns whose unchanged TOAST value was not sent are named in the pseudo-column
-``_unchanged`` (a JSON list, mirrorline's addition). As in the seed, key-only lines (``delete``, ``replace``) end
-with an empty pair; empty pairs are ignored when reading. ``_table`` is ``name`` for tables in schema ``public``
-(as deltaflood prints them), else ``schema.name``. Other pseudo-columns of deltaflood (``_oid``, ``_lsn``,
-``_qualified_table``) are accepted; ``_qualified_table`` (e.g. ``"s"."t"``) names the table when present.
+from a line is NULL (a NOT NULL key column missing is an error). A ``replace`` line and its ``update`` are read as
+one change even when they lie in two files of one import, or the lines carry no ``_xid``. Columns whose unchanged
+TOAST value was not sent are named in the pseudo-column ``_unchanged`` (a JSON list, mirrorline's addition). As in
+the seed, key-only lines (``delete``, ``replace``) end with an empty pair; empty pairs are ignored when reading.
+``_table`` is ``name`` for tables in schema ``public`` (as deltaflood prints them), else ``schema.name``. Other
+pseudo-columns of deltaflood (``_oid``, ``_lsn``, ``_qualified_table``) are accepted; ``_qualified_table`` (e.g.
+``"s"."t"``) names the table when present.
 """
 
 from __future__ import annotations
@@ -212,8 +214,9 @@ class Decoder:
     def feed(self, line: Line) -> Transaction | None:
         """Take one line; returns the previous transaction when this line starts a new one."""
         done = None
-        if self._txn is not None and (line.xid is None or line.xid != self._txn.xid):
-            done = self.finish()
+        pending = self._replace is not None and (line.xid is None or line.xid == self._txn_xid())
+        if self._txn is not None and not pending and (line.xid is None or line.xid != self._txn.xid):
+            done = self.finish()  # (a replace line is one change with the update after it, wherever that is)
         if self._txn is None:
             self._txn = Transaction(line.xid or 0, line.c if line.c is not None else self.default_ts, [])
         elif line.c is not None:
@@ -223,6 +226,9 @@ class Decoder:
             self._txn.changes.append(change)
         return done
 
+    def _txn_xid(self) -> int | None:
+        return self._txn.xid if self._txn is not None else None
+
     def finish(self) -> Transaction | None:
         """The transaction in progress, if any (at the end of the input)."""
         if self._replace is not None:
@@ -231,10 +237,12 @@ class Decoder:
         return txn
 
     def _key(self, line: Line, schema: TableSchema) -> tuple[Value, ...]:
-        missing = [k for k in schema.key if k not in line.columns]
+        """The line's key. A nullable key column (a table keyed on its columns, REPLICA IDENTITY FULL) left out is
+        NULL, as every column left out is (skip-nulls); a NOT NULL one left out is an error."""
+        missing = [k for k in schema.key if k not in line.columns and not schema.column(k).nullable]
         if missing:
             raise LineError(f"{line.action} on {line.table} lacks key column(s) {', '.join(missing)}")
-        return tuple(line.columns[k] for k in schema.key)
+        return tuple(line.columns.get(k) for k in schema.key)
 
     def _change(self, line: Line) -> Change | None:
         txn = self._txn

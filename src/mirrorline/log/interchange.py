@@ -68,6 +68,8 @@ class _Schemas:
             )
         if cfg is not None and cfg.key:
             key = cfg.key
+            if cfg.columns:  # a configured key is a primary key: its columns are never NULL
+                columns = tuple(replace(c, nullable=False) if c.name in key else c for c in columns)
         elif logged is not None and logged.key and all(k in [c.name for c in columns] for k in logged.key):
             key = logged.key
         else:
