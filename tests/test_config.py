@@ -67,6 +67,17 @@ def test_tables_load_in_sequence_order_negatives_first(tmp_path):
     assert [t.name for t in cfg.tables_in_load_order()] == ["public.items", "public.notes", "public.orders"]
 
 
+@pytest.mark.parametrize(
+    ("form", "expected"),
+    [("1::1", (1, 2.0, 1)), ("::2", (1, 2.0, 2)), ("3:", (3, 2.0, 1)), (":10", (1, 10.0, 1)), ("4::", (4, 2.0, 1))],
+)
+def test_empty_fields_of_the_threads_form_are_defaults(tmp_path, form, expected):
+    # seed 003 writes "1::1": threads 1, the default latency, builders 1 (builders is accepted and does nothing:
+    # the compile's parallelism is Spark's)
+    cfg = config.load(write(tmp_path, f'[apply]\nthreads = "{form}"\n'))
+    assert (cfg.apply.threads, cfg.apply.latency, cfg.apply.builders) == expected
+
+
 def test_threads_form_gives_latency_and_builders(tmp_path):
     cfg = config.load(write(tmp_path, '[apply]\nthreads = "2:45:3"\n'))
     assert (cfg.apply.threads, cfg.apply.latency, cfg.apply.builders) == (2, 45.0, 3)
@@ -83,6 +94,8 @@ def test_explicit_latency_wins_over_the_threads_form(tmp_path):
         ('[apply]\nlatency = "soon"\n', "apply.latency", "expected a duration"),
         ("[apply]\nthreads = 0\n", "apply.threads", "at least 1"),
         ('[apply]\nthreads = "2:x"\n', "apply.threads", "threads:latency:builders"),
+        ('[apply]\nthreads = "::"\n', "apply.threads", "threads:latency:builders"),
+        ('[apply]\nthreads = "0::1"\n', "apply.threads", "at least 1"),
         ('[apply]\nmax_changes = "many"\n', "apply.max_changes", "expected an integer"),
         ('[apply]\non_error = "ignore"\n', "apply.on_error", "expected one of stop, reject"),
         ('[source]\nslot = "x"\n', "source.dsn", "is required"),

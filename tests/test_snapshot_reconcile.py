@@ -94,7 +94,9 @@ def test_targets_and_tables_added_while_live(
     assert "# TYPE mirrorline_slot_retained_wal_bytes gauge" in prom
     assert main(["status", "-c", str(three.file), "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
-    assert [t["state"] for t in doc["targets"]] == ["live", "live"]
+    assert [t["state"] for t in doc["targets"]] == ["live", "live"] and doc["healthy"] and doc["problems"] == []
+    assert main(["status", "-c", str(three.file), "--check", "--max-lag", "1h"]) == 0
+    assert capsys.readouterr().out.startswith("OK: lag cache ")
 
     # a table removed from the configuration is left as it is
     assert reconcile_targets(two, options=SMALL)[0].removed == ["public.parts"]

@@ -48,3 +48,31 @@ def test_prometheus_text(tmp_path: Path) -> None:
     write_prometheus(st, tmp_path / "m.prom")
     assert (tmp_path / "m.prom").read_text() == text
     assert st.to_json()["targets"][1]["lag_bytes"] == (5 << 30) - (1 << 20)
+
+
+def test_problems_are_what_makes_replication_unhealthy() -> None:
+    st = _status()
+    assert st.problems() == [] and st.problems(max_lag=1000) == []
+    assert st.problems(max_lag=30) == ["target slow is 900.0 s behind (more than 30 s)"]
+    st.targets[0].error = "cannot open SQLite database x.db"
+    st.errors.append("source: connection refused")
+    assert st.problems() == ["source: connection refused", "target fast: cannot open SQLite database x.db"]
+
+
+def test_status_check_exits_1_when_the_source_cannot_be_reached(tmp_path: Path, capsys: object) -> None:
+    import socket
+
+    from mirrorline.cli.main import main
+
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    conf = tmp_path / "m.toml"
+    conf.write_text(
+        f'[source]\ndsn = "host=127.0.0.1 port={port} user=nobody password=s3cret dbname=x connect_timeout=2"\n'
+        f'[log]\npath = "{tmp_path / "log"}"\n[targets.lite]\nurl = "sqlite:///lite.db"\n'
+    )
+    assert main(["status", "-c", str(conf), "--check"]) == 1
+    out = capsys.readouterr().out  # type: ignore[attr-defined]
+    assert out.startswith("CRITICAL: source:") and len(out.strip().splitlines()) == 1 and "s3cret" not in out
+    assert main(["status", "-c", str(conf), "--max-lag", "soon"]) == 2

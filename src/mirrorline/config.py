@@ -115,16 +115,14 @@ def parse_threads(value: Any) -> tuple[int, float | None, int | None]:
             raise ValueError("threads must be at least 1")
         return value, None, None
     if isinstance(value, str):
-        parts = value.split(":")
-        if 1 <= len(parts) <= 3 and all(p.strip().isdigit() for p in parts):
-            nums = [int(p) for p in parts]
-            if nums[0] < 1 or (len(nums) == 3 and nums[2] < 1):
+        parts = [p.strip() for p in value.split(":")]
+        if 1 <= len(parts) <= 3 and all(p.isdigit() or not p for p in parts) and any(parts):
+            # an empty field is that field's default, as IBM writes it: "1::1", "::2"
+            nums = [int(p) if p else None for p in parts] + [None] * (3 - len(parts))
+            threads, latency, builders = nums
+            if (threads is not None and threads < 1) or (builders is not None and builders < 1):
                 raise ValueError("threads and builders must be at least 1")
-            return (
-                nums[0],
-                float(nums[1]) if len(nums) > 1 else None,
-                nums[2] if len(nums) > 2 else None,
-            )
+            return threads or 1, float(latency) if latency is not None else None, builders
     raise ValueError(f'expected a number of threads or "threads:latency:builders" such as "2:45:3", got {value!r}')
 
 

@@ -65,6 +65,17 @@ class Status:
     warnings: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
 
+    def problems(self, max_lag: float | None = None) -> list[str]:
+        """What makes replication unhealthy now: the source or the log unreachable, a target that cannot be read,
+        and (``max_lag``, seconds) a target further behind than that."""
+        out = list(self.errors)
+        for t in self.targets:
+            if t.error:
+                out.append(f"target {t.name}: {t.error}")
+            elif max_lag is not None and t.lag_seconds is not None and t.lag_seconds > max_lag:
+                out.append(f"target {t.name} is {t.lag_seconds:.1f} s behind (more than {max_lag:g} s)")
+        return out
+
     def to_json(self) -> dict[str, Any]:
         return {
             "source": {"dsn": self.source, "current_lsn": _lsn(self.current_lsn)},

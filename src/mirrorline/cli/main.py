@@ -1,7 +1,7 @@
 """Entry point: ``mirrorline COMMAND -c CONFIG``.
 
-Exit status: 0 success, 1 when ``verify`` finds a difference, 2 usage or configuration error, 3 any other failure;
-each failure with a one-line reason on stderr.
+Exit status: 0 success, 1 when ``verify`` finds a difference or ``status`` finds replication unhealthy, 2 usage or
+configuration error, 3 any other failure; each failure with a one-line reason on stderr.
 """
 
 from __future__ import annotations
@@ -49,7 +49,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Change-data-capture replication of PostgreSQL tables: capture once through pgoutput, stage in "
         "a durable change log, compile net row changes with Spark, apply set-based to PostgreSQL, SQLite, "
         "DuckDB and Delta Lake targets, exactly once.",
-        epilog="Exit status: 0 success, 1 verify found a difference, 2 usage or configuration error, 3 other failure.",
+        epilog="Exit status: 0 success, 1 verify found a difference or status found replication unhealthy, 2 usage or "
+        "configuration error, 3 other failure.",
     )
     parser.add_argument("--version", action="version", version=f"mirrorline {__version__}")
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more log output (-vv for debug)")
