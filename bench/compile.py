@@ -6,7 +6,13 @@ that Parquet, the net rows written to Parquet (compile_changes(out=...): nothing
 in the same run: the Parquet scan alone (every column read and materialized, nothing written), the floor of any
 compile.
 
-Prints ONE JSON line; progress goes to stderr.   .venv/bin/python bench/compile.py [--sizes 1000000,10000000]
+Scaling (``--scaling``, on the largest size): the same log compiled by child processes on ``local[1]``,
+``local[2]``, and a Spark standalone cluster on this machine (``mirrorline.sparkcluster``) with one and with two
+one-core workers; the JSON line carries ``"scaling": {"local_1": ..., "local_2": ..., "cluster_1": ...,
+"cluster_2": ...}`` in changes/s and the ratios ``local_2 / local_1`` and ``cluster_2 / cluster_1``.
+
+Prints ONE JSON line; progress goes to stderr.
+    .venv/bin/python bench/compile.py [--sizes 1000000,10000000] [--scaling]
 """
 
 from __future__ import annotations
@@ -84,7 +90,11 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sizes", default="1000000,10000000", help="comma-separated unit sizes (changes)")
     ap.add_argument("--workdir", help="where to write the Parquet files (default: a temporary folder)")
+    ap.add_argument("--scaling", action="store_true", help="also compile the largest size on 1 and 2 cores/workers")
+    ap.add_argument("--one", nargs=2, metavar=("MASTER", "SRC"), help=argparse.SUPPRESS)  # a scaling child
     args = ap.parse_args()
+    if args.one:
+        return _one(*args.one)
     sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
 
     import pyarrow.parquet as pq
@@ -97,6 +107,7 @@ def main() -> int:
     work = Path(args.workdir or tempfile.mkdtemp(prefix="mirrorline-bench-compile-"))
     work.mkdir(parents=True, exist_ok=True)
     results = []
+    scaling: dict[str, float] | None = None
     with PeakMemory() as mem:
         t0 = time.monotonic()
         spark = get_spark()
@@ -149,6 +160,8 @@ def main() -> int:
             log(
                 f"{size}: {seconds:.1f}s, {size / seconds:,.0f} changes/s, {net_rows} net rows, peak {mem.peak_mib} MiB"
             )
+            if args.scaling and size == max(sizes):
+                scaling = _scaling(src, size)
             shutil.rmtree(src, ignore_errors=True)
             shutil.rmtree(out, ignore_errors=True)
     if not args.workdir:
@@ -161,10 +174,54 @@ def main() -> int:
                 "anchor": "parquet scan alone (noop write of every column)",
                 "loadavg": [round(x, 2) for x in os.getloadavg()],
                 "sizes": results,
+                **({"scaling": scaling} if scaling is not None else {}),
             }
         )
     )
     return 0
+
+
+def _one(master: str, src: str) -> int:
+    """A scaling child: compile the log at ``src`` on ``master`` (after a warm-up on a slice); print changes/s."""
+    from mirrorline.compile.spark import compile_changes
+    from mirrorline.log.rows import SPARK_DDL
+    from mirrorline.sparkenv import get_spark
+
+    spark = get_spark(master, conf={"spark.executor.memory": "2g"} if master.startswith("spark:") else None)
+    df = spark.read.schema(SPARK_DDL).parquet(src)
+    compile_changes(df.limit(20_000)).release()
+    size = df.count()
+    out = tempfile.mkdtemp(prefix="mirrorline-bench-net-")
+    t0 = time.monotonic()
+    compile_changes(spark.read.schema(SPARK_DDL).parquet(src), out=out).release()
+    seconds = time.monotonic() - t0
+    shutil.rmtree(out, ignore_errors=True)
+    print(json.dumps({"master": master, "seconds": round(seconds, 2), "changes_per_s": round(size / seconds)}))
+    return 0
+
+
+def _scaling(src: Path, size: int) -> dict[str, float]:
+    """changes/s of the same log on local[1], local[2], and a standalone cluster of one and of two 1-core workers."""
+    import subprocess
+
+    from mirrorline.sparkcluster import SparkCluster
+
+    def child(master: str) -> float:
+        done = subprocess.run(
+            [sys.executable, __file__, "--one", master, str(src)], capture_output=True, text=True, check=True
+        )
+        rate = float(json.loads(done.stdout.strip().splitlines()[-1])["changes_per_s"])
+        log(f"scaling {master}: {rate:,.0f} changes/s")
+        return rate
+
+    out = {"local_1": child("local[1]"), "local_2": child("local[2]")}
+    for workers in (1, 2):
+        with SparkCluster(workers=workers, cores=1, memory="3g") as c:
+            out[f"cluster_{workers}"] = child(c.master)
+    out["local_2_vs_1"] = round(out["local_2"] / out["local_1"], 2)
+    out["cluster_2_vs_1"] = round(out["cluster_2"] / out["cluster_1"], 2)
+    out["changes"] = size
+    return out
 
 
 if __name__ == "__main__":

@@ -108,6 +108,15 @@ def test_explicit_latency_wins_over_the_threads_form(tmp_path):
         ('[targets.x]\nurl = "mysql://h/db"\n', "targets.x.url", "unknown target kind"),
         ('[targets.x]\nurl = "sqlite:/rel.db"\n', "targets.x.url", "sqlite:///relative/path"),
         ('[targets.x]\nurl = "parquet:///lake"\n', "targets.x.url", "there is no parquet target kind"),
+        ('[spark]\nmaster = "cluster"\n', "spark.master", "not a Spark master URL"),
+        ('[spark]\nmasters = "local"\n', "spark.masters", "unknown key"),
+        ('[spark.conf]\n"executor.memory" = "1g"\n', "spark.conf.executor.memory", "spark.*"),
+        ('[spark.conf]\n"spark.x" = [1]\n', "spark.conf.spark.x", "string, number or boolean"),
+        ('[spark]\npython = ""\n', "spark.python", "is empty"),
+        ('[log]\npath = "hdfs://nn:8020/ml"\n', "log.path", "no Hadoop filesystem client"),
+        ('[log]\npath = "s3a://bucket/ml"\n', "log.path", "no atomic rename"),
+        ('[log]\npath = "file://relative"\n', "log.path", "file:///absolute/path"),
+        ('[spark]\nscratch = "gs://b/x"\n', "spark.scratch", "no atomic rename"),
         ('[targets.x]\nurl = "sqlite:///x.db"\nmode = "merge"\n', "targets.x.mode", "update, mirror"),
         ("[targets.x]\n", "targets.x.url", "is required"),
         ("[sources]\n", "sources", "unknown key"),
@@ -148,3 +157,33 @@ def test_passwords_are_redacted(dsn, shown):
 @pytest.mark.parametrize(("value", "seconds"), [("2s", 2.0), ("500ms", 0.5), ("1m", 60.0), (3, 3.0), ("1.5", 1.5)])
 def test_durations(value, seconds):
     assert config.parse_duration(value) == seconds
+
+
+def test_spark_section(tmp_path):
+    cfg = config.load(write(tmp_path, ""))
+    assert cfg.spark.master is None and cfg.spark.local and cfg.spark.scratch is None
+    assert cfg.spark.master_or_default().startswith("local[")
+    text = (
+        '[log]\npath = "file:///shared/ml-log"\n'
+        '[spark]\nmaster = "spark://10.0.0.5:7077"\npython = "/opt/ml/bin/python"\n'
+        '[spark.conf]\n"spark.executor.memory" = "4g"\n"spark.cores.max" = 8\n"spark.speculation" = false\n'
+    )
+    cfg = config.load(write(tmp_path, text))
+    assert cfg.log.path == Path("/shared/ml-log") and not cfg.spark.local
+    assert cfg.spark.conf == {"spark.executor.memory": "4g", "spark.cores.max": "8", "spark.speculation": "false"}
+    assert cfg.spark.python == "/opt/ml/bin/python"
+    assert cfg.spark.scratch == Path("/shared/ml-log/scratch")  # where executors and the driver both reach
+    cfg = config.load(write(tmp_path, '[spark]\nmaster = "local[1]"\nscratch = "file:///fast/tmp"\n'))
+    assert cfg.spark.local and cfg.spark.scratch == Path("/fast/tmp")
+
+
+def test_configured_spark_settings_reach_the_session_builder(tmp_path, monkeypatch):
+    from mirrorline import scratch, sparkenv
+
+    cfg = config.load(
+        write(tmp_path, '[spark]\nmaster = "local[1]"\nscratch = "sc"\n[spark.conf]\n"spark.x.y" = "z"\n')
+    )
+    monkeypatch.setattr(sparkenv, "_configured", None)
+    monkeypatch.setattr(scratch, "_base", None)
+    sparkenv.configure(cfg.spark)
+    assert sparkenv.master() == "local[1]" and scratch.base() == tmp_path / "sc"

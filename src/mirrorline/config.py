@@ -38,6 +38,27 @@ class LogConfig:
 
 
 @dataclass(frozen=True)
+class SparkConfig:
+    """Where the compile (and a snapshot's and verify's reading tasks) run. ``master``: None is local with the
+    machine's cores; ``conf``: Spark settings passed as they are; ``python``: the interpreter executors run
+    mirrorline's Python tasks with (an environment with mirrorline installed, at that path on every worker);
+    ``scratch``: the folder for files Spark tasks write and the driver reads (compiled net rows), on storage every
+    executor reaches (default: the machine's temporary folder on a local master, the log's folder otherwise)."""
+
+    master: str | None = None
+    conf: dict[str, str] = field(default_factory=dict)
+    python: str | None = None
+    scratch: Path | None = None
+
+    @property
+    def local(self) -> bool:
+        return self.master is None or self.master.startswith("local")
+
+    def master_or_default(self) -> str:
+        return self.master or f"local[{os.cpu_count() or 2}]"
+
+
+@dataclass(frozen=True)
 class ApplyConfig:
     latency: float = 2.0  # seconds: close a unit of work after this long ...
     max_changes: int = 1_000_000  # ... or after this many changes
@@ -75,6 +96,7 @@ class Config:
     apply: ApplyConfig
     tables: dict[str, TableConfig]
     targets: dict[str, TargetConfig]
+    spark: SparkConfig = field(default_factory=SparkConfig)
 
     def table(self, name: str) -> TableConfig:
         return self.tables.get(name) or TableConfig(name)
@@ -211,7 +233,7 @@ def parse(data: dict[str, Any], path: Path) -> Config:
     file = str(path)
     base = path.resolve().parent
     top = _Reader(file, "", data)
-    top.only("source", "log", "apply", "tables", "targets")
+    top.only("source", "log", "apply", "tables", "targets", "spark")
 
     source = None
     if "source" in data:
@@ -227,7 +249,10 @@ def parse(data: dict[str, Any], path: Path) -> Config:
 
     r = _Reader(file, "log", data.get("log", {}))
     r.only("path", "segment_changes", "segment_seconds")
-    log_path = Path(r.get("path", str, "./mirrorline-log"))
+    try:
+        log_path = storage_path(r.get("path", str, "./mirrorline-log"))
+    except ValueError as e:
+        raise r.fail("path", str(e)) from None
     seg_changes = r.get("segment_changes", int, 100_000)
     if seg_changes < 1:
         raise r.fail("segment_changes", "must be at least 1")
@@ -311,7 +336,73 @@ def parse(data: dict[str, Any], path: Path) -> Config:
             name=name, url=url, kind=kind, location=location, mode=mode, on_error=t_on_error, **upkeep
         )
 
-    return Config(file=path, source=source, log=log, apply=apply, tables=tables, targets=targets)
+    spark = _spark(file, base, data.get("spark", {}), log.path)
+    return Config(file=path, source=source, log=log, apply=apply, tables=tables, targets=targets, spark=spark)
+
+
+_MASTER_RE = re.compile(r"^(local(\[(\d+|\*)(,\d+)?\])?|spark://[^/\s]+|yarn|k8s://\S+|mesos://\S+)$")
+
+
+def _spark(file: str, base: Path, data: Any, log_path: Path) -> SparkConfig:
+    r = _Reader(file, "spark", data)
+    r.only("master", "conf", "python", "scratch")
+    master = r.get("master", str, None)
+    if master is not None and not _MASTER_RE.match(master):
+        raise r.fail(
+            "master",
+            f'{master!r} is not a Spark master URL: expected "local[N]", "spark://host:port", "yarn" or "k8s://..."',
+        )
+    conf_raw = r.get("conf", dict, {})
+    conf: dict[str, str] = {}
+    for k, v in conf_raw.items():
+        if not isinstance(v, str | int | float | bool) or not k.startswith("spark."):
+            raise r.fail(f"conf.{k}", "expected a Spark setting (spark.*) with a string, number or boolean value")
+        conf[k] = str(v).lower() if isinstance(v, bool) else str(v)
+    python = r.get("python", str, None)
+    if python is not None and not python.strip():
+        raise r.fail("python", "is empty")
+    scratch = None
+    if "scratch" in r.data:
+        try:
+            scratch = storage_path(r.get("scratch", str))
+        except ValueError as e:
+            raise r.fail("scratch", str(e)) from None
+        scratch = scratch if scratch.is_absolute() else base / scratch
+    elif master is not None and not master.startswith("local"):
+        scratch = log_path / "scratch"  # the executors write net rows there and the driver reads them
+    return SparkConfig(master=master, conf=conf, python=python, scratch=scratch)
+
+
+# schemes Spark knows and mirrorline cannot use for its own files, and why
+_UNUSABLE = {
+    "hdfs": "no Hadoop filesystem client is installed for mirrorline's own writes (capture's segments need an "
+    "atomic rename and fsync)",
+    "s3": "an object store has no atomic rename, which publishing segments and units needs",
+    "s3a": "an object store has no atomic rename, which publishing segments and units needs",
+    "gs": "an object store has no atomic rename, which publishing segments and units needs",
+    "abfs": "an object store has no atomic rename, which publishing segments and units needs",
+    "abfss": "an object store has no atomic rename, which publishing segments and units needs",
+    "wasb": "an object store has no atomic rename, which publishing segments and units needs",
+}
+
+
+def storage_path(text: str) -> Path:
+    """A storage location as a path: a path, or a ``file://`` URL (a folder every executor mounts at the same
+    path, e.g. NFS). Other schemes are refused with the reason."""
+    m = re.match(r"^([A-Za-z][A-Za-z0-9+.-]*)://", text)
+    if not m:
+        return Path(text)
+    scheme = m.group(1).lower()
+    if scheme == "file":
+        rest = text[len("file://") :]
+        if not rest.startswith("/"):
+            raise ValueError(f"expected file:///absolute/path, got {text!r}")
+        return Path(rest)
+    why = _UNUSABLE.get(scheme, "no filesystem for that scheme is installed")
+    raise ValueError(
+        f"{scheme}:// cannot hold mirrorline's files: {why}; use a local path, or a file:/// URL of a filesystem "
+        "every Spark executor mounts at the same path (NFS, a cluster filesystem)"
+    )
 
 
 def _table(file: str, name: str, spec: Any) -> TableConfig:

@@ -84,6 +84,10 @@ class Applier:
                 )
         self.config = config
         self.names = names
+        if spark is None:
+            from mirrorline import sparkenv
+
+            sparkenv.configure(config.spark)  # for the session this pipeline makes
         self.log: ChangeLog = ChangeLog(config.log.path)
         self._spark = spark
         self._warm_up = warm_up  # the first compile waits for it (see mirrorline.compile.warmup)

@@ -1,7 +1,8 @@
 """Scratch space that a killed process does not leak.
 
 Everything a process writes as scratch (compiled units' net rows, warm-up files, Spark's shuffle and spill files)
-goes under one folder of its own, ``$TMPDIR/mirrorline-scratch/<pid>-<random>/``, which holds an exclusive lock
+goes under one folder of its own, ``$TMPDIR/mirrorline-scratch/<pid>-<random>/`` (or under ``[spark] scratch``,
+storage every executor reaches, on a cluster), which holds an exclusive lock
 (``fcntl``) on its ``.owner`` file for as long as the process lives. The kernel drops the lock when the process ends,
 however it ends (SIGKILL included), so the first scratch use of any later mirrorline process removes every folder
 whose lock it can take: what earlier processes left behind. Folders of live processes are never touched.
@@ -24,8 +25,20 @@ _lock = threading.Lock()
 _own: tuple[int, Path, int] | None = None  # (pid, folder, fd of the held lock)
 
 
+_base: Path | None = None  # set by configure(): a folder every Spark executor reaches
+
+
 def base() -> Path:
+    if _base is not None:
+        return _base
     return Path(os.environ.get("TMPDIR") or tempfile.gettempdir()) / "mirrorline-scratch"
+
+
+def configure(root: Path | None) -> None:
+    """Put this process's scratch under ``root`` (None: the temporary folder) from its first use on: on a Spark
+    cluster, files tasks write and the driver reads must be where both reach."""
+    global _base
+    _base = root
 
 
 def sweep(root: Path | None = None, keep: Path | None = None) -> list[Path]:

@@ -16,8 +16,11 @@ from mirrorline import scratch
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-DEFAULT_MASTER = "local[2]"
+    from mirrorline.config import SparkConfig
+
+DEFAULT_MASTER = f"local[{os.cpu_count() or 2}]"  # the machine's cores
 _started_seconds: float | None = None
+_configured: SparkConfig | None = None
 
 # The driver's JVM maps, when ``./dev setup`` made one, a class-data-sharing archive of the classes a unit loads
 # (Spark starts in about half the time: class loading is most of a cold start). A missing or stale archive is
@@ -78,9 +81,31 @@ def build_class_archive() -> tuple[Path | None, str]:
     )
 
 
-def get_spark(master: str | None = None, app: str = "mirrorline", conf: dict[str, str] | None = None) -> SparkSession:
-    """Get (or make) the process's SparkSession. ``$MIRRORLINE_SPARK_MASTER`` overrides the default ``local[2]``."""
+def configure(cfg: SparkConfig) -> None:
+    """The configuration's ``[spark]`` section, for the session this process makes (call before the first
+    :func:`get_spark`; a session already made is kept as it is)."""
+    global _configured
+    _configured = cfg
+    scratch.configure(cfg.scratch)
+
+
+def master() -> str:
+    """The master the session is (or will be) made with: the configuration's, else ``$MIRRORLINE_SPARK_MASTER``,
+    else local with the machine's cores."""
+    if _configured is not None and _configured.master:
+        return _configured.master
+    return os.environ.get("MIRRORLINE_SPARK_MASTER", DEFAULT_MASTER)
+
+
+def get_spark(
+    master_url: str | None = None, app: str = "mirrorline", conf: dict[str, str] | None = None
+) -> SparkSession:
+    """Get (or make) the process's SparkSession: the master given, else :func:`master`; ``[spark] conf`` over
+    mirrorline's settings, ``conf`` over both."""
     global _started_seconds
+    cfg = _configured
+    if cfg is not None and cfg.python:
+        os.environ["PYSPARK_PYTHON"] = cfg.python
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     os.environ.setdefault("PYARROW_IGNORE_TIMEZONE", "1")
@@ -101,12 +126,15 @@ def get_spark(master: str | None = None, app: str = "mirrorline", conf: dict[str
         "spark.driver.extraJavaOptions": driver_opts,
         "spark.executor.extraJavaOptions": java_opts,
         "spark.sql.warehouse.dir": os.path.join(os.environ.get("TMPDIR", "/tmp"), "mirrorline-spark-warehouse"),
-        # shuffle and spill files in the process's scratch folder: removed after a crash too (mirrorline.scratch)
-        "spark.local.dir": str(scratch.folder() / "spark"),
+        "spark.pyspark.python": os.environ["PYSPARK_PYTHON"],
+        **(cfg.conf if cfg is not None else {}),
         **(conf or {}),
     }
+    url = master_url or master()
+    if url.startswith("local"):  # shuffle and spill files in the process's scratch folder: removed after a crash
+        settings.setdefault("spark.local.dir", str(scratch.folder() / "spark"))  # too (mirrorline.scratch)
     t0 = time.monotonic()
-    builder = SparkSession.builder.master(master or os.environ.get("MIRRORLINE_SPARK_MASTER", DEFAULT_MASTER))
+    builder = SparkSession.builder.master(url)
     builder = builder.appName(app)
     for k, v in settings.items():
         builder = builder.config(k, v)

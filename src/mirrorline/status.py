@@ -52,6 +52,7 @@ class TargetStatus:
 @dataclass
 class Status:
     source: str = ""
+    spark_master: str = ""
     slot: str = ""
     current_lsn: int | None = None
     slot_restart_lsn: int | None = None
@@ -79,6 +80,7 @@ class Status:
     def to_json(self) -> dict[str, Any]:
         return {
             "source": {"dsn": self.source, "current_lsn": _lsn(self.current_lsn)},
+            "spark": {"master": self.spark_master},
             "slot": {
                 "name": self.slot,
                 "active": self.slot_active,
@@ -109,6 +111,8 @@ class Status:
             f"log: {self.log_segments} segment(s), {_size(self.log_bytes)}, durable up to "
             f"{self.log_durable or 'nothing'}"
         )
+        if self.spark_master:
+            lines.append(f"spark: master {self.spark_master}")
         for t in self.targets:
             lag = ""
             if t.lag_seconds is not None or t.lag_bytes is not None:
@@ -237,7 +241,7 @@ def _target(config: Config, name: str, st: Status, cl: Any) -> TargetStatus:
 
 def status(config: Config) -> Status:
     """Gather every figure; what cannot be reached is reported in ``errors``, never raised."""
-    st = Status()
+    st = Status(spark_master=config.spark.master_or_default())
     _source(config, st)
     cl = _log(config, st)
     for name in sorted(config.targets):

@@ -12,9 +12,12 @@ if TYPE_CHECKING:
 
 
 def load_config(args: argparse.Namespace) -> Config:
-    from mirrorline import config
+    """The configuration file, its ``[spark]`` section in force for the session this process makes."""
+    from mirrorline import config, sparkenv
 
-    return config.load(args.config)
+    cfg = config.load(args.config)
+    sparkenv.configure(cfg.spark)
+    return cfg
 
 
 def print_unit(r: UnitReport) -> None:
