@@ -173,7 +173,7 @@ def test_a_value_delta_cannot_hold_stops_the_unit_with_nothing_written(
     )
     v = DeltaTable(str(t.path("public.days"))).version()
     bad = [net("public.days", "I", [2], {"id": 2, "d": "infinity"})]
-    with pytest.raises(Exception, match=r"public\.days\.d: infinity cannot be stored in a Delta date column"):
+    with pytest.raises(ApplyError, match=r"public\.days\.d: 'infinity' is not a valid date value for a Delta date"):
         t.apply(batch(spark, bad, P(1), P(2)), {"public.days": schema})
     assert DeltaTable(str(t.path("public.days"))).version() == v
     assert t.applied_position() == P(1)
@@ -408,3 +408,67 @@ def test_status_shows_each_delta_tables_version_files_and_position(spark: Any, t
     assert lake.details == {"items": {"version": 1, "files": 1, "position": str(P(0x10, 2))}}
     assert st.to_json()["targets"][0]["table_details"]["items"]["version"] == 1
     assert f"  items: version 1, files 1, position {P(0x10, 2)}" in st.text()
+
+
+def test_a_replace_writes_the_row_whether_it_was_there_or_not(spark: Any, request: Any, tmp_path: Path) -> None:
+    # with actions that drop D, the compile sends every first insert of a key as a delete and an insert (the row may
+    # be kept at the target): on Delta that is one replaced row, written either way
+    t = delta(request, tmp_path)
+    t.apply(batch(spark, [items(1)], P(0), P(1)), SCHEMAS)
+    rows = [net("public.items", "D", [1]), items(1, "again"), net("public.items", "D", [2]), items(2, "new")]
+    res = t.apply(batch(spark, rows, P(1), P(2)), SCHEMAS)
+    assert res.rejects == 0
+    assert fetch(t, "public.items", COLS) == [(1, "again", 10, None), (2, "new", 20, None)]
+
+
+def test_bad_values_in_keys_are_set_aside_once_with_the_rest_applied(spark: Any, request: Any, tmp_path: Path) -> None:
+    t = delta(request, tmp_path, on_error="reject")
+    t.apply(batch(spark, [items(1)], P(0), P(1)), SCHEMAS)
+    rows = [
+        net("public.items", "I", ["x1"], {"id": "x1", "name": "k", "qty": 1, "note": None}, pos=P(2, 1)),  # bad key
+        net("public.items", "I", [1], {"id": 1, "name": "dup", "qty": "lots", "note": None}, pos=P(2, 2)),  # twice bad
+        net("public.items", "D", ["y"]),  # bad key of a delete
+        items(5),
+    ]
+    res = t.apply(batch(spark, rows, P(1), P(2, 9)), SCHEMAS)
+    assert res.rejects == 3
+    assert fetch(t, "public.items", COLS) == [(1, "n1", 10, None), (5, "n5", 50, None)]
+    s = t.session()
+    try:
+        got = s.query('SELECT "key", op, error FROM mirrorline_rejects ORDER BY "key"')
+    finally:
+        s.close()
+    assert [(k, op) for k, op, _ in got] == [('["1"]', "I"), ('["x1"]', "I"), ('["y"]', "D")]
+    assert "'x1' is not a valid integer value" in got[1][2]
+    # stop: the same unit names the first one and writes nothing
+    (tmp_path / "stop").mkdir()
+    s2 = delta(request, tmp_path / "stop")
+    s2.apply(batch(spark, [items(1)], P(0), P(1)), SCHEMAS)
+    with pytest.raises(ApplyError, match=r"'y' is not a valid integer value") as e:
+        s2.apply(batch(spark, rows, P(1), P(2, 9)), SCHEMAS)
+    assert e.value.context["key"] == ["y"] and e.value.context["op"] == "D"
+    assert s2.applied_position() == P(1) and fetch(s2, "public.items", ["id"]) == [(1,)]
+
+
+def test_a_column_dropped_at_the_source_is_null_in_later_writes(spark: Any, request: Any, tmp_path: Path) -> None:
+    t = delta(request, tmp_path)
+    t.apply(batch(spark, [items(1)], P(0), P(1)), SCHEMAS)  # the Delta table has note
+    narrower = TableSchema("public.items", ITEMS.columns[:3], key=("id",), version=2)
+    rows = [net("public.items", "I", [7], {"id": 7, "name": "n7", "qty": 70})]
+    t.apply(batch(spark, rows, P(1), P(2)), {"public.items": narrower})  # append
+    t.apply(batch(spark, rows, P(2), P(3), truncated={"public.items": P(3)}), {"public.items": narrower})  # overwrite
+    assert fetch(t, "public.items", COLS) == [(7, "n7", 70, None)]
+
+
+def test_a_public_table_whose_name_holds_a_dot_has_a_folder_of_its_own(
+    spark: Any, request: Any, tmp_path: Path
+) -> None:
+    dotted = TableSchema("public.a.b", (Column("id", "integer", nullable=False),), key=("id",))
+    other = TableSchema("a.b", (Column("id", "integer", nullable=False),), key=("id",))
+    t = delta(request, tmp_path)
+    t.apply(batch(spark, [net("public.a.b", "I", [1], {"id": 1})], P(0), P(1)), {"public.a.b": dotted})
+    t.apply(batch(spark, [net("a.b", "I", [2], {"id": 2})], P(1), P(2)), {"a.b": other})
+    assert t.path("public.a.b").name == "public.a.b" and t.path("a.b").name == "a.b"
+    state = t.applied_positions()
+    assert state.tables["public.a.b"] == P(1) and state.tables["a.b"] == P(2) and state.position == P(2)
+    assert fetch(t, "public.a.b", ["id"]) == [(1,)] and fetch(t, "a.b", ["id"]) == [(2,)]

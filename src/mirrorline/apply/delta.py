@@ -48,7 +48,7 @@ from mirrorline.apply.state import parse as parse_state
 from mirrorline.apply.state import read as read_state
 from mirrorline.apply.state import write as write_state
 from mirrorline.errors import ApplyError, TargetError, TransientTargetError
-from mirrorline.model import Column, TableSchema, quote_ident
+from mirrorline.model import Column, TableSchema, quote_ident, split_table_name
 from mirrorline.position import ZERO, Position
 
 if TYPE_CHECKING:
@@ -157,8 +157,9 @@ class DeltaDialect(SqliteDialect):
         return bad
 
     def table_dir(self, root: Path, table: str) -> Path:
-        _, name = self.names(table)
-        return root / name
+        """``public.orders`` -> ``orders``; ``sales.orders`` (and a public name holding a dot) -> ``schema.name``."""
+        schema, name = split_table_name(table)
+        return root / (name if schema == "public" and "." not in name else f"{schema}.{name}")
 
 
 DELTA = DeltaDialect()
@@ -438,7 +439,7 @@ class DeltaTarget(Target):
         if dt is None:
             raise TargetError(f"target {self.name}: no Delta table for {table} at {self.path(table)}", target=self.name)
         schema = pa.schema(dt.schema().to_arrow())
-        data = pa.concat_tables([p.cast(schema) for p in parts]) if parts else schema.empty_table()
+        data = pa.concat_tables([_fit(p, schema) for p in parts]) if parts else schema.empty_table()
         props = commit_properties(self.name, position)
         with self._lock(table), self._writing(table, position):
             if overwrite:
@@ -510,14 +511,14 @@ class DeltaTarget(Target):
             truncated = ts.table in batch.truncated
             plan = _Plan(self, ts, truncated)
             try:
-                failures = plan.check(con)
-                src = plan.source(con) if not failures or self.on_error == "reject" else None
-            except duckdb.Error:  # a value that does not convert: find the rows holding one, then as above
-                failures = plan.bad_values(con)
-                if not failures:
+                plan.check(con)
+                src = plan.source(con) if not plan.failures or self.on_error == "reject" else None
+            except duckdb.Error:  # a value that does not convert: set aside the rows holding one, then as above
+                if not plan.bad_values(con):
                     raise
-                failures += plan.check(con)
+                plan.check(con)
                 src = plan.source(con) if self.on_error == "reject" else None
+            failures = plan.failures
             t0 = result.timed("check", t0)
             if failures:
                 self._locate(u, ts, failures)
@@ -538,11 +539,9 @@ class DeltaTarget(Target):
         with self._lock(ts.table), self._writing(ts.table, batch.end):
             if truncated:
                 keep = src.filter(pc.invert(pc.equal(ops, "D")))
-                write_deltalake(dt, keep.select(schema.names).cast(schema), mode="overwrite", commit_properties=props)
-            elif (
-                src.num_rows == 0 or pc.all(pc.equal(ops, "I")).as_py()
-            ):  # inserts only, none of whose keys is there (checked): no merge
-                write_deltalake(dt, src.select(schema.names).cast(schema), mode="append", commit_properties=props)
+                write_deltalake(dt, _fit(keep, schema), mode="overwrite", commit_properties=props)
+            elif src.num_rows == 0 or pc.all(pc.equal(ops, "I")).as_py():  # inserts only, none there (checked)
+                write_deltalake(dt, _fit(src, schema), mode="append", commit_properties=props)
             else:
                 plan.merge(dt, src, props)
         result.timed("commit", t0)
@@ -558,7 +557,7 @@ class DeltaTarget(Target):
             yield
         except CommitFailedError as e:
             raise _Conflict(_first_line(e)) from e
-        except (DeltaError, OSError) as e:
+        except (DeltaError, OSError, pa.ArrowException) as e:
             msg = _first_line(e)
             ctx: dict[str, Any] = {"target": self.name, "table": table, "position": str(end)}
             if "violat" in msg.lower() or "failed validation" in msg.lower():
@@ -687,7 +686,8 @@ class _Plan:
     def __init__(self, target: DeltaTarget, ts: TableSchema, truncated: bool) -> None:
         self.target, self.ts, self.truncated = target, ts, truncated
         self.mirror = target.mode == "mirror"
-        self.rejected: dict[str, set[int]] = {"d": set(), "u": set(), "i": set()}
+        self.rejected: dict[str, set[int]] = {"d": set(), "u": set(), "i": set()}  # row ids per worktable
+        self.failures: list[_Failure] = []  # what was set aside, in the order found
         self.masks: list[str] = []
 
     def _typed_key(self, alias: str, names: Sequence[str]) -> list[str]:
@@ -708,28 +708,52 @@ class _Plan:
             return "FALSE"
         return f"EXISTS (SELECT 1 FROM tgt t WHERE {self._match('t', exprs)})"
 
+    def _fail(self, kind: str, row_id: int, failure: _Failure) -> None:
+        self.rejected[kind].add(row_id)
+        self.failures.append(failure)
+
+    def _pending(self, kind: str, alias: str = "w") -> str:
+        """Not set aside already (a re-run after :meth:`bad_values` looks at the other rows only)."""
+        return f"{alias}._ml_row NOT IN ({_ids(self.rejected[kind])})"
+
     def check(self, con: duckdb.DuckDBPyConnection) -> list[_Failure]:
+        """Set aside the net changes the table's current version cannot take; every failure so far."""
         ts, nk = self.ts, len(self.ts.key)
         wk = [key_col(i) for i in range(nk)]
         dkey = self._typed_key("w", wk)
-        out: list[_Failure] = []
 
         def rows(sql: str) -> list[tuple[Any, ...]]:
             return con.sql(sql).fetchall()
 
-        for row in rows(f"SELECT _ml_row, {', '.join(wk)} FROM w_d w WHERE NOT {self._exists(dkey)} ORDER BY 1"):
-            self.rejected["d"].add(row[0])
-            out.append(_Failure("D", list(row[1:]), "", "no row with this key at the target to delete", None))
+        # a delete with an insert of the same key is a replace: the row is written whether it was there or not (a
+        # table whose actions drop D sends every first insert of a key so, the row maybe kept at the target)
+        replaced = (
+            f"EXISTS (SELECT 1 FROM w_i i WHERE {self._pending('i', 'i')} AND "
+            + " AND ".join(
+                f"{DELTA.convert('i.' + quote_ident(k), ts, ts.column(k))} IS NOT DISTINCT FROM {e}"
+                for k, e in zip(ts.key, dkey, strict=True)
+            )
+            + ")"
+        )
+        for row in rows(
+            f"SELECT _ml_row, {', '.join(wk)} FROM w_d w WHERE {self._pending('d')} AND NOT {replaced} "
+            f"AND NOT {self._exists(dkey)} ORDER BY 1"
+        ):
+            self._fail(
+                "d", row[0], _Failure("D", list(row[1:]), "", "no row with this key at the target to delete", None)
+            )
         need_u = "TRUE" if not self.mirror else f"w.{MASK_COL} <> ''"
         for row in rows(
-            f"SELECT _ml_row, {', '.join(wk)} FROM w_u w WHERE {need_u} AND NOT {self._exists(dkey)} ORDER BY 1"
+            f"SELECT _ml_row, {', '.join(wk)} FROM w_u w WHERE {self._pending('u')} AND {need_u} "
+            f"AND NOT {self._exists(dkey)} ORDER BY 1"
         ):
-            self.rejected["u"].add(row[0])
-            out.append(_Failure("U", list(row[1:]), "", "no row with this key at the target to update", None))
+            self._fail(
+                "u", row[0], _Failure("U", list(row[1:]), "", "no row with this key at the target to update", None)
+            )
         icols = [quote_ident(k) for k in ts.key]
         ikey = self._typed_key("w", list(ts.key))
         deleted = (
-            f"EXISTS (SELECT 1 FROM w_d d WHERE d._ml_row NOT IN ({_ids(self.rejected['d'])}) AND "
+            f"EXISTS (SELECT 1 FROM w_d d WHERE {self._pending('d', 'd')} AND "
             + " AND ".join(
                 f"{e} IS NOT DISTINCT FROM {DELTA.convert('d.' + quote_ident(key_col(i)), ts, ts.column(k))}"
                 for i, (k, e) in enumerate(zip(ts.key, ikey, strict=True))
@@ -740,31 +764,23 @@ class _Plan:
         pos = "w._ml_lsn, w._ml_seq"
         for row in rows(
             f"SELECT _ml_row, {pos}, {', '.join('w.' + c for c in icols)} FROM w_i w "
-            f"WHERE {self._exists(ikey)} AND NOT {deleted} ORDER BY 1"
+            f"WHERE {self._pending('i')} AND {self._exists(ikey)} AND NOT {deleted} ORDER BY 1"
         ):
-            self.rejected["i"].add(row[0])
-            out.append(
-                _Failure(
-                    "I",
-                    list(row[3:]),
-                    str(Position(int(row[1]), int(row[2]))),
-                    "a row with this key is at the target already",
-                    None,
-                )
+            where = str(Position(int(row[1]), int(row[2])))
+            self._fail(
+                "i", row[0], _Failure("I", list(row[3:]), where, "a row with this key is at the target already", None)
             )
         mk = self._typed_key("w", [moved_col(i) for i in range(nk)])
         moved_exists = f"EXISTS (SELECT 1 FROM tgt t WHERE {self._match('t', mk)})"
         moved = ", ".join(f"w.{quote_ident(moved_col(i))}" for i in range(nk))
         for row in rows(
             f"SELECT _ml_row, {', '.join('w.' + c for c in icols)}, {moved}, {pos}, w.{MASK_COL} FROM w_i w "
-            f"WHERE w.{MASK_COL} <> '' AND NOT {moved_exists} ORDER BY 1"
+            f"WHERE {self._pending('i')} AND w.{MASK_COL} <> '' AND NOT {moved_exists} ORDER BY 1"
         ):
-            if row[0] not in self.rejected["i"]:
-                self.rejected["i"].add(row[0])
-                err = self.target._moved_error(ts, row[1:-1], parse_mask(row[-1]))
-                p = Position(int(row[1 + 2 * nk]), int(row[2 + 2 * nk]))
-                out.append(_Failure("M", list(row[1 : 1 + nk]), str(p), err.message, None, err))
-        return out
+            err = self.target._moved_error(ts, row[1:-1], parse_mask(row[-1]))
+            p = Position(int(row[1 + 2 * nk]), int(row[2 + 2 * nk]))
+            self._fail("i", row[0], _Failure("M", list(row[1 : 1 + nk]), str(p), err.message, None, err))
+        return self.failures
 
     def bad_values(self, con: duckdb.DuckDBPyConnection) -> list[_Failure]:
         """The rows holding a value that does not convert to its column's type (looked for once a conversion has
@@ -775,9 +791,14 @@ class _Plan:
         plans = [
             ("D", list(zip(wk, ts.key, strict=True)), wk, None),
             ("U", list(zip(wk, ts.key, strict=True)) + [(c, c) for c in value_cols], wk, None),
-            ("I", [(c, c) for c in ts.column_names], list(ts.key), "w._ml_lsn, w._ml_seq"),
+            (
+                "I",
+                [(c, c) for c in ts.column_names] + [(moved_col(i), k) for i, k in enumerate(ts.key)],
+                list(ts.key),
+                "w._ml_lsn, w._ml_seq",
+            ),
         ]
-        out: list[_Failure] = []
+        found = len(self.failures)
         for kind, cols, keys, pos in plans:
             rejected = self.rejected[kind.lower()]
             for name, column in cols:
@@ -792,14 +813,13 @@ class _Plan:
                     f"WHERE {bad} AND _ml_row NOT IN ({_ids(rejected)}) ORDER BY 1"
                 )
                 for row in con.sql(sql).fetchall():
-                    rejected.add(row[0])
                     where = str(Position(int(row[1]), int(row[2]))) if row[1] is not None else ""
                     what = (
                         f"{ts.table}.{column}: {row[3]!r} is not a valid {col.type_name} value for a Delta "
                         f"{info.target_type} column"
                     )
-                    out.append(_Failure(kind, list(row[4:]), where, what, None))
-        return out
+                    self._fail(kind.lower(), row[0], _Failure(kind, list(row[4:]), where, what, None))
+        return self.failures[found:]
 
     def source(self, con: duckdb.DuckDBPyConnection) -> pa.Table:
         """The MERGE's source rows (rejected rows left out)."""
@@ -876,6 +896,16 @@ class _Plan:
             )
         m = m.when_not_matched_insert(updates=s, predicate=f"s.{OP_COL} IN ('I', 'R')")
         m.execute()
+
+
+def _fit(data: pa.Table, schema: pa.Schema) -> pa.Table:
+    """``data`` as the Delta table's columns: one the table has and the rows lack (dropped at the source since) is
+    NULL, as it is in the rows a MERGE writes."""
+    n = data.num_rows
+    have = set(data.column_names)
+    return pa.table(
+        [data[f.name].cast(f.type) if f.name in have else pa.nulls(n, f.type) for f in schema], schema=schema
+    )
 
 
 def _table_of(folder: str) -> str:
