@@ -151,3 +151,41 @@ def test_a_unit_failing_in_bulk_is_re_applied_with_the_same_actions(
         rejected = pg.execute("SELECT key FROM mirrorline_rejects")
     assert got == want
     assert [r[0] for r in rejected] == ['["4"]']
+
+
+@pytest.mark.spark
+def test_a_target_stopped_by_an_error_is_reported_by_status_until_it_applies_again(tmp_path: Path, spark: Any) -> None:
+    from mirrorline.errors import ApplyError
+    from mirrorline.status import status
+
+    _log(tmp_path)
+    db = sqlite3.connect(tmp_path / "t.db")
+    db.execute("CREATE TABLE t (id INTEGER PRIMARY KEY, v TEXT, big TEXT)")
+    db.execute(
+        "CREATE TRIGGER no_bad BEFORE INSERT ON t WHEN NEW.v = 'bad' BEGIN SELECT RAISE(ABORT, 'bad value'); END"
+    )
+    db.executemany("INSERT INTO t VALUES (?, ?, ?)", [(1, "a", "B1"), (2, "b", "B2")])
+    db.commit()
+    conf = parse(
+        {
+            "log": {"path": str(tmp_path / "log")},
+            "tables": {T: {"actions": "IU"}},
+            "targets": {"x": {"url": f"sqlite:///{tmp_path / 't.db'}"}},
+        },
+        tmp_path / "m.toml",
+    )
+    a = Applier(conf, spark=spark)
+    with pytest.raises(ApplyError, match="bad value"):
+        a.catch_up()
+    a.close()
+    (x,) = status(conf).targets
+    assert x.error.startswith("stopped at ") and "bad value" in x.error
+    assert any(p.startswith("target x: stopped at") for p in status(conf).problems())
+    db.execute("DROP TRIGGER no_bad")
+    db.commit()
+    db.close()
+    a = Applier(conf, spark=spark)
+    assert a.catch_up()
+    a.close()
+    (x,) = status(conf).targets
+    assert x.error == "" and not any(p.startswith("target x") for p in status(conf).problems())

@@ -20,6 +20,7 @@ from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from mirrorline import stopped
 from mirrorline.config import Config
 from mirrorline.errors import ConfigError, MirrorlineError
 from mirrorline.model import Change, TableSchema
@@ -107,6 +108,7 @@ class Applier:
         # ... and saved when a target that another process applies (``apply --target``) may need them
         self._save_units = any(n not in names for n in config.targets)
         self._ahead: tuple[NetBatch, float] | None = None  # the next unit, compiled while this one applied
+        self._stopped = {n for n in stopped.read(config.log.path) if n in self.names}  # stop records to clear
         self._upkept: dict[str, float] = {}  # target -> when its last storage upkeep started (monotonic)
         self._upkeep: dict[str, threading.Thread] = {}
 
@@ -233,8 +235,16 @@ class Applier:
 
         def apply_one(n: str) -> None:
             t0 = time.monotonic()
-            report.results[n] = self.targets[n].apply(batch, schemas, changes)
+            try:
+                report.results[n] = self.targets[n].apply(batch, schemas, changes)
+            except Exception as e:  # status reports the target stopped until it applies a unit again
+                stopped.record(self.config.log.path, n, e, str(batch.end))
+                self._stopped.add(n)
+                raise
             report.apply_seconds[n] = time.monotonic() - t0
+            if n in self._stopped:
+                stopped.clear(self.config.log.path, n)
+                self._stopped.discard(n)
             self._registered(n)
 
         if len(group) == 1 and not next_unit:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mirrorline import stopped
 from mirrorline.config import Config, redact_dsn
 from mirrorline.errors import MirrorlineError
 from mirrorline.position import Position, format_lsn, parse_lsn
@@ -218,6 +219,9 @@ def _target(config: Config, name: str, st: Status, cl: Any) -> TargetStatus:
     except Exception as e:
         ts.error = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         return ts
+    stop = stopped.read(config.log.path).get(name)
+    if stop is not None:
+        ts.error = f"stopped at {stop.get('at')} applying up to {stop.get('position')}: {stop.get('error')}"
     ts.tables = {t: r.state for t, r in snaps.items()}
     ts.position = applied
     if applied is None:
