@@ -1,8 +1,8 @@
-"""Show each target's state (new, loading, catching up, live), applied position and lag, the change log, and the
-slot's retained WAL; warn when one slow target makes the log or the slot grow. Exit status 1 when replication is
-unhealthy: the source or the log cannot be reached, a target cannot be read or was stopped by an error (until it
-applies a unit again), or (--max-lag) a target is further behind than the threshold. --check prints one line (OK or CRITICAL and why) for cron, Nagios-style checks and
-Kubernetes probes."""
+"""Show each target's state (new, loading, catching up, live), applied position and lag, the change log, and the slot's
+retained WAL; warn when one slow target makes the log or the slot grow. Exit status 1 when replication is unhealthy:
+the source or the log cannot be reached, a target cannot be read or was stopped by an error (until it applies a unit
+again), or (--max-lag) a target is further behind than the threshold. --check prints one line (OK or CRITICAL and
+why) for cron, Nagios-style checks and Kubernetes probes."""
 
 from __future__ import annotations
 
