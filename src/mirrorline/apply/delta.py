@@ -104,11 +104,9 @@ class DeltaDialect(SqliteDialect):
         if b == "bytea":
             return type_map.TypeInfo(col.type_name, "binary", "bytea")
         if b == "numeric":
-            mod = type_map.typmod(col.type_name)
-            if mod and 1 <= mod[0] <= 38:
-                scale = mod[1] if len(mod) > 1 else 0
-                if 0 <= scale <= mod[0]:
-                    return type_map.TypeInfo(col.type_name, f"decimal({mod[0]},{scale})", "cast")
+            ps = type_map.decimal(col.type_name)
+            if ps is not None:
+                return type_map.TypeInfo(col.type_name, f"decimal({ps[0]},{ps[1]})", "cast")
             return type_map.TypeInfo(col.type_name, "string", "text")
         if b in _TIMES:
             return type_map.TypeInfo(col.type_name, _TIMES[b], "time")
@@ -184,9 +182,18 @@ def table_position(dt: DeltaTable, target: str) -> Position:
 
 
 def _open(path: Path) -> DeltaTable | None:
+    """The Delta table in ``path`` (None: there is none); one whose log cannot be read is a TargetError."""
     from deltalake import DeltaTable
+    from deltalake.exceptions import DeltaError
 
-    return DeltaTable(str(path)) if DeltaTable.is_deltatable(str(path)) else None
+    try:
+        return DeltaTable(str(path)) if DeltaTable.is_deltatable(str(path)) else None
+    except (DeltaError, OSError) as e:
+        raise TargetError(
+            f"cannot read the Delta table in {path}: {_first_line(e)}",
+            hint="repair the table (or move the folder away and snapshot the table again)",
+            path=str(path),
+        ) from e
 
 
 def duck_connection() -> duckdb.DuckDBPyConnection:
@@ -413,20 +420,21 @@ class DeltaTarget(Target):
             for c in ts.columns:
                 self.dialect.type_info(ts.table, c)
         done: list[str] = []
-        self.root.mkdir(parents=True, exist_ok=True)
         for ts in schemas:
             path = self.path(ts.table)
             want = self.dialect.arrow_schema(ts)
-            dt = _open(path)
-            if dt is None:
-                DeltaTable.create(str(path), want, name=ts.table)
-                done.append(f"created {ts.table}")
-                continue
-            have = {f.name for f in dt.schema().fields}
-            new = [f for f in want if f.name not in have]
-            if new:
-                dt.alter.add_columns([Field.from_arrow(f) for f in new])
-                done.extend(f"added {ts.table}.{f.name}" for f in new)
+            with self._writing(ts.table, ZERO, redo=False):
+                self.root.mkdir(parents=True, exist_ok=True)
+                dt = _open(path)
+                if dt is None:
+                    DeltaTable.create(str(path), want, name=ts.table)
+                    done.append(f"created {ts.table}")
+                    continue
+                have = {f.name for f in dt.schema().fields}
+                new = [f for f in want if f.name not in have]
+                if new:
+                    dt.alter.add_columns([Field.from_arrow(f) for f in new])
+                    done.extend(f"added {ts.table}.{f.name}" for f in new)
         return done
 
     # -- writes ----------------------------------------------------------------------------------------------------
@@ -548,7 +556,7 @@ class DeltaTarget(Target):
         return counts, failures
 
     @contextlib.contextmanager
-    def _writing(self, table: str, end: Position) -> Iterator[None]:
+    def _writing(self, table: str, end: Position, redo: bool = True) -> Iterator[None]:
         """A Delta write's failure as mirrorline's error: a table constraint (CHECK, NOT NULL) the rows break is
         the data's (ApplyError), anything else the target's (nothing was committed either way)."""
         from deltalake.exceptions import CommitFailedError, DeltaError
@@ -556,7 +564,14 @@ class DeltaTarget(Target):
         try:
             yield
         except CommitFailedError as e:
-            raise _Conflict(_first_line(e)) from e
+            if redo:  # the caller applies again on the new version
+                raise _Conflict(_first_line(e)) from e
+            raise TransientTargetError(
+                f"target {self.name}: another writer committed to the Delta table {table} first: {_first_line(e)}",
+                hint="nothing was committed; run again",
+                target=self.name,
+                table=table,
+            ) from e
         except (DeltaError, OSError, pa.ArrowException) as e:
             msg = _first_line(e)
             ctx: dict[str, Any] = {"target": self.name, "table": table, "position": str(end)}
@@ -570,7 +585,7 @@ class DeltaTarget(Target):
             cls = TransientTargetError if isinstance(e, OSError) else TargetError
             raise cls(
                 f"target {self.name}: writing the Delta table {table} failed: {msg}",
-                hint="nothing of the unit was committed to this table; check the target folder and run again",
+                hint="nothing was committed to this table; check the target folder and run again",
                 **ctx,
             ) from e
 
@@ -640,11 +655,21 @@ class DeltaTarget(Target):
     def maintain(self, *, retention_hours: int = 168, compact: bool = True, vacuum: bool = True) -> dict[str, Any]:
         """Compact each table's small files (one commit per table, no data change) and remove files no version
         younger than ``retention_hours`` reads. Apply waits only for the commit of each table's compaction."""
-        from deltalake.exceptions import CommitFailedError
 
         out: dict[str, Any] = {}
         for folder, dt in self.tables().items():
-            entry: dict[str, Any] = {}
+            out[folder] = self._maintain_table(folder, dt, retention_hours, compact, vacuum)
+        return out
+
+    def _maintain_table(
+        self, folder: str, dt: DeltaTable, retention_hours: int, compact: bool, vacuum: bool
+    ) -> dict[str, Any]:
+        """One table's upkeep; a commit that meets a unit's is left for the next round, any other failure is the
+        target's error (nothing is lost: a compaction changes no rows)."""
+        from deltalake.exceptions import CommitFailedError
+
+        entry: dict[str, Any] = {}
+        with self._writing(_table_of(folder), ZERO, redo=False):
             if compact:
                 try:
                     with self._lock(_table_of(folder)):
@@ -663,8 +688,7 @@ class DeltaTarget(Target):
                     entry["vacuumed"] = len(removed)
                 except CommitFailedError as e:
                     entry["vacuumed"] = {"skipped": _first_line(e)}
-            out[folder] = entry
-        return out
+        return entry
 
     def describe(self) -> dict[str, dict[str, Any]]:
         """Per table: its Delta version, file count and the position its last commit applied."""

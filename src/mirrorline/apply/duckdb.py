@@ -49,11 +49,9 @@ class DuckdbDialect(Dialect):
         if b == "bytea":
             return type_map.TypeInfo(col.type_name, "BLOB", "bytea")
         if b == "numeric":
-            mod = type_map.typmod(col.type_name)
-            if mod and 1 <= mod[0] <= 38:
-                scale = mod[1] if len(mod) > 1 else 0
-                if 0 <= scale <= mod[0]:
-                    return type_map.TypeInfo(col.type_name, f"DECIMAL({mod[0]},{scale})", "cast")
+            ps = type_map.decimal(col.type_name)
+            if ps is not None:
+                return type_map.TypeInfo(col.type_name, f"DECIMAL({ps[0]},{ps[1]})", "cast")
             return type_map.TypeInfo(col.type_name, "VARCHAR", "text")
         if b in type_map.DIRECT_TYPES:
             return type_map.TypeInfo(col.type_name, type_map.DIRECT_TYPES[b], "cast")

@@ -102,6 +102,16 @@ def typmod(type_name: str) -> list[int]:
         return []
 
 
+def decimal(type_name: str) -> tuple[int, int] | None:
+    """``numeric(p,s)`` with 1 <= p <= 38 and 0 <= s <= p (what DECIMAL types hold) -> (p, s); else None."""
+    mod = typmod(type_name)
+    if mod and 1 <= mod[0] <= 38:
+        scale = mod[1] if len(mod) > 1 else 0
+        if 0 <= scale <= mod[0]:
+            return mod[0], scale
+    return None
+
+
 def cannot_hold(dialect: str, table: str, column: str, type_name: str) -> TargetError:
     return TargetError(
         f"the {dialect} target cannot hold column {column} of {table}: type {type_name}",
