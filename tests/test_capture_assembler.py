@@ -156,7 +156,7 @@ def test_old_key_sent_but_unchanged_is_not_a_key_change() -> None:
     asm, _ = make()
     feed(asm, FULL, *txn(100, Update(None, 2, "O", ["1", "b", "k"], ["1", "b2", "k"])))
     (c,) = taken(asm)
-    assert c.key == ("1", "k") and c.old_key is None  # default key: every non-LOB column (body is text)
+    assert c.key == ("1", "b2", "k") and c.old_key == ("1", "b", "k")  # no primary key: every column is the key
 
 
 def test_replica_identity_full_uses_the_primary_key_found_at_reconcile() -> None:
@@ -172,12 +172,21 @@ def test_replica_identity_full_uses_the_primary_key_found_at_reconcile() -> None
     assert schemas.recorded[0].key == ("at",)
 
 
-def test_replica_identity_full_without_primary_key_keys_on_non_lob_columns() -> None:
+def test_replica_identity_full_without_primary_key_is_a_bag_keyed_on_every_column() -> None:
+    """Every column identifies a row, text ones included (issue 18): two rows differing only in a text column
+    are two rows."""
     asm, schemas = make()
     feed(asm, FULL, *txn(100, Update(None, 2, "O", ["1", "b", "k"], ["1", "b", "k2"])))
     (c,) = taken(asm)
-    assert schemas.recorded[0].key == ("at", "kind")
-    assert c.key == ("1", "k2") and c.old_key == ("1", "k")
+    assert schemas.recorded[0].key == ("at", "body", "kind") and schemas.recorded[0].bag
+    assert c.key == ("1", "b", "k2") and c.old_key == ("1", "b", "k")
+
+
+def test_unchanged_toast_in_a_bag_tables_update_is_taken_from_the_old_image() -> None:
+    asm, _ = make()
+    feed(asm, FULL, *txn(100, Update(None, 2, "O", ["1", "long", "k"], ["1", UNCHANGED, "k2"], 1)))
+    (c,) = taken(asm)
+    assert c.key == ("1", "long", "k2") and c.old_key == ("1", "long", "k") and c.unchanged == {"body"}
 
 
 def test_configured_key_wins() -> None:

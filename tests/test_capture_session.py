@@ -84,10 +84,10 @@ def test_every_op_kind_several_tables_toast_key_change_truncate_full(pg: Any, tm
         ("public.orders", "U", ("3",)),
         ("public.lines", "U", ("1", "2")),
         ("public.lines", "D", ("1", "1")),
-        ("public.events", "I", ("1", "x")),
-        ("public.events", "I", ("1", "y")),
-        ("public.events", "U", ("1", "x")),
-        ("public.events", "D", ("1", "y")),
+        ("public.events", "I", ("1", "x", '{"a": 1}')),  # no primary key: every column is the key
+        ("public.events", "I", ("1", "y", None)),
+        ("public.events", "U", ("1", "x", "[]")),
+        ("public.events", "D", ("1", "y", None)),
         ("public.orders", "D", ("3",)),
         ("public.orders", "I", ("4",)),
         ("public.lines", "T", ()),
@@ -99,7 +99,7 @@ def test_every_op_kind_several_tables_toast_key_change_truncate_full(pg: Any, tm
     assert by[4].new == {"id": "1", "note": "uno", "amount": "1.50"} and by[4].unchanged == {"big"}
     assert by[5].old_key == ("2",) and by[5].new == {"id": "3", "note": None, "amount": "2.00", "big": None}
     assert by[6].old_key is None and by[7].new is None
-    assert by[10].new == {"at": "1", "kind": "x", "payload": "[]"}
+    assert by[10].new == {"at": "1", "kind": "x", "payload": "[]"} and by[10].old_key == ("1", "x", "{\"a\": 1}")
     assert by[12].new is None and by[13].new["big"] == ""
     # positions: commit order, seq = index in the transaction; one commit timestamp per transaction
     assert [c.pos for c in got] == sorted(c.pos for c in got)
@@ -109,7 +109,8 @@ def test_every_op_kind_several_tables_toast_key_change_truncate_full(pg: Any, tm
     assert all(now_us - 600e6 < c.commit_ts <= now_us + 1e6 for c in got)
     assert stats.changes == 16 and stats.transactions == 11
     log = ChangeLog(cfg.log.path)
-    assert log.schema("public.events", 1).key == ("at", "kind")  # every non-LOB column (jsonb is a LOB type)
+    events = log.schema("public.events", 1)  # no primary key: a bag of rows, every column its key
+    assert events.key == ("at", "kind", "payload") and events.bag
     orders = log.schema("public.orders", 1)
     assert [c.type_name for c in orders.columns] == ["integer", "text", "numeric(10,2)", "text"]
     assert orders.key == ("id",) and not orders.column("id").nullable

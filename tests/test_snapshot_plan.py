@@ -13,6 +13,7 @@ from mirrorline.snapshot.plan import (
     consistent_position,
     copy_in_sql,
     copy_out_sql,
+    is_bag,
     parse_chunk_file_name,
     parse_chunk_header,
     plan_chunks,
@@ -65,7 +66,10 @@ def test_key_rule_matches_capture() -> None:
     cols = (Column("id", "bigint"), Column("doc", "text"), Column("n", "integer"))
     assert table_key(cols, "d", ("id",), ("id",)) == ("id",)
     assert table_key(cols, "f", ("id",), ("id", "doc", "n")) == ("id",)
-    assert table_key(cols, "f", (), ("id", "doc", "n")) == ("id", "n")  # no LOB columns in a default key
+    assert table_key(cols, "f", (), ("id", "doc", "n")) == ("id", "doc", "n")  # no primary key: every column
+    assert is_bag(cols, "f", (), ("id", "doc", "n"))
+    assert not is_bag(cols, "f", ("id",), ("id", "doc", "n")) and not is_bag(cols, "d", ("id",), ("id",))
+    assert not is_bag(cols, "f", (), ("id", "doc", "n"), configured=("n",))
     assert table_key(cols, "d", ("id",), ("id",), configured=("n",)) == ("n",)
 
 

@@ -59,8 +59,11 @@ class Change:
     schema_version: int = 1
 
 
-# Types whose values are large objects: never part of a default (all-columns) key (DESIGN §5).
+# Types whose values are large objects: left out of the index a target builds for a table without a key (a btree
+# entry has a size limit); they still identify its rows (DESIGN §5).
 LOB_TYPES = frozenset({"text", "bytea", "json", "jsonb", "xml"})
+# Types without an equality operator in PostgreSQL (nor a btree index): compared as their text where rows are matched
+NO_EQUALITY_TYPES = frozenset({"json", "xml", "point", "line", "lseg", "box", "path", "polygon", "circle"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +79,12 @@ class Column:
         base = self.type_name.split("(")[0].strip().lower()
         return base in LOB_TYPES
 
+    @property
+    def has_equality(self) -> bool:
+        """Does PostgreSQL compare (and index) values of this type with ``=``? (An array compares as its elements.)"""
+        base = self.type_name.split("(")[0].strip().lower().removesuffix("[]").strip()
+        return base not in NO_EQUALITY_TYPES
+
 
 @dataclass(frozen=True, slots=True)
 class TableSchema:
@@ -86,6 +95,8 @@ class TableSchema:
     key: tuple[str, ...]
     version: int = 1
     since: Position = field(default_factory=lambda: Position(0, 0))
+    # no primary key (REPLICA IDENTITY FULL): a bag of rows, every column identifies a row, duplicates allowed
+    bag: bool = False
 
     @property
     def column_names(self) -> tuple[str, ...]:
@@ -102,12 +113,18 @@ def default_key(
     columns: Sequence[Column], flagged: Sequence[str] = (), configured: Sequence[str] = ()
 ) -> tuple[str, ...]:
     """The key of a table (DESIGN §5): the configured key, else the primary key / replica identity columns, else
-    every column except large-object types."""
+    every column (the table is a bag of rows: :attr:`TableSchema.bag`)."""
     if configured:
         return tuple(configured)
     if flagged:
         return tuple(flagged)
-    return tuple(c.name for c in columns if not c.is_lob)
+    return tuple(c.name for c in columns)
+
+
+def index_columns(s: TableSchema) -> tuple[str, ...]:
+    """The columns a target indexes for a bag table's joins: every column but the large objects and the types
+    without an ordering."""
+    return tuple(c.name for c in s.columns if not c.is_lob and c.has_equality and not c.type_name.endswith("]"))
 
 
 def split_table_name(table: str) -> tuple[str, str]:

@@ -111,6 +111,7 @@ class Applier:
         self._stopped = {n for n in stopped.read(config.log.path) if n in self.names}  # stop records to clear
         self._upkept: dict[str, float] = {}  # target -> when its last storage upkeep started (monotonic)
         self._upkeep: dict[str, threading.Thread] = {}
+        self._bag_cols: dict[str, tuple[str, ...]] = {}  # see _bags
 
     def start_warm_up(self) -> None:
         """Warm Spark up in the background now; the first compile waits for it."""
@@ -338,9 +339,10 @@ class Applier:
         stats = self.log.stats(start, end)
         if self.config.tables:
             stats = {t: s for t, s in stats.items() if t in self.config.tables}
+        bags = self._bags(sorted(stats), end)
         if qualifies(stats, self.small_unit):
             rows = unit_rows(self.config.tables, self.log.read_arrow(start, end))
-            return shared(self.spark, self.actions or None).compile(rows, stats, start, end)
+            return shared(self.spark, self.actions or None, bags).compile(rows, stats, start, end)
         frame = read_spark(self.log, start, end, spark=self.spark)
         if self.config.tables:
             frame = frame.where(F.col("table").isin(list(self.config.tables)))
@@ -351,7 +353,17 @@ class Applier:
             if batch is not None:
                 return batch
             log.info("unit %s..%s: a key is inserted twice; compiling it the general way", start, end)
-        return compile_changes(frame, actions=self.actions or None, start=start, end=end, stats=stats)
+        return compile_changes(frame, actions=self.actions or None, start=start, end=end, stats=stats, bags=bags)
+
+    def _bags(self, tables: list[str], end: Position) -> dict[str, tuple[str, ...]]:
+        """The tables without a key the pipeline has seen so far, with their columns (every unit's plan gets them
+        all, so that the small units' plan stays the same while they do not change)."""
+        for t, s in self._schemas(tables, end).items():
+            if s.bag:
+                self._bag_cols[t] = s.key
+            else:
+                self._bag_cols.pop(t, None)
+        return dict(self._bag_cols)
 
     def compile_ahead(self, on_unit: Callable[[NetBatch], None] | None = None) -> int:
         """The compile stage alone: compile and store the units that the targets will apply next, up to the log's

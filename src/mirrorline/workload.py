@@ -6,7 +6,9 @@ Tables (all in schema ``public``):
 
 - ``accounts``: primary key ``id``; ``note`` sometimes holds a few kB of incompressible text (stored out of line,
   TOAST), so updates of other columns leave it unsent ("unchanged").
-- ``events``: no primary key, REPLICA IDENTITY FULL; its key is every non-LOB column (``a``, ``b``).
+- ``events``: no primary key, REPLICA IDENTITY FULL: a bag of rows, every column its key. It holds identical rows
+  (an insert copies a row) and rows differing only in ``label`` (an update of one copy); deletes and updates take
+  every copy of ``(a, b)`` or one of them.
 - ``ledger``: primary key ``(day, seq)``.
 """
 
@@ -55,7 +57,7 @@ class Workload:
     big_notes: bool = True
     rng: random.Random = field(init=False)
     accounts: set[int] = field(default_factory=set)
-    events: set[tuple[int, int]] = field(default_factory=set)
+    events: dict[tuple[int, int], int] = field(default_factory=dict)  # (a, b) -> copies
     ledger: set[tuple[int, int]] = field(default_factory=set)
     next_id: int = 1
     statements: int = 0
@@ -140,19 +142,30 @@ class Workload:
 
     def _event_op(self, cur: Any, r: float) -> None:
         rng = self.rng
+        one = "ctid = (SELECT ctid FROM public.events WHERE a = %s AND b = %s LIMIT 1)"
         if r < 0.5 or not self.events:
+            if self.events and rng.random() < 0.3:  # a copy of a row that is there: two identical rows
+                k = rng.choice(sorted(self.events))
+                cur.execute("INSERT INTO public.events SELECT * FROM public.events WHERE a = %s AND b = %s LIMIT 1", k)
+                self.events[k] += 1
+                return
             k = (rng.randint(1, 10**6), rng.randint(1, 100))
             if k in self.events:
                 return
             cur.execute("INSERT INTO public.events VALUES (%s, %s, %s)", (*k, _word(rng)))
-            self.events.add(k)
+            self.events[k] = 1
         elif r < 0.8:
             k = rng.choice(sorted(self.events))
-            cur.execute("UPDATE public.events SET label = %s WHERE a = %s AND b = %s", (_word(rng), *k))
+            where = one if rng.random() < 0.5 else "a = %s AND b = %s"
+            cur.execute(f"UPDATE public.events SET label = %s WHERE {where}", (_word(rng), *k))
         elif r < 0.99:
             k = rng.choice(sorted(self.events))
-            cur.execute("DELETE FROM public.events WHERE a = %s AND b = %s", k)
-            self.events.discard(k)
+            if rng.random() < 0.5 and self.events[k] > 1:
+                cur.execute(f"DELETE FROM public.events WHERE {one}", k)
+                self.events[k] -= 1
+            else:
+                cur.execute("DELETE FROM public.events WHERE a = %s AND b = %s", k)
+                del self.events[k]
         else:
             cur.execute("TRUNCATE public.events")
             self.events.clear()
@@ -185,7 +198,7 @@ class Workload:
         """Run ``transactions`` random transactions; some roll back."""
         with self._conn() as conn:
             for _ in range(transactions):
-                saved = (set(self.accounts), set(self.events), set(self.ledger), self.next_id)
+                saved = (set(self.accounts), dict(self.events), set(self.ledger), self.next_id)
                 with conn.cursor() as cur:
                     for _ in range(self.rng.randint(*ops_per_transaction)):
                         self._op(cur)
@@ -221,7 +234,7 @@ class Workload:
             cur.execute("SELECT pg_current_wal_insert_lsn() - '0/0'::pg_lsn")
             lsn = int(cur.fetchone()[0])
             conn.commit()
-        self.events.add(k)
+        self.events[k] = self.events.get(k, 0) + 1
         return lsn
 
 

@@ -517,7 +517,7 @@ class DeltaTarget(Target):
                 con.register(f"w_{k.lower()}", r.append_column("_ml_row", pa.array(range(r.num_rows), pa.int64())))
             con.register("tgt", dt.to_pyarrow_dataset())
             truncated = ts.table in batch.truncated
-            plan = _Plan(self, ts, truncated)
+            plan = (_BagPlan if ts.bag else _Plan)(self, ts, truncated)
             try:
                 plan.check(con)
                 src = plan.source(con) if not plan.failures or self.on_error == "reject" else None
@@ -901,7 +901,7 @@ class _Plan:
         value_cols = [c for c in cols if c not in ts.key]
         s = {c: f"s.{quote_ident(c)}" for c in cols}
         pred = " AND ".join(
-            f"t.{quote_ident(k)} {'IS NOT DISTINCT FROM' if ts.column(k).nullable else '='} s.{quote_ident(k)}"
+            f"(t.{quote_ident(k)} {'IS NOT DISTINCT FROM' if ts.column(k).nullable else '='} s.{quote_ident(k)})"
             for k in ts.key
         )
         m = dt.merge(src, predicate=pred, source_alias="s", target_alias="t", commit_properties=props)
@@ -919,6 +919,83 @@ class _Plan:
                 updates=s, predicate=f"s.{OP_COL} = 'U' AND s.{GROUP_COL} = {self.masks.index('')}"
             )
         m = m.when_not_matched_insert(updates=s, predicate=f"s.{OP_COL} IN ('I', 'R')")
+        m.execute()
+
+
+class _BagPlan(_Plan):
+    """A table without a key (a bag of rows): the unit's net rows are copies of images to delete (``w_d``, one row
+    per copy) and to insert (``w_i``). A Delta MERGE deletes every row matching a source row, so each image that
+    loses copies is deleted whole and the copies it keeps are inserted again, in the same commit."""
+
+    def _images(self) -> str:
+        wk = ", ".join(key_col(i) for i in range(len(self.ts.key)))
+        return (
+            f"(SELECT {wk}, count(*) AS ml_n, min(_ml_row) AS ml_r, row_number() OVER () AS ml_g FROM w_d w "
+            f"WHERE {self._pending('d')} GROUP BY {wk})"
+        )
+
+    def _copies(self) -> str:
+        """Each target row holding an image the unit deletes copies of: its image's ``ml_r``, ``ml_n`` and its rank
+        ``ml_rn`` among the image's copies."""
+        ikey = self._typed_key("i", [key_col(i) for i in range(len(self.ts.key))])
+        cols = ", ".join(f"t.{quote_ident(c)}" for c in self.ts.column_names)
+        return (
+            f"SELECT {cols}, i.ml_r, i.ml_n, row_number() OVER (PARTITION BY i.ml_g) AS ml_rn "
+            f"FROM {self._images()} AS i JOIN tgt t ON {self._match('t', ikey)}"
+        )
+
+    def check(self, con: duckdb.DuckDBPyConnection) -> list[_Failure]:
+        if self.truncated:  # nothing is there to delete: the unit's deletes were of copies it inserted itself
+            return self.failures
+        wk = [key_col(i) for i in range(len(self.ts.key))]
+        sql = (
+            f"SELECT i.ml_r, i.ml_n, coalesce(c.have, 0), {', '.join('i.' + k for k in wk)} FROM {self._images()} i "
+            f"LEFT JOIN (SELECT ml_r, max(ml_rn) AS have FROM ({self._copies()}) GROUP BY ml_r) c ON c.ml_r = i.ml_r "
+            "WHERE coalesce(c.have, 0) < i.ml_n ORDER BY 1"
+        )
+        for row in con.sql(sql).fetchall():
+            what = f"the target holds {row[2]} copies of this row, the unit deletes {row[1]}"
+            self._fail("d", row[0], _Failure("D", list(row[3:]), "", what, None))
+        return self.failures
+
+    def source(self, con: duckdb.DuckDBPyConnection) -> pa.Table:
+        ts = self.ts
+        cols = list(ts.column_names)
+        ikey = self._typed_key("i", [key_col(i) for i in range(len(ts.key))])
+        parts = [
+            f"SELECT {', '.join(f'{e} AS {quote_ident(k)}' for k, e in zip(ts.key, ikey, strict=True))}, "
+            f"'D' AS {OP_COL} FROM {self._images()} AS i"
+        ]
+        if not self.truncated:  # the copies each image keeps go back
+            parts.append(
+                f"SELECT {', '.join(quote_ident(c) for c in cols)}, 'I' AS {OP_COL} FROM ({self._copies()}) "
+                "WHERE ml_rn > ml_n"
+            )
+        plain = ", ".join(f"{DELTA.convert('w.' + quote_ident(c), ts, ts.column(c))} AS {quote_ident(c)}" for c in cols)
+        parts.append(f"SELECT {plain}, 'I' AS {OP_COL} FROM w_i w WHERE {self._pending('i')}")
+        src = con.sql(" UNION ALL ".join(f"({p})" for p in parts)).to_arrow_table()
+        schema = DELTA.arrow_schema(ts)
+        self.masks = [""]
+        return pa.table(
+            {
+                **{c: src[c].cast(schema.field(c).type) for c in cols},
+                OP_COL: src[OP_COL],
+                GROUP_COL: pa.array([0] * src.num_rows, pa.int32()),
+            }
+        )
+
+    def merge(self, dt: DeltaTable, src: pa.Table, props: Any) -> None:
+        pred = " AND ".join(
+            f"(t.{quote_ident(c)} {'IS NOT DISTINCT FROM' if self.ts.column(c).nullable else '='} s.{quote_ident(c)})"
+            for c in self.ts.key
+        )
+        m = dt.merge(
+            src, predicate=f"s.{OP_COL} = 'D' AND {pred}", source_alias="s", target_alias="t", commit_properties=props
+        )
+        m = m.when_matched_delete()
+        m = m.when_not_matched_insert(
+            updates={c: f"s.{quote_ident(c)}" for c in self.ts.column_names}, predicate=f"s.{OP_COL} = 'I'"
+        )
         m.execute()
 
 

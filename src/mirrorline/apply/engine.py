@@ -450,7 +450,7 @@ class Target(ABC):
         t0 = result.timed("stage", t0)
         if staged:
             name, n = staged
-            got = s.dml(d.join_delete(ts, name))
+            got = s.dml(d.bag_delete(ts, name) if ts.bag else d.join_delete(ts, name))
             if got != n:
                 raise _Mismatch(ts.table, "D", n, got)
             counts["D"] = n

@@ -51,6 +51,7 @@ class PostgresDialect(Dialect):
     param = "%s"
     ordered_inserts = True  # rows in key order meet the key's index page by page
     parallel_load = True
+    row_id = "ctid"
 
     def type_info(self, table: str, col: Column) -> type_map.TypeInfo:
         """PostgreSQL holds its own types; whether the target database has a user-defined type is checked against it.
@@ -62,6 +63,13 @@ class PostgresDialect(Dialect):
 
     def text_param(self) -> str:
         return "CAST(%s AS text)"
+
+    def key_operands(self, target: str, text: str, info: type_map.TypeInfo, table: str, col: Column) -> tuple[str, str]:
+        """A type without ``=`` (json, xml, the geometric types: part of a bag table's key) is compared as its text,
+        which PostgreSQL writes the same way at the source and here."""
+        if col.has_equality:
+            return super().key_operands(target, text, info, table, col)
+        return f"CAST({target} AS text)", text
 
     def truncate(self, table: str) -> str:
         return f"TRUNCATE {self.table(table)}"

@@ -122,8 +122,19 @@ def _apply_change(target: Target, s: Session, ts: TableSchema, c: Change) -> Non
         s.execute(d.truncate(c.table))
         return
     if c.op is Op.DELETE:
-        if s.dml(d.join_delete(ts, d.one_row(keys)), list(c.key)) == 0:
+        delete = d.bag_delete if ts.bag else d.join_delete
+        if s.dml(delete(ts, d.one_row(keys)), list(c.key)) == 0:
             raise RowMissing("D")
+        return
+    if ts.bag:  # a table without a key: one copy of the old image goes, one of the new comes (the key: every column)
+        if c.op is Op.UPDATE and c.old_key is not None and tuple(c.old_key) != tuple(c.key):
+            if s.dml(d.bag_delete(ts, d.one_row(keys)), list(c.old_key)) == 0:
+                raise RowMissing("U")
+        elif c.op is Op.UPDATE:  # the image did not change
+            return
+        cols = list(ts.key)
+        if s.dml(d.insert_select(ts, d.one_row(cols), cols), list(c.key)) != 1:
+            raise RowMissing("I")
         return
     new = dict(c.new or {})
     if c.op is Op.INSERT:

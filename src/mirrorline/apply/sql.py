@@ -22,7 +22,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import ClassVar
 
 from mirrorline.apply import types as type_map
-from mirrorline.model import Column, TableSchema, quote_ident, split_table_name
+from mirrorline.model import Column, TableSchema, index_columns, quote_ident, split_table_name
 
 MASK_SEP = "\x1f"
 MASK_COL = "_ml_unchanged"
@@ -67,6 +67,7 @@ class Dialect(ABC):
     # a snapshot's chunks are loaded by Spark tasks straight into the target, each committing its own and recording
     # it in mirrorline's chunks table (else the driver loads them all in one transaction)
     parallel_load: ClassVar[bool] = False
+    row_id: ClassVar[str] = "rowid"  # the engine's physical row address (a bag table's copies are told apart by it)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
@@ -122,15 +123,18 @@ class Dialect(ABC):
             for c in s.columns
         ]
         key_nullable = any(s.column(k).nullable for k in s.key)
-        if s.key and not key_nullable:
+        if s.key and not key_nullable and not s.bag:
             cols.append("PRIMARY KEY (" + ", ".join(quote_ident(k) for k in s.key) + ")")
         out.append(f"CREATE TABLE IF NOT EXISTS {self.table(s.table)} (" + ", ".join(cols) + ")")
-        if s.key and key_nullable:  # an all-columns key (no primary key at the source): an index for the joins
+        # a key that may hold NULLs, or a table without one (duplicates allowed): an index for the joins, on every
+        # column but the large objects (an index entry has a size limit)
+        index = index_columns(s) if s.bag else (s.key if key_nullable else ())
+        if index:
             _, name = split_table_name(s.table)
             idx = quote_ident(f"mirrorline_key_{name}"[:63])
             out.append(
                 f"CREATE INDEX IF NOT EXISTS {idx} ON {self.table(s.table)} ("
-                + ", ".join(quote_ident(k) for k in s.key)
+                + ", ".join(quote_ident(k) for k in index)
                 + ")"
             )
         return out
@@ -161,8 +165,14 @@ class Dialect(ABC):
             col = s.column(k)
             info = self.type_info(s.table, col)
             src = moved_col(i) if moved else key_col(i)
-            parts.append(self.eq(f"{t}.{quote_ident(k)}", self.conv(f"{w}.{src}", info, s.table, k), col.nullable))
+            parts.append(
+                self.eq(*self.key_operands(f"{t}.{quote_ident(k)}", f"{w}.{src}", info, s.table, col), col.nullable)
+            )
         return " AND ".join(parts)
+
+    def key_operands(self, target: str, text: str, info: type_map.TypeInfo, table: str, col: Column) -> tuple[str, str]:
+        """What a match on a key column compares: the target's column and the text value converted to its type."""
+        return target, self.conv(text, info, table, col.name)
 
     def _mask_filter(self, w: str, masks: Sequence[str] | None) -> str:
         if masks is None:
@@ -174,6 +184,18 @@ class Dialect(ABC):
         tgt = self.table(s.table)
         match = self._key_match(s, "t", "w") + self._mask_filter("w", masks)
         return f"DELETE FROM {tgt} AS t USING {work} AS w WHERE {match}"
+
+    def bag_delete(self, s: TableSchema, work: str) -> str:
+        """A table without a key (a bag of rows): per distinct image in the worktable, delete as many of its copies
+        at the target as the worktable holds rows for it (never more; fewer when the target has fewer)."""
+        tgt, rid = self.table(s.table), self.row_id
+        keys = ", ".join(key_col(i) for i in range(len(s.key)))
+        images = f"(SELECT {keys}, count(*) AS ml_n, row_number() OVER () AS ml_g FROM {work} AS ml_w GROUP BY {keys})"
+        copies = (
+            f"SELECT t.{rid} AS ml_rid, w.ml_n AS ml_n, row_number() OVER (PARTITION BY w.ml_g) AS ml_rn "
+            f"FROM {images} AS w JOIN {tgt} AS t ON {self._key_match(s, 't', 'w')}"
+        )
+        return f"DELETE FROM {tgt} WHERE {rid} IN (SELECT x.ml_rid FROM ({copies}) AS x WHERE x.ml_rn <= x.ml_n)"
 
     def join_update(
         self, s: TableSchema, work: str, set_cols: Sequence[str], masks: Sequence[str] | None, key_set: bool = False

@@ -15,9 +15,9 @@ schema version). :meth:`Assembler.feed` takes one message and returns the events
 
 Changes: positions ``(commit_lsn, seq)``, ``seq`` the index inside the transaction; ``commit_ts`` in microseconds since
 the Unix epoch; ``table`` "schema.name"; ``key`` the key columns' values (configured key, else the Relation's key
-flags, else for REPLICA IDENTITY FULL the primary key known from the catalog, else every non-LOB column); an update
-whose key changed carries ``old_key``; unchanged TOAST columns are absent from ``new`` and named in ``unchanged``;
-TRUNCATE is one change per table with op T.
+flags, else for REPLICA IDENTITY FULL the primary key known from the catalog, else every column: a bag of rows); an
+update whose key changed carries ``old_key``; unchanged TOAST columns are absent from ``new`` and named in
+``unchanged``; TRUNCATE is one change per table with op T.
 
 This is the reference path, one message at a time. :class:`mirrorline.capture.batching.BatchAssembler` takes message
 bytes and decodes row messages column-wise a batch at a time, with the same results.
@@ -299,11 +299,13 @@ class Assembler:
             for c in msg.columns
         )
         flagged = tuple(c.name for c in msg.columns if c.is_key)
+        bag = False
         if info.key:
             key = info.key
         elif msg.replica_identity == "f" or not flagged:
             pk = info.primary_key if info.primary_key and all(k in names for k in info.primary_key) else ()
             key = default_key(columns, pk)
+            bag = not pk
         else:
             key = flagged
         missing = [k for k in key if k not in names]
@@ -316,7 +318,7 @@ class Assembler:
             )
         if captured and not key:
             raise SourceError(
-                f"{table} has no usable key: no primary key and only large-object columns",
+                f"{table} has no usable key: no primary key and no columns",
                 hint="add a primary key, or configure tables.key",
                 table=table,
             )
@@ -324,7 +326,7 @@ class Assembler:
         version = 0
         if captured:
             since = Position(self._txn.final_lsn if self._txn is not None else 0)
-            version = self.record_schema(TableSchema(table, columns, key, since=since)).version
+            version = self.record_schema(TableSchema(table, columns, key, since=since, bag=bag)).version
         rel = RelInfo(msg.relid, table, version, names, key_idx, captured)
         if self._stream is not None:
             self._stream.relations[msg.relid] = rel

@@ -198,7 +198,7 @@ def describe_tables(conn: Any, config: Config) -> dict[str, SourceTable]:
             raise ConfigError(
                 file,
                 key_name,
-                f"{name} has no primary key and only large-object columns, so it has no usable key",
+                f"{name} has no primary key and no columns, so it has no usable key",
                 hint="add a primary key, or configure tables.key",
             )
         info = TableInfo(name, tuple(tcfg.key), pk, frozenset(c.name for c in columns if not c.nullable))

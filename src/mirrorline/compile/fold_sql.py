@@ -78,10 +78,11 @@ _MOVE_STEPS: list[tuple[str, str]] = [
 ]
 
 
-def fold_steps(moves: bool = False) -> list[tuple[str, str]]:
-    """The fold's steps; ``moves``: with the handoffs of key changes that mark columns (see the module's notes)."""
+def fold_steps(moves: bool = False, bags: bool = False) -> list[tuple[str, str]]:
+    """The fold's steps; ``moves``: with the handoffs of key changes that mark columns (see the module's notes);
+    ``bags``: the unit has tables without a key (the group's ``bag`` is true for them, ``names`` their columns)."""
     if not moves:
-        return FOLD_STEPS
+        return _with_bags(FOLD_STEPS, "", _NET_ROW) if bags else FOLD_STEPS
     steps = [("allops", "ops"), ("ops", "CASE WHEN si THEN allops ELSE filter(allops, x -> x.kind <> 'd') END")]
     for name, sql in FOLD_STEPS[:-1]:
         steps.append((name, sql))
@@ -89,7 +90,39 @@ def fold_steps(moves: bool = False) -> list[tuple[str, str]]:
     rows = _rows(", " + _NULL_MOVE, ", " + _I_MOVE, _NET_ROW_MOVES)
     none = f"CAST(array() AS ARRAY<{_NET_ROW_MOVES}>)"
     steps.append(("rows", f"concat({rows}, coalesce(CAST(hand AS ARRAY<{_NET_ROW_MOVES}>), {none}))"))
-    return steps
+    return _with_bags(steps, ", " + _NULL_MOVE, _NET_ROW_MOVES) if bags else steps
+
+
+def _with_bags(steps: list[tuple[str, str]], null_move: str, row_type: str) -> list[tuple[str, str]]:
+    """The steps with a bag table's fold in front of the keyed one (see the rules in
+    :mod:`mirrorline.compile.reference`): ``bn``, the copies the unit adds (I) less those it removes (D); after a
+    TRUNCATE a count below zero is an error naming the first D; else ``|bn|`` rows of kind I (the image: the key's
+    values) or D, at the position of the group's last op."""
+    first_d = "get(filter(ops, o -> o.kind = 'D'), 0)"
+    bag_err = (
+        "CASE WHEN e AND bn < 0 THEN named_struct('first_op', 'T', 'first_lsn', tlsn, 'first_seq', tseq, "
+        f"'second_op', 'D', 'second_lsn', {first_d}.lsn, 'second_seq', {first_d}.seq, 'second_sub', {first_d}.sub) "
+        "END"
+    )
+    bag_rows = (
+        f"CASE WHEN NOT last_epoch OR bn = 0 THEN CAST(array() AS ARRAY<{row_type}>) "
+        f"ELSE CAST(transform(sequence(1, abs(bn)), i -> named_struct('kind', IF(bn > 0, 'I', 'D'), "
+        "'new', IF(bn > 0, map_from_arrays(names, key), CAST(NULL AS MAP<STRING, STRING>)), "
+        "'unchanged', CAST(array() AS ARRAY<STRING>), 'lsn', element_at(ops, -1).lsn, "
+        f"'seq', element_at(ops, -1).seq{null_move})) AS ARRAY<{row_type}>) END"
+    )
+    out: list[tuple[str, str]] = [
+        ("bn", "CASE WHEN bag THEN size(filter(ops, o -> o.kind = 'I')) - size(filter(ops, o -> o.kind = 'D')) END")
+    ]
+    for name, sql in steps:
+        if name == "err":
+            sql = f"CASE WHEN bag THEN {bag_err} ELSE {sql} END"
+        elif name == "hj":
+            sql = f"CASE WHEN NOT bag THEN {sql} END"
+        elif name == "rows":
+            sql = f"CASE WHEN bag AND err IS NULL THEN {bag_rows} ELSE {sql} END"
+        out.append((name, sql))
+    return out
 
 
 def _rows(null_move: str, i_move: str, row_type: str) -> str:

@@ -66,9 +66,14 @@ def _flat(changes: DataFrame, schemas: Mapping[str, TableSchema]) -> DataFrame:
             for t, v in parts[1:]:
                 expr = expr.when(F.col("table") == t, v)
         cols.append(expr.alias(f"g{j}"))
+    # a table without a key may hold an image twice: its rows are told apart by their positions
+    bags = [t for t, s in schemas.items() if s.bag]
+    h = F.xxhash64("table", "key")
+    if bags:
+        h = F.when(F.col("table").isin(bags), F.xxhash64("table", "key", "lsn", "seq")).otherwise(h)
     return changes.where(F.col("table").isin(list(names))).select(
         "table",
-        F.xxhash64("table", "key").alias(_HASH),
+        h.alias(_HASH),
         F.col("lsn").alias(POSITION_COLUMNS[0]),
         F.col("seq").alias(POSITION_COLUMNS[1]),
         *cols,

@@ -46,6 +46,11 @@ row replaced on the way). Details:
     TRUNCATE) is a no-op and is skipped, as the set-based apply of a missing key would be.
 
   With all three kinds the table above is strict, errors included.
+- **Tables without a key** (``bags``: a table's key is then every column, :attr:`TableSchema.bag`) are bags of
+  rows: duplicates are allowed, an I adds one copy of its image, a D removes one, a key-changing update does both,
+  and order does not matter. The net change per distinct image is a count: ``count`` copies to delete (kind D) or
+  to insert (kind I, its image the key's values), at the position of the image's last change. After a TRUNCATE a
+  count below zero is invalid (the TRUNCATE and the first D are named).
 - **Output.** Tables in the order of their first (kept) change in the unit; per table net deletes, updates and
   inserts, each keyed by the row key.
 
@@ -55,7 +60,7 @@ unit, ``apply_net(state, fold(changes)) == replay(state, changes)``.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Iterator, Mapping
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -76,6 +81,7 @@ class NetRow:
     unchanged: frozenset[str]  # for U (and an I from a key change): columns still to keep from the target
     pos: Position
     moved_from: Key | None = None  # for an I with unchanged columns: the key whose row at the target supplies them
+    count: int = 1  # a bag table's D or I: how many copies of the image to delete or insert
 
 
 @dataclass
@@ -109,7 +115,7 @@ class NetResult:
 
     def rows(
         self,
-    ) -> set[tuple[str, str, Key, tuple[tuple[str, Value], ...] | None, frozenset[str], Position, Key | None]]:
+    ) -> set[tuple[str, str, Key, tuple[tuple[str, Value], ...] | None, frozenset[str], Position, Key | None, int]]:
         """Every net row as a hashable tuple (for comparisons)."""
         return {
             (
@@ -120,6 +126,7 @@ class NetResult:
                 r.unchanged,
                 r.pos,
                 r.moved_from,
+                r.count,
             )
             for t, net in self.nets.items()
             for kind in "DUI"
@@ -253,11 +260,23 @@ class _KeyFold:
         return [NetRow("D", key, None, frozenset(), self.removed_at), insert]
 
 
-def fold(changes: Iterable[Change], actions: Actions | None = None) -> NetResult:
+Bags = Mapping[str, Sequence[str]]  # the tables without a key: table -> its columns (the key's names, in order)
+
+
+@dataclass
+class _BagFold:
+    count: int = 0
+    pos: Position | None = None
+    first_d: Position | None = None  # after a TRUNCATE: the first D, for the error
+
+
+def fold(changes: Iterable[Change], actions: Actions | None = None, bags: Bags | None = None) -> NetResult:
     """Fold one unit's changes (in log order) into net row changes per table. Raises InvalidSequenceError."""
     tables: list[str] = []
     truncated: dict[str, Position] = {}
     keys: dict[str, dict[Key, _KeyFold]] = {}
+    counts: dict[str, dict[Key, _BagFold]] = {}
+    bags = bags or {}
     for c in sorted(changes, key=lambda c: c.pos):
         acts = actions_of(actions, c.table)
         if c.op is Op.TRUNCATE:
@@ -265,10 +284,23 @@ def fold(changes: Iterable[Change], actions: Actions | None = None) -> NetResult
                 continue
             truncated[c.table] = c.pos
             keys[c.table] = {}
+            counts[c.table] = {}
             if c.table not in tables:
                 tables.append(c.table)
             continue
         ops = split_ops(c)
+        if c.table in bags:
+            for kind, key, _ in ops:
+                if kind not in acts:
+                    continue
+                if c.table not in tables:
+                    tables.append(c.table)
+                bf = counts.setdefault(c.table, {}).setdefault(key, _BagFold())
+                bf.count += {"I": 1, "D": -1}.get(kind, 0)
+                bf.pos = c.pos
+                if kind == "D" and bf.first_d is None:
+                    bf.first_d = c.pos
+            continue
         hand: Handoff | None = None
         if len(ops) == 2 and marks(c):  # a key change not sending some columns: the old key's row holds them
             old = ops[0][1]
@@ -292,6 +324,14 @@ def fold(changes: Iterable[Change], actions: Actions | None = None) -> NetResult
         for key, st in keys.get(t, {}).items():
             for r in st.net(key):
                 net.of(r.kind)[key] = r
+        for key, bf in counts.get(t, {}).items():
+            if bf.count < 0 and t in truncated:
+                raise InvalidSequenceError(t, key, "T", truncated[t], "D", bf.first_d)
+            if bf.count and bf.pos is not None:
+                image = dict(zip(bags[t], key, strict=True)) if bf.count > 0 else None
+                net.of("I" if bf.count > 0 else "D")[key] = NetRow(
+                    "I" if bf.count > 0 else "D", key, image, frozenset(), bf.pos, None, abs(bf.count)
+                )
     return NetResult(tables, truncated, nets)
 
 
@@ -388,8 +428,11 @@ def apply_net(state: State, result: NetResult) -> State:
     return out
 
 
-def from_rows(tables: list[str], truncated: Mapping[str, Position], rows: Iterable[Mapping[str, Any]]) -> NetResult:
-    """A NetResult from net rows in the NetBatch layout (table, kind, key, new, unchanged, lsn, seq, moved_from)."""
+def from_rows(
+    tables: list[str], truncated: Mapping[str, Position], rows: Iterable[Mapping[str, Any]], bags: Bags | None = None
+) -> NetResult:
+    """A NetResult from net rows in the NetBatch layout (table, kind, key, new, unchanged, lsn, seq, moved_from);
+    a bag table's rows repeated for each copy become one row with its ``count``."""
     nets: dict[str, TableNet] = {t: TableNet() for t in tables}
     for r in rows:
         new = r["new"]
@@ -407,6 +450,9 @@ def from_rows(tables: list[str], truncated: Mapping[str, Position], rows: Iterab
         )
         table = nets.setdefault(str(r["table"]), TableNet()).of(row.kind)
         if key in table:
+            if r["table"] in (bags or {}) and table[key].count and table[key].pos == row.pos:
+                table[key] = replace(row, count=table[key].count + 1)
+                continue
             raise ValueError(f"two net {row.kind} rows for {r['table']} key {key}")
         table[key] = row
     return NetResult(list(tables), dict(truncated), nets)

@@ -31,7 +31,7 @@ import pyarrow.compute as pc
 
 from mirrorline import scratch
 from mirrorline.compile.batch import NET_ARROW, NetBatch
-from mirrorline.compile.reference import Actions
+from mirrorline.compile.reference import Actions, Bags
 from mirrorline.errors import InvalidSequenceError
 from mirrorline.log.rows import ARROW_SCHEMA, SPARK_DDL
 from mirrorline.log.stats import Stats
@@ -81,11 +81,13 @@ def _earliest_error(rows: pa.Table) -> InvalidSequenceError:
 
 
 class SmallUnits:
-    """Compiles small units for one pipeline (its ``actions`` fixed), reusing one plan per shape."""
+    """Compiles small units for one pipeline (its ``actions`` and tables without a key fixed), reusing one plan per
+    shape."""
 
-    def __init__(self, spark: Any, actions: Actions | None = None) -> None:
+    def __init__(self, spark: Any, actions: Actions | None = None, bags: Bags | None = None) -> None:
         self.spark = spark
         self.actions = actions
+        self.bags = bags
         self._plans: dict[bool, DataFrame] = {}
         self._lock = threading.Lock()  # one unit at a time: the local property and the plan's confs are shared
 
@@ -96,7 +98,7 @@ class SmallUnits:
         if plan is None:
             source = self.spark.range(0, 1, 1, 1).mapInArrow(_read_unit, SPARK_DDL)
             meta = [_TableMeta("", 0, None, ZERO, [], int(key_changes), 0)]
-            plan = _plan(source, self.actions, None, None, meta=meta, single=True).net_all
+            plan = _plan(source, self.actions, None, None, meta=meta, single=True, bags=self.bags).net_all
             self._plans[key_changes] = plan
         return plan
 
@@ -144,17 +146,21 @@ class SmallUnits:
         return out
 
 
-_shared: dict[tuple[int, tuple[tuple[str, str], ...]], SmallUnits] = {}
+_shared: dict[tuple[Any, ...], SmallUnits] = {}
 _shared_lock = threading.Lock()
 
 
-def shared(spark: Any, actions: Actions | None = None) -> SmallUnits:
-    """The process's SmallUnits for this session and these actions: the warm-up builds the plans the pipeline
-    then uses."""
-    key = (id(spark), tuple(sorted((t, "".join(sorted(a))) for t, a in (actions or {}).items())))
+def shared(spark: Any, actions: Actions | None = None, bags: Bags | None = None) -> SmallUnits:
+    """The process's SmallUnits for this session, these actions and these tables without a key: the warm-up builds
+    the plans the pipeline then uses."""
+    key = (
+        id(spark),
+        tuple(sorted((t, "".join(sorted(a))) for t, a in (actions or {}).items())),
+        tuple(sorted((t, tuple(c)) for t, c in (bags or {}).items())),
+    )
     with _shared_lock:
         if key not in _shared:
-            _shared[key] = SmallUnits(spark, actions)
+            _shared[key] = SmallUnits(spark, actions, bags or None)
         return _shared[key]
 
 

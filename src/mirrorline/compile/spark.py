@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 from mirrorline.compile.batch import NET_DDL, NetBatch
 from mirrorline.compile.fold_sql import SORTED_OPS, fold_steps
-from mirrorline.compile.reference import ALL_ACTIONS, Actions, NetResult, from_rows
+from mirrorline.compile.reference import ALL_ACTIONS, Actions, Bags, NetResult, from_rows
 from mirrorline.errors import InvalidSequenceError
 from mirrorline.log.stats import Stats
 from mirrorline.model import kept_kinds
@@ -226,9 +226,11 @@ def _plan(
     stats: Stats | None = None,
     meta: list[_TableMeta] | None = None,
     single: bool = False,
+    bags: Bags | None = None,
 ) -> _Plan:
     """The unit's net rows as a plan. ``meta``: the tables' metadata as given (else from ``stats``, else from a
-    job). ``single``: group in one partition without a shuffle (a small unit whose rows are already in one)."""
+    job). ``single``: group in one partition without a shuffle (a small unit whose rows are already in one).
+    ``bags``: the tables without a key, with their columns (folded as bags of rows)."""
     from pyspark.sql import functions as F
 
     if start is not None:
@@ -319,10 +321,21 @@ def _plan(
         (F.col("epoch") > 0).alias("e"),
         (F.col("epoch") == _by_table({t: F.lit(len(ps)) for t, ps in truncs.items()}, F.lit(0))).alias("last_epoch"),
         (trunc_pos if truncs else F.lit(None).cast("struct<lsn: bigint, seq: bigint>")).alias("tpos"),
+        *(
+            [
+                _by_table({t: F.lit(True) for t in bags}, F.lit(False)).alias("bag"),
+                _by_table(
+                    {t: F.array(*[F.lit(c) for c in cols]) for t, cols in bags.items()},
+                    F.lit(None).cast("array<string>"),
+                ).alias("names"),
+            ]
+            if bags
+            else []
+        ),
     ).select("*", F.col("tpos.lsn").alias("tlsn"), F.col("tpos.seq").alias("tseq"))
     # the steps as one projection whose expressions name the columns of the steps before them (lateral column
     # aliases): analysed once, where a withColumn per step analysed the growing plan again each time
-    steps = fold_steps(moves)
+    steps = fold_steps(moves, bool(bags))
     taken = set(folded.columns)
     if taken.isdisjoint(name for name, _ in steps):
         folded = folded.selectExpr("*", *[f"{sql} AS {name}" for name, sql in steps])
@@ -445,6 +458,7 @@ def compile_changes(
     end: Position | None = None,
     out: str | None = None,
     stats: Stats | None = None,
+    bags: Bags | None = None,
 ) -> NetBatch:
     """Compile the changes (log row layout, :data:`mirrorline.log.rows.SPARK_DDL`) of one unit of work.
 
@@ -452,6 +466,7 @@ def compile_changes(
     they replicate (default all). Raises :class:`InvalidSequenceError` for the earliest invalid op sequence.
     ``stats``: the log's statistics of exactly these changes (:meth:`mirrorline.log.ChangeLog.stats` over the same
     range, restricted to the same tables); they replace the job that would otherwise compute the tables' metadata.
+    ``bags``: the tables without a key (:attr:`~mirrorline.model.TableSchema.bag`) and their columns.
 
     The net rows are computed once and written as Parquet to ``out`` (any path or URL Spark writes to; it then holds
     exactly the batch's ``net``, in the :data:`~mirrorline.compile.batch.NET_DDL` layout) or, without ``out``, to a
@@ -459,7 +474,7 @@ def compile_changes(
     nested rows, and keeps big units out of the JVM's memory.
     """
     spark = changes.sparkSession
-    plan = _plan(changes, actions, start, end, stats)
+    plan = _plan(changes, actions, start, end, stats, bags=bags)
     scratch = None
     if out is None:
         scratch = out = scratch_dir("net-")
@@ -511,20 +526,21 @@ def find_invalid(
     start: Position | None = None,
     end: Position | None = None,
     limit: int = 100,
+    bags: Bags | None = None,
 ) -> list[InvalidSequenceError]:
     """Every invalid op sequence of the unit (the earliest of each key, at most ``limit``), earliest first: what a
     user fixing a log or an imported file wants to see at once, where compiling stops at the first."""
-    plan = _plan(changes, actions, start, end)
+    plan = _plan(changes, actions, start, end, bags=bags)
     with _sort_aggregate(changes.sparkSession):
         return _errors(plan.net_all, limit)
 
 
-def collect_result(batch: NetBatch) -> NetResult:
+def collect_result(batch: NetBatch, bags: Bags | None = None) -> NetResult:
     """The whole batch on the driver as a reference NetResult (for tests and small units only)."""
     rows = batch.arrow()
     if rows is not None:
-        return from_rows(batch.tables, batch.truncated, rows.to_pylist())
-    return from_rows(batch.tables, batch.truncated, (r.asDict() for r in batch.frame().collect()))
+        return from_rows(batch.tables, batch.truncated, rows.to_pylist(), bags)
+    return from_rows(batch.tables, batch.truncated, (r.asDict() for r in batch.frame().collect()), bags)
 
 
 def mirror(net: DataFrame) -> DataFrame:

@@ -66,15 +66,18 @@ class _Schemas:
                 f"table {table} has no configured columns and no schema in the log: add "
                 f'[tables."{table}"] with key = [...] and columns = {{ name = "type", ... }}'
             )
+        bag = False
         if cfg is not None and cfg.key:
             key = cfg.key
             if cfg.columns:  # a configured key is a primary key: its columns are never NULL
                 columns = tuple(replace(c, nullable=False) if c.name in key else c for c in columns)
         elif logged is not None and logged.key and all(k in [c.name for c in columns] for k in logged.key):
-            key = logged.key
+            key, bag = logged.key, logged.bag
+            if bag:
+                key = default_key(columns)
         else:
-            key = default_key(columns)
-        return TableSchema(table=table, columns=columns, key=tuple(key))
+            key, bag = default_key(columns), True
+        return TableSchema(table=table, columns=columns, key=tuple(key), bag=bag)
 
 
 def _transactions(files: Sequence[Path], decoder: Decoder) -> Iterator[Transaction]:

@@ -24,6 +24,7 @@ def schema_to_json(s: TableSchema) -> dict[str, Any]:
         "version": s.version,
         "since": [s.since.lsn, s.since.seq],
         "key": list(s.key),
+        **({"bag": True} if s.bag else {}),
         "columns": [
             {"name": c.name, "type": c.type_name, "oid": c.type_oid, "typmod": c.typmod, "nullable": c.nullable}
             for c in s.columns
@@ -49,6 +50,7 @@ def schema_from_json(d: dict[str, Any]) -> TableSchema:
         key=tuple(d.get("key") or ()),
         version=int(d["version"]),
         since=Position(int(since[0]), int(since[1])),
+        bag=bool(d.get("bag", False)),
     )
 
 
@@ -104,11 +106,12 @@ class SchemaStore:
         return versions[max(versions)] if versions else None
 
     def plan(self, schema: TableSchema) -> TableSchema:
-        """The version ``schema`` gets: an existing one with the same columns and key, else the next number."""
+        """The version ``schema`` gets: an existing one with the same columns, key and bagness, else the next
+        number."""
         versions = self._by_table.get(schema.table, {})
         for v in sorted(versions):
             s = versions[v]
-            if s.columns == schema.columns and s.key == schema.key:
+            if s.columns == schema.columns and s.key == schema.key and s.bag == schema.bag:
                 return s
         return replace(schema, version=max(versions, default=0) + 1)
 

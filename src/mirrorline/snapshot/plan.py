@@ -44,8 +44,8 @@ def table_key(
     configured: Sequence[str] = (),
 ) -> tuple[str, ...]:
     """The key the log uses for a table (the same rule as capture's Relation handling): the configured key, else the
-    replica identity columns, else (REPLICA IDENTITY FULL or no identity) the primary key, else every non-LOB
-    column."""
+    replica identity columns, else (REPLICA IDENTITY FULL or no identity) the primary key, else every column (a
+    bag of rows: :func:`is_bag`)."""
     if configured:
         return tuple(configured)
     names = [c.name for c in columns]
@@ -53,6 +53,20 @@ def table_key(
         pk = tuple(primary_key) if primary_key and all(k in names for k in primary_key) else ()
         return default_key(columns, pk)
     return tuple(identity)
+
+
+def is_bag(
+    columns: Sequence[Column],
+    replica_identity: str,
+    primary_key: Sequence[str],
+    identity: Sequence[str],
+    configured: Sequence[str] = (),
+) -> bool:
+    """Is the table a bag of rows (no configured key, no identity index, no primary key): :attr:`TableSchema.bag`."""
+    if configured or (replica_identity != "f" and identity):
+        return False
+    names = [c.name for c in columns]
+    return not (primary_key and all(k in names for k in primary_key))
 
 
 @dataclass(frozen=True)

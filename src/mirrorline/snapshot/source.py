@@ -22,7 +22,7 @@ from mirrorline.capture.source import check_server, connect, describe_tables, re
 from mirrorline.config import Config
 from mirrorline.errors import ConfigError, SnapshotError, SourceError
 from mirrorline.position import Position, format_lsn, parse_lsn
-from mirrorline.snapshot.plan import TableStat, consistent_position, table_key
+from mirrorline.snapshot.plan import TableStat, consistent_position, is_bag, table_key
 
 # the session settings every snapshot and verify connection uses, so that values read as text are PostgreSQL's
 # canonical text forms (the same ones pgoutput sends, whatever the client's environment says)
@@ -153,9 +153,10 @@ def describe(conn: Any, config: Config) -> dict[str, TableStat]:
                 relkind, blocks, rows = cur.fetchone()
             tcfg = config.table(name)
             key = table_key(st.columns, st.replica_identity, st.primary_key, st.identity, tcfg.key)
+            bag = is_bag(st.columns, st.replica_identity, st.primary_key, st.identity, tcfg.key)
             from mirrorline.model import TableSchema
 
-            schema = TableSchema(name, st.columns, key)
+            schema = TableSchema(name, st.columns, key, bag=bag)
             idx, seq = order[name]
             out[name] = TableStat(schema, relkind, int(blocks), int(rows), seq, idx)
     except psycopg2.Error as e:
