@@ -53,9 +53,68 @@ def test_export_from_a_time_or_a_position(tmp_path):
     import_daystream(tmp_path / "log", [write(tmp_path / "seed.ds", DAYSTREAM)], ZZZ)
     assert export(tmp_path / "log", from_ts=1507507201_000000) == DAYSTREAM[18:]
     assert export(tmp_path / "log", after=Position(14, 0)) == DAYSTREAM[18:]
-    assert export(tmp_path / "log", after=Position(1, 0), upto=Position(2, 0)) == [
-        DAYSTREAM[1].replace("_s\t1", "_s\t0")
-    ]  # _s numbers the lines of this export within each second
+    # a line keeps its (_c, _s) wherever the export starts
+    assert export(tmp_path / "log", after=Position(1, 0), upto=Position(2, 0)) == [DAYSTREAM[1]]
+
+
+def _addressed_log(root: Path) -> list[str]:
+    """A log of small segments whose commit times go back now and then (concurrent commits), with key changes (two
+    lines each); its whole export."""
+    import random
+
+    rng = random.Random(7)
+    ts = 1_700_000_000_000_000
+    with LogWriter(root, segment_changes=7) as w:
+        for i in range(1, 120):
+            ts += rng.choice([-400_000, 0, 150_000, 300_000, 900_000, 2_500_000])
+            key = (f"k{i}",)
+            c = Change(ZERO, 0, i, "public.zzz", Op.INSERT, key, {"a": key[0], "b": "x"})
+            if i % 5 == 0:
+                c = Change(ZERO, 0, i, "public.zzz", Op.UPDATE, key, {"a": key[0], "b": "y"}, old_key=(f"o{i}",))
+            w.record_schema(TableSchema("public.zzz", (Column("a", "text"), Column("b", "text")), ("a",)))
+            w.add_transaction(0x100 + i, ts, [c])
+    return export(root)
+
+
+def _address(line: str) -> tuple[int, int]:
+    f = line.split("\t")
+    assert f[0] == "_c" and f[2] == "_s"
+    return int(f[1]), int(f[3])
+
+
+def test_every_line_keeps_its_address_wherever_the_export_starts(tmp_path):
+    """(_c, _s) is a stable address (issue 18): _c never goes back, _s counts the lines of a _c from the first; an
+    export starting at any change, or right after any line's address, gives each line the address of the whole
+    export; the same after retention removed the first segments."""
+    root = tmp_path / "log"
+    whole = _addressed_log(root)
+    addrs = [_address(x) for x in whole]
+    assert len(whole) == 119 + 23 and addrs == sorted(addrs) and len(set(addrs)) == len(addrs)
+    assert any(a[1] > 0 for a in addrs) and any(a[1] == 0 for a in addrs[1:])
+    positions = [c.pos for c in ChangeLog(root).read()]
+    line_of = {}  # position -> index of its first line in the whole export
+    i = 0
+    for c in ChangeLog(root).read():
+        line_of[c.pos] = i
+        i += 2 if c.old_key is not None else 1
+    two = {c.pos for c in ChangeLog(root).read() if c.old_key is not None}
+    for p in positions[::3]:
+        assert export(root, after=p) == whole[line_of[p] + (2 if p in two else 1) :], p
+    for k in range(0, len(whole), 5):
+        assert export(root, from_address=addrs[k]) == whole[k + 1 :], addrs[k]
+
+    from mirrorline.log.retention import retain, set_applied
+
+    set_applied(ChangeLog(root), "r", positions[60])  # a reader that applied half the log
+    removed = retain(ChangeLog(root))
+    assert removed
+    kept = [c.pos for c in ChangeLog(root).read()]
+    first = line_of[kept[0]]
+    assert export(root) == whole[first:]
+    assert export(root, after=kept[3]) == whole[line_of[kept[4]] :]
+    assert export(root, from_address=addrs[first + 2]) == whole[first + 3 :]
+    with pytest.raises(LogError, match="no longer retained"):
+        export(root, from_address=addrs[first - 3])
 
 
 def test_log_to_daystream_to_log_round_trip(tmp_path):
@@ -106,6 +165,27 @@ def test_import_goes_after_the_logs_end_and_keeps_increasing(tmp_path):
     assert b.first == Position(0x503, 0) and b.last == Position(0x504, 0)
     pos = [c.pos for c in ChangeLog(root).read()]
     assert pos == sorted(pos) and len(pos) == 5
+
+
+def test_lines_imported_before_are_skipped(tmp_path):
+    """A host that sends again what it sent before (seed 002's restart where it left off, with some overlap): lines
+    whose (_c, _s) address is not beyond the highest imported are skipped, also once retention removed the segment
+    that recorded it; lines without an address are always imported."""
+    root = tmp_path / "log"
+    a = import_daystream(root, [write(tmp_path / "a.ds", DAYSTREAM[:8])], ZZZ)
+    again = import_daystream(root, [write(tmp_path / "a2.ds", DAYSTREAM[:8])], ZZZ)
+    assert (a.changes, again.changes, again.skipped, again.last) == (8, 0, 8, None)
+    b = import_daystream(root, [write(tmp_path / "b.ds", DAYSTREAM[5:14])], ZZZ)
+    assert (b.skipped, b.changes) == (3, 5) and export(root) == DAYSTREAM[:14]
+    from mirrorline.log.retention import retain, set_applied
+
+    set_applied(ChangeLog(root), "r", ChangeLog(root).durable())
+    assert retain(ChangeLog(root)) and ChangeLog(root).segments() == []
+    c = import_daystream(root, [write(tmp_path / "c.ds", DAYSTREAM[10:])], ZZZ)
+    assert (c.skipped, c.changes) == (4, 5)
+    assert export(root) == DAYSTREAM[14:]  # the addresses go on where the removed segments left them
+    plain = import_daystream(root, [write(tmp_path / "d.ds", DELTAFLOOD[:1])], ZZZ)
+    assert plain.changes == 1 and plain.skipped == 0
 
 
 def test_import_is_atomic_for_the_whole_batch(tmp_path):
@@ -163,9 +243,11 @@ def test_cli_import_then_export(tmp_path, config, capsys):
     assert "imported 18 changes in 16 transactions from 1 file(s)" in capsys.readouterr().err
     assert main(["log", "export", "-c", str(config), "--format", "daystream"]) == 0
     assert capsys.readouterr().out.splitlines() == DAYSTREAM
-    for start in ("1507507201", "2017-10-09T00:00:01Z", "2017-10-09T00:00:01", "0/E:0"):
+    for start in ("1507507201", "2017-10-09T00:00:01Z", "2017-10-09T00:00:01", "0/E:0", "1507507200:17"):
         assert main(["log", "export", "-c", str(config), "--from", start]) == 0
         assert capsys.readouterr().out.splitlines() == DAYSTREAM[18:], start
+    assert main(["log", "import", "-c", str(config), str(seed)]) == 0
+    assert "imported 0 changes" in (err := capsys.readouterr().err) and "20 line(s) imported before were skipped" in err
 
 
 @pytest.mark.parametrize("start", ["yesterday", "16/ZZ:1", "1/2/3"])

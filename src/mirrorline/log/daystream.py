@@ -2,7 +2,13 @@
 
 A line is tab-separated name/value pairs: the daystream tags ``_c`` (commit time, whole seconds since the epoch)
 and ``_s`` (sequence of the line among the lines of the same ``_c``), then deltaflood's ``_table``, ``_xid`` and
-``_action``, then the row's columns. Escaping is deltaflood's: ``\\t``, ``\\n``, ``\\\\`` and ``\\NNN`` (octal) for
+``_action``, then the row's columns.
+
+``(_c, _s)`` is a line's stable address (:class:`Address`), as seed 002's hosts use it to restart where they left
+off: ``_c`` is the change's commit second, but never less than the ``_c`` of the line before it (commit timestamps
+of concurrent transactions may go back a little in commit order), and ``_s`` counts the lines of that ``_c`` from
+the first in the whole log. Addresses increase line by line, and the same change gets the same address in every
+export, wherever the export starts. Escaping is deltaflood's: ``\\t``, ``\\n``, ``\\\\`` and ``\\NNN`` (octal) for
 other control characters (octal escapes of UTF-8 bytes are accepted too).
 
 Mapping to log changes (the seed's ``_action`` values, as the deltaflood plugin emits them):
@@ -293,21 +299,39 @@ class Decoder:
 # -- changes -> lines ------------------------------------------------------------------------------------------
 
 
-class Encoder:
-    """Turns log changes into daystream lines, numbering ``_s`` among the lines of the same ``_c`` second."""
+@dataclass
+class Address:
+    """The addressing state after a line: its ``_c`` and how many lines of that ``_c`` the log holds up to it."""
 
-    def __init__(self, schema_of: Callable[[str, int], TableSchema]) -> None:
+    c: int = -1
+    lines: int = 0
+
+    def tag(self, ts: int) -> tuple[int, int]:
+        """The address of the next line, whose change committed at ``ts`` (microseconds)."""
+        c = max(self.c, ts // 1_000_000)
+        if c != self.c:
+            self.c, self.lines = c, 0
+        self.lines += 1
+        return c, self.lines - 1
+
+
+def line_count(op: str, key_changed: bool) -> int:
+    """How many lines a change is: an update that changed the key is a replace line and an update line."""
+    return 2 if op == "U" and key_changed else 1
+
+
+class Encoder:
+    """Turns log changes into daystream lines with their addresses; ``start``: the state after the line before the
+    first change given (see :func:`mirrorline.log.interchange.address_at`)."""
+
+    def __init__(self, schema_of: Callable[[str, int], TableSchema], start: Address | None = None) -> None:
         self.schema_of = schema_of
-        self._c = -1
-        self._s = 0
+        self.address = start if start is not None else Address()
+        self.last: tuple[int, int] | None = None  # the address of the last line made
 
     def _tag(self, ts: int) -> tuple[int, int]:
-        c = ts // 1_000_000
-        if c != self._c:
-            self._c, self._s = c, 0
-        s = self._s
-        self._s += 1
-        return c, s
+        self.last = self.address.tag(ts)
+        return self.last
 
     def lines(self, change: Change) -> Iterator[str]:
         ch = change

@@ -65,6 +65,8 @@ class SegmentInfo:
     xid: int = 0  # stream segments: the transaction id
     # per-table statistics (mirrorline.log.stats); None in segments written before there were any
     tables: Stats | None = field(default=None, compare=False)
+    # a segment of ``log import``: the (_c, _s) address of the last daystream line imported into it
+    imported: tuple[int, int] | None = None
 
     def meta(self) -> dict[str, Any]:
         return {
@@ -78,6 +80,7 @@ class SegmentInfo:
             "parts": list(self.parts),
             "xid": self.xid,
             **({"tables": stats_to_meta(self.tables)} if self.tables is not None else {}),
+            **({"imported": list(self.imported)} if self.imported is not None else {}),
         }
 
     @classmethod
@@ -96,6 +99,7 @@ class SegmentInfo:
             parts=tuple(meta.get("parts") or ()),
             xid=int(meta.get("xid") or 0),
             tables=stats_from_meta(meta["tables"]) if meta.get("tables") is not None else None,
+            imported=(int(meta["imported"][0]), int(meta["imported"][1])) if meta.get("imported") else None,
         )
 
 

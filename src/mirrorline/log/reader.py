@@ -29,17 +29,29 @@ from mirrorline.position import Position
 
 @dataclass(frozen=True)
 class Retained:
-    """What retention removed: everything up to ``after`` (whose latest commit ts was ``max_ts``)."""
+    """What retention removed: everything up to ``after`` (whose latest commit ts was ``max_ts``), with the daystream
+    addressing state after its last line (``c``, ``c_lines``: see :class:`mirrorline.log.daystream.Address`; None in
+    records written before there was one) and the address of the last line imported into it."""
 
     after: Position
     max_ts: int
+    c: int | None = None
+    c_lines: int = 0
+    imported: tuple[int, int] | None = None
 
 
 def read_retained(layout: Layout) -> Retained | None:
     if not layout.retained.exists():
         return None
     d = read_json(layout.retained)
-    return Retained(Position(int(d["lsn"]), int(d["seq"])), int(d.get("max_ts", 0)))
+    imp = d.get("imported")
+    return Retained(
+        Position(int(d["lsn"]), int(d["seq"])),
+        int(d.get("max_ts", 0)),
+        int(d["c"]) if d.get("c") is not None else None,
+        int(d.get("c_lines", 0)),
+        (int(imp[0]), int(imp[1])) if imp else None,
+    )
 
 
 def range_mask(t: pa.Table, after: Position | None, upto: Position | None) -> pa.Array | None:

@@ -84,10 +84,16 @@ def retain(log: ChangeLog, keep_nothing: bool = False) -> list[str]:
     doomed = [s for s in segs if bound is None or s.last <= bound]
     if not doomed:
         return []
+    from mirrorline.log.interchange import address_at
+
     max_ts = max([s.max_ts for s in doomed] + ([old.max_ts] if old else []))
     last = doomed[-1].last
+    addr = address_at(log, last)  # so that the lines after keep their daystream addresses
+    marks = [s.imported for s in doomed if s.imported] + ([old.imported] if old and old.imported else [])
+    record = {"lsn": last.lsn, "seq": last.seq, "position": str(last), "max_ts": max_ts}
+    record.update({"c": addr.c, "c_lines": addr.lines, "imported": list(max(marks)) if marks else None})
     # record where the log now starts before anything goes, so a crash mid-way leaves a consistent log
-    write_json_atomic(log.layout.retained, {"lsn": last.lsn, "seq": last.seq, "position": str(last), "max_ts": max_ts})
+    write_json_atomic(log.layout.retained, record)
     for s in doomed:
         remove_segment(s.path)
     return [s.name for s in doomed]

@@ -79,9 +79,12 @@ def write_segment_stream(
     prev: Position | None,
     min_lsn: int,
     before_publish: Callable[[], None] | None = None,
+    imported: Callable[[], tuple[int, int] | None] | None = None,
 ) -> SegmentInfo | None:
     """Stream whole transactions (final lsn/seq/ts, commit order, every lsn > ``min_lsn``) into one new segment.
-    It becomes visible only when ``batches`` is exhausted without error (after ``before_publish``); None if empty."""
+    It becomes visible only when ``batches`` is exhausted without error (after ``before_publish``); None if empty.
+    ``imported``: called once the batches are written, the address its metadata records (:attr:`SegmentInfo.imported`).
+    """
     tmp = temp_path(folder, ".parquet")
     writer = open_parquet(tmp)
     first = last = None
@@ -121,6 +124,7 @@ def write_segment_stream(
                 max_ts=max_ts,
                 prev=prev,
                 tables=stats,
+                imported=imported() if imported is not None else None,
             )
             writer.add_key_value_metadata({META_KEY: json.dumps(info.meta()).encode()})
         finally:

@@ -329,14 +329,18 @@ class LogWriter:
         self._flushed_lsn = max(self._flushed_lsn or 0, info.last.lsn)
 
     def append_segment(
-        self, batches: Iterable[pa.Table], before_publish: Callable[[], None] | None = None
+        self,
+        batches: Iterable[pa.Table],
+        before_publish: Callable[[], None] | None = None,
+        imported: Callable[[], tuple[int, int] | None] | None = None,
     ) -> Position | None:
         """Append whole transactions as one segment of their own (e.g. an import), streamed to disk: rows with their
         final lsn/seq/ts in commit order, every commit LSN above ``last_lsn``. Nothing becomes visible unless
         ``batches`` is exhausted without error; ``before_publish`` runs just before the segment becomes visible.
-        Returns ``durable``."""
+        Returns ``durable``. ``imported``: the daystream address its metadata records (see ``write_segment_stream``).
+        """
         self.flush()
-        info = write_segment_stream(self.layout.segments, batches, self._tail, self._last_lsn, before_publish)
+        info = write_segment_stream(self.layout.segments, batches, self._tail, self._last_lsn, before_publish, imported)
         if info is not None:
             self.segment_appended(info)
         return self._durable
