@@ -79,7 +79,6 @@ def test_tables_keys_and_identities(pg: Any, conn: Any, tmp_path: Path) -> None:
             "not in public.t's replica identity",
         ),
         ("CREATE TABLE t (a int PRIMARY KEY)", {"public.t": {"key": ["zz"]}}, "has no column"),
-        ("CREATE TABLE t (a text, b jsonb); ALTER TABLE t REPLICA IDENTITY FULL", {"public.t": {}}, "no usable key"),
     ],
 )
 def test_tables_that_cannot_be_captured_are_clear_errors(
@@ -90,6 +89,18 @@ def test_tables_that_cannot_be_captured_are_clear_errors(
     with pytest.raises(ConfigError, match=message) as e:
         describe_tables(conn, config(pg.dsn, tmp_path, tables))
     assert e.value.exit_code == 2 and "mirrorline.toml" in str(e.value)
+
+
+def test_a_table_of_text_without_a_key_is_a_bag_keyed_on_every_column(pg: Any, conn: Any, tmp_path: Path) -> None:
+    """No primary key, REPLICA IDENTITY FULL, only text and jsonb columns: every column identifies a row (issue 18),
+    and the ALTER TABLE to run is named when the identity is missing."""
+    pg.execute("CREATE TABLE t (a text, b jsonb)")
+    with pytest.raises(ConfigError, match="no REPLICA IDENTITY FULL") as e:
+        describe_tables(conn, config(pg.dsn, tmp_path, {"public.t": {}}))
+    assert 'ALTER TABLE "public"."t" REPLICA IDENTITY FULL' in str(e.value)
+    pg.execute("ALTER TABLE t REPLICA IDENTITY FULL")
+    t = describe_tables(conn, config(pg.dsn, tmp_path, {"public.t": {}}))["public.t"]
+    assert t.replica_identity == "f" and t.primary_key == () and [c.name for c in t.columns] == ["a", "b"]
 
 
 def test_publication_is_reconciled_with_the_configuration(pg: Any, conn: Any) -> None:

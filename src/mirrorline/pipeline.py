@@ -14,7 +14,7 @@ import functools
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass, field
@@ -64,7 +64,9 @@ class Applier:
         spark: Any = None,
         open_targets: bool = True,
         warm_up: WarmUp | None = None,
+        later: Sequence[str] = (),
     ) -> None:
+        """``later``: targets this process loads and then adds (:meth:`admit`) while the others apply."""
         from mirrorline.log.reader import ChangeLog
 
         if not config.targets:
@@ -106,12 +108,16 @@ class Applier:
 
         self._store = UnitStore(config.log.path)  # stored units are always reused ...
         # ... and saved when a target that another process applies (``apply --target``) may need them
-        self._save_units = any(n not in names for n in config.targets)
+        self._save_units = any(n not in names and n not in later for n in config.targets)
         self._ahead: tuple[NetBatch, float] | None = None  # the next unit, compiled while this one applied
         self._stopped = {n for n in stopped.read(config.log.path) if n in self.names}  # stop records to clear
         self._upkept: dict[str, float] = {}  # target -> when its last storage upkeep started (monotonic)
         self._upkeep: dict[str, threading.Thread] = {}
         self._bag_cols: dict[str, tuple[str, ...]] = {}  # see _bags
+        self._admitted: list[str] = []  # loaded targets to add at the next unit (admit)
+        self._admit_lock = threading.Lock()
+        self._joining: set[str] = set()  # added targets still catching up with the others
+        self._turn = False
 
     def start_warm_up(self) -> None:
         """Warm Spark up in the background now; the first compile waits for it."""
@@ -143,6 +149,25 @@ class Applier:
 
     # -- positions ---------------------------------------------------------------------------------------------
 
+    def admit(self, name: str) -> None:
+        """Add a target that was loaded while this pipeline applied to the others (``run`` loads new targets beside
+        the live ones, DESIGN §7). It applies from the next unit on, catching up from where its load left it; while
+        it does, its units and the others' take turns, so that the others stay live."""
+        with self._admit_lock:
+            self._admitted.append(name)
+
+    def _take_admitted(self) -> None:
+        with self._admit_lock:
+            names, self._admitted = self._admitted, []
+        from mirrorline.apply import open_target
+
+        for n in names:
+            if n not in self.targets:
+                self.targets[n] = open_target(self.config.targets[n], threads=self.config.apply.threads)
+                self.names.append(n)
+                self._joining.add(n)
+                log.info("target %s loaded: it catches up with the others", n)
+
     def positions(self) -> dict[str, Position]:
         """Each target's applied position (every change up to it is applied)."""
         return {n: t.applied_positions().position for n, t in self.targets.items()}
@@ -169,13 +194,38 @@ class Applier:
             return None
         else:
             limit = min(durable, upto) if upto is not None else durable
+        if self._admitted:
+            self._take_admitted()
         states = {n: t.applied_positions() for n, t in self.targets.items()}
         positions = {n: st.position for n, st in states.items()}
         behind = {n: p for n, p in positions.items() if p < limit}
+        if self._joining:  # an added target that reached the others is one of them
+            others = [p for n, p in positions.items() if n not in self._joining]
+            self._joining = {n for n in self._joining if others and positions[n] < min(others)}
         if not behind:
             self._pending_since.clear()
             return None
-        start = min(behind.values())
+        starts = [min(behind.values())]
+        live = [p for n, p in behind.items() if n not in self._joining]
+        if self._joining & set(behind) and live and min(live) != starts[0]:
+            self._turn = not self._turn  # the targets catching up and the others take turns
+            starts = [min(live), starts[0]] if self._turn else [starts[0], min(live)]
+        for start in starts:
+            report = self._unit_at(start, behind, positions, states, limit, wait_latency)
+            if report is not None:
+                return report
+        return None
+
+    def _unit_at(
+        self,
+        start: Position,
+        behind: dict[str, Position],
+        positions: dict[str, Position],
+        states: dict[str, AppliedState],
+        limit: Position,
+        wait_latency: bool,
+    ) -> UnitReport | None:
+        """One unit from ``start`` to the targets there (None: it waits for its latency)."""
         group = sorted(n for n, p in behind.items() if p == start)
         # end at the next target's position (the one behind joins it), and at per-table positions
         caps = [p for p in positions.values() if start < p < limit]
@@ -358,7 +408,10 @@ class Applier:
     def _bags(self, tables: list[str], end: Position) -> dict[str, tuple[str, ...]]:
         """The tables without a key the pipeline has seen so far, with their columns (every unit's plan gets them
         all, so that the small units' plan stays the same while they do not change)."""
-        for t, s in self._schemas(tables, end).items():
+        for t in tables:
+            s = self.log.schema_at(t, end)
+            if s is None:  # (the general path names what is missing when it needs the schema)
+                continue
             if s.bag:
                 self._bag_cols[t] = s.key
             else:
@@ -532,7 +585,8 @@ class Runner:
         self._stop = threading.Event()
         self._capture_error: BaseException | None = None
         self._capture_done = threading.Event()
-        self.loaded = threading.Event()  # set once new targets and tables are loaded and applying begins
+        self.loaded = threading.Event()  # set once new targets and tables are loaded
+        self._load_error: BaseException | None = None
 
     def stop(self) -> None:
         self._stop.set()
@@ -554,13 +608,31 @@ class Runner:
         if self.on_unit:
             self.on_unit(r)
 
-    def _reconcile(self) -> None:
+    def _reconcile(self, names: list[str] | None = None) -> None:
         """Once capture streams with the current configuration: load new targets and tables added to the
-        configuration (DESIGN §7), while the others go on."""
+        configuration (DESIGN §7)."""
         from mirrorline.snapshot import reconcile_targets
 
-        for r in reconcile_targets(self.config):
+        for r in reconcile_targets(self.config, names):
             self.on_message(r.summary())
+
+    def _load_beside(self, names: list[str], applier: Applier) -> None:
+        """In a thread of its own: load each of ``names`` (its Spark jobs in a scheduler pool of their own) and add
+        it to ``applier``, which meanwhile applies to the other targets."""
+        try:
+            from mirrorline.sparkenv import get_spark
+
+            get_spark().sparkContext.setLocalProperty("spark.scheduler.pool", "load")
+            for name in names:
+                if self._stop.is_set():
+                    return
+                self._reconcile([name])
+                applier.admit(name)
+        except BaseException as e:  # handed to the main thread, which stops
+            self._load_error = e
+            self._stop.set()
+        finally:
+            self.loaded.set()
 
     def run(self) -> RunResult:
         thread = threading.Thread(target=self._capture_main, name="mirrorline-capture", daemon=True)
@@ -577,10 +649,24 @@ class Runner:
             )
             while not (self._ready.wait(0.1) or self._capture_done.is_set()):
                 pass
+            loading: list[str] = []
             if self._capture_error is None and not self._stop.is_set():
-                self._reconcile()
-            applier = Applier(self.config, warm_up=warm)
-            self.loaded.set()
+                from mirrorline.snapshot import needs_load
+
+                loading = [n for n in sorted(self.config.targets) if needs_load(self.config, n)]
+            ready = [n for n in self.config.targets if n not in loading]
+            if loading and ready and not self.once:  # the others apply while the new ones load
+                self._reconcile(ready)  # (tables removed from the configuration are marked)
+                applier = Applier(self.config, ready, warm_up=warm, later=loading)
+                loader = threading.Thread(
+                    target=self._load_beside, args=(loading, applier), name="mirrorline-load", daemon=True
+                )
+                loader.start()
+            else:
+                if self._capture_error is None and not self._stop.is_set():
+                    self._reconcile()
+                applier = Applier(self.config, warm_up=warm)
+                self.loaded.set()
             applier.follow(self._stop, on_unit=self._unit, until=self._capture_done.is_set if self.once else None)
             if self.once and self._capture_error is None and not self._stop.is_set():
                 for r in applier.catch_up():
@@ -593,4 +679,6 @@ class Runner:
                 applier.close()
         if self._capture_error is not None:
             raise self._capture_error
+        if self._load_error is not None:
+            raise self._load_error
         return self.result

@@ -122,6 +122,9 @@ def get_spark(
         "spark.sql.adaptive.enabled": "true",
         "spark.sql.execution.arrow.pyspark.enabled": "true",
         "spark.sql.session.timeZone": "UTC",
+        # jobs of a pool share the cores fairly with other pools: a target loading beside live targets (run) has a
+        # pool of its own, so that their small units do not queue behind its chunks
+        "spark.scheduler.mode": "FAIR",
         "spark.driver.memory": os.environ.get("MIRRORLINE_SPARK_DRIVER_MEMORY", "4g"),
         "spark.driver.extraJavaOptions": driver_opts,
         "spark.executor.extraJavaOptions": java_opts,

@@ -1,6 +1,8 @@
 """Capture, compile and apply for every configured target, continuously: capture streams the source into the change
-log while units of work are compiled on Spark and applied to each target. With --once, stop when every target has
-applied everything the source had committed when the command started."""
+log while units of work are compiled on Spark and applied to each target. A target that needs loading (new, or a
+table added to the configuration) is loaded beside the others, which keep applying, and joins them once loaded. With
+--once, load first, then stop when every target has applied everything the source had committed when the command
+started."""
 
 from __future__ import annotations
 

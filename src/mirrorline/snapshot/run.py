@@ -620,6 +620,15 @@ def missing_tables(config: Config, target: Target) -> tuple[list[str], list[str]
     return missing, removed, not loaded
 
 
+def needs_load(config: Config, name: str) -> bool:
+    """Has the target configured tables it has not loaded (a new target, or a table added to the configuration)?"""
+    target = open_target(target_config(config, name))
+    try:
+        return bool(missing_tables(config, target)[0])
+    finally:
+        target.close()
+
+
 def _mark_removed(target: Target, tables: Sequence[str]) -> None:
     with target.transaction() as s:
         snaps = snapstate.read(s)
