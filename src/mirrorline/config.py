@@ -19,7 +19,7 @@ from mirrorline.errors import ConfigError
 TARGET_KINDS = ("postgresql", "sqlite", "duckdb", "delta")
 MODES = ("update", "mirror")
 ON_ERROR = ("stop", "reject")
-_DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
+_DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
 _TABLE_RE = re.compile(r"^[^.\s]+\.[^.\s]+$")
 
 
@@ -35,6 +35,8 @@ class LogConfig:
     path: Path
     segment_changes: int = 100_000  # close a segment after this many changes ...
     segment_seconds: float = 0.25  # ... or this long after its first change (what a live target waits for at least)
+    # a ``snapshot export`` folder not loaded after this long stops holding the log (0: never)
+    export_expiry: float = 7 * 86_400.0
 
 
 @dataclass(frozen=True)
@@ -114,7 +116,7 @@ def redact_dsn(dsn: str) -> str:
 
 
 def parse_duration(value: Any) -> float:
-    """``"2s"``, ``"500ms"``, ``"1m"``, ``"1h"`` or a number of seconds -> seconds."""
+    """``"2s"``, ``"500ms"``, ``"1m"``, ``"1h"``, ``"7d"`` or a number of seconds -> seconds."""
     if isinstance(value, bool):
         raise ValueError("expected a duration")
     if isinstance(value, int | float):
@@ -125,7 +127,7 @@ def parse_duration(value: Any) -> float:
         m = _DURATION_RE.match(value)
         if m:
             n = float(m.group(1))
-            return n * {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}[m.group(2) or "s"]
+            return n * {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86_400.0}[m.group(2) or "s"]
     raise ValueError(f'expected a duration such as "2s", "500ms" or "1m", got {value!r}')
 
 
@@ -248,7 +250,7 @@ def parse(data: dict[str, Any], path: Path) -> Config:
         source = SourceConfig(dsn=dsn, slot=slot, publication=r.get("publication", str, slot))
 
     r = _Reader(file, "log", data.get("log", {}))
-    r.only("path", "segment_changes", "segment_seconds")
+    r.only("path", "segment_changes", "segment_seconds", "export_expiry")
     try:
         log_path = storage_path(r.get("path", str, "./mirrorline-log"))
     except ValueError as e:
@@ -260,10 +262,15 @@ def parse(data: dict[str, Any], path: Path) -> Config:
         seg_seconds = parse_duration(r.get("segment_seconds", (str, int, float), 0.25))
     except ValueError as e:
         raise r.fail("segment_seconds", str(e)) from None
+    try:
+        export_expiry = parse_duration(r.get("export_expiry", (str, int, float), "7d"))
+    except ValueError as e:
+        raise r.fail("export_expiry", str(e)) from None
     log = LogConfig(
         path=log_path if log_path.is_absolute() else base / log_path,
         segment_changes=seg_changes,
         segment_seconds=seg_seconds,
+        export_expiry=export_expiry,
     )
 
     r = _Reader(file, "apply", data.get("apply", {}))

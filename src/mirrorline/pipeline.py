@@ -470,12 +470,14 @@ class Applier:
         set_applied(self.log, name, self.targets[name].applied_positions().position)
 
     def prune(self) -> None:
-        """Drop compiled units and log segments every registered target has passed."""
-        from mirrorline.log.retention import retain
+        """Drop compiled units and log segments every registered target has passed (export folders not loaded within
+        the log's ``export_expiry`` no longer count)."""
+        from mirrorline.log.retention import expire_exports, retain
 
         positions = self.positions()
         if positions:
             self._store.prune(min(positions.values()))
+        expire_exports(self.log, self.config.log.export_expiry)
         retain(self.log)
 
     # -- loops -------------------------------------------------------------------------------------------------
@@ -572,11 +574,15 @@ class Runner:
         once: bool = False,
         on_unit: Callable[[UnitReport], None] | None = None,
         on_message: Callable[[str], None] | None = None,
+        forget_removed: bool = False,
     ) -> None:
+        """``forget_removed``: unregister from the log the targets no longer configured (else they keep holding it,
+        with a warning), as ``mirrorline target drop`` does."""
         from mirrorline.capture.session import Capture
 
         self.config = config
         self.once = once
+        self.forget_removed = forget_removed
         self.on_unit = on_unit
         self.on_message = on_message or (lambda m: log.info("%s", m))
         self._ready = threading.Event()
@@ -634,7 +640,31 @@ class Runner:
         finally:
             self.loaded.set()
 
+    def _removed_targets(self) -> None:
+        from mirrorline.log.reader import ChangeLog
+        from mirrorline.log.retention import unconfigured, unregister
+
+        cl = ChangeLog(self.config.log.path)
+        if not cl.layout.exists():
+            return
+        for name, r in sorted(unconfigured(cl, self.config.targets).items()):
+            if self.forget_removed:
+                unregister(cl, name)
+                stopped.clear(self.config.log.path, name)
+                self.on_message(
+                    f"target {name} (no longer configured) unregistered: the log no longer keeps its changes"
+                )
+            else:
+                log.warning(
+                    "target %s is no longer configured but holds the log at %s: run `mirrorline target drop %s` "
+                    "(or start with --forget-removed) so that retention moves on",
+                    name,
+                    r.applied,
+                    name,
+                )
+
     def run(self) -> RunResult:
+        self._removed_targets()
         thread = threading.Thread(target=self._capture_main, name="mirrorline-capture", daemon=True)
         applier: Applier | None = None
         try:

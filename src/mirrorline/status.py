@@ -251,7 +251,36 @@ def status(config: Config) -> Status:
     for name in sorted(config.targets):
         st.targets.append(_target(config, name, st, cl))
     _warn(config, st)
+    if cl is not None:
+        _warn_readers(config, st, cl)
     return st
+
+
+EXPORT_WARN_SECONDS = 86_400.0  # warn this long before an export folder stops holding the log
+
+
+def _warn_readers(config: Config, st: Status, cl: Any, now: float | None = None) -> None:
+    """Readers that hold the log and will not apply it: targets removed from the configuration; export folders
+    not loaded, shortly before they expire."""
+    import time
+
+    from mirrorline.log.retention import exports, unconfigured
+
+    for name, r in sorted(unconfigured(cl, config.targets).items()):
+        st.warnings.append(
+            f"target {name} is no longer configured but the log keeps every change after its position "
+            f"{r.applied}: run `mirrorline target drop {name}` (or start run with --forget-removed)"
+        )
+    expiry = config.log.export_expiry
+    now = time.time() if now is None else now
+    for name, r in sorted(exports(cl).items()):
+        left = expiry - (now - r.updated) if expiry > 0 else None
+        if left is not None and left < EXPORT_WARN_SECONDS:
+            st.warnings.append(
+                f"{name} has not been loaded: in {max(left, 0) / 3600:.1f} h it no longer holds the log "
+                f"(export_expiry); load it with `mirrorline snapshot load`, or drop it with `mirrorline target drop "
+                f"{name}`"
+            )
 
 
 def _warn(
@@ -271,7 +300,7 @@ def _warn(
             st.warnings.append(
                 f"target {slowest.name} is {slowest.lag_seconds or 0:.0f} s / {_size(slowest.lag_bytes or 0)} behind: "
                 f"the log keeps everything after its position {slowest.position} ({_size(st.log_bytes)} now); "
-                "speed it up, or remove it from the configuration"
+                "speed it up, or remove it from the configuration and drop it (mirrorline target drop)"
             )
     if st.slot_retained_bytes is not None and st.slot_retained_bytes > slot_bytes:
         st.warnings.append(

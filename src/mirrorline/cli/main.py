@@ -26,6 +26,7 @@ COMMANDS: list[tuple[str, str, str]] = [
     ("status", "mirrorline.cli.status_cmd", "targets, positions, lag and the slot's retained WAL"),
     ("verify", "mirrorline.cli.verify_cmd", "compare source and target tables (exit 1 on any difference)"),
     ("maintain", "mirrorline.cli.maintain_cmd", "compact and clean up the files of Delta targets"),
+    ("target", "mirrorline.cli.target_cmd", "list or drop the targets the change log keeps changes for"),
     (
         "demo",
         "mirrorline.cli.demo_cmd",

@@ -14,6 +14,12 @@ from mirrorline.cli.main import add_config_argument
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_config_argument(p)
     p.add_argument("--once", action="store_true", help="stop once every target has caught up with the source")
+    p.add_argument(
+        "--forget-removed",
+        action="store_true",
+        help="unregister from the change log the targets removed from the configuration (else they keep holding "
+        "it, with a warning; see `mirrorline target drop`)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -24,7 +30,13 @@ def run(args: argparse.Namespace) -> int:
     from mirrorline.pipeline import Runner
 
     config = load_config(args)
-    runner = Runner(config, once=args.once, on_unit=print_unit, on_message=lambda m: print(m, file=sys.stderr))
+    runner = Runner(
+        config,
+        once=args.once,
+        on_unit=print_unit,
+        on_message=lambda m: print(m, file=sys.stderr),
+        forget_removed=args.forget_removed,
+    )
     signal.signal(signal.SIGTERM, lambda *_: runner.stop())
     try:
         result = runner.run()

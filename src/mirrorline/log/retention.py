@@ -7,8 +7,10 @@ whose last position is at or below the minimum applied position over all registe
 
 from __future__ import annotations
 
+import logging
 import re
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from mirrorline.errors import LogError
@@ -18,6 +20,7 @@ from mirrorline.log.segments import remove_segment
 from mirrorline.position import Position
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,80}$")
+log_ = logging.getLogger("mirrorline.log")
 
 
 @dataclass(frozen=True)
@@ -49,6 +52,34 @@ def set_applied(log: ChangeLog, name: str, applied: Position | None) -> None:
 
 def unregister(log: ChangeLog, name: str) -> None:
     (log.layout.readers / _file(name)).unlink(missing_ok=True)
+
+
+EXPORT_PREFIX = "export-"  # the reader a ``snapshot export`` folder registers until it is loaded
+
+
+def unconfigured(log: ChangeLog, targets: Iterable[str]) -> dict[str, ReaderState]:
+    """Registered readers that are neither a configured target nor an export folder: targets removed from the
+    configuration, still holding the log at their position until dropped (``mirrorline target drop``)."""
+    known = set(targets)
+    return {n: r for n, r in readers(log).items() if n not in known and not n.startswith(EXPORT_PREFIX)}
+
+
+def exports(log: ChangeLog) -> dict[str, ReaderState]:
+    """The readers of ``snapshot export`` folders not loaded yet."""
+    return {n: r for n, r in readers(log).items() if n.startswith(EXPORT_PREFIX)}
+
+
+def expire_exports(log: ChangeLog, expiry: float, now: float | None = None) -> list[str]:
+    """Unregister the export folders registered more than ``expiry`` seconds ago (0: never): they stop holding the
+    log (loading one later is refused if the log no longer has what it needs). Returns their names."""
+    if expiry <= 0:
+        return []
+    now = time.time() if now is None else now
+    gone = [n for n, r in exports(log).items() if now - r.updated > expiry]
+    for n in gone:
+        unregister(log, n)
+        log_.warning("%s was not loaded within the log's export_expiry: it no longer holds the log", n)
+    return gone
 
 
 def readers(log: ChangeLog) -> dict[str, ReaderState]:
