@@ -112,3 +112,55 @@ def test_an_export_folder_not_loaded_expires(tmp_path: Path) -> None:
 def test_export_expiry_is_validated(tmp_path: Path) -> None:
     with pytest.raises(C.ConfigError, match="export_expiry"):
         _config(tmp_path, ["cache"], expiry="soon")
+
+
+def test_the_log_cap_leaves_a_target_behind_needing_a_reload(tmp_path: Path) -> None:
+    """[log] max_age / max_size: the changes past the cap are removed even though a target has not applied them;
+    that target is marked as needing a reload (snapshot --target), apply refuses it, the others go on."""
+    from mirrorline.errors import MirrorlineError
+    from mirrorline.log.retention import clear_reload, needs_reload
+    from mirrorline.pipeline import Applier
+
+    cfg = _config(tmp_path, ["cache", "slow"])
+    pos = _log(cfg.log.path)  # commit times 1_700_000_000 s + 1, 2, 3 µs
+    cl = ChangeLog(cfg.log.path)
+    set_applied(cl, "cache", pos[2])
+    set_applied(cl, "slow", pos[0])
+    first = cl.segments()[0].name
+    assert retain(cl, max_age=3600, now=1_700_000_000 + 1800) == [first]  # all within the cap: what slow applied
+    assert needs_reload(cl) == {}
+    removed = retain(cl, max_age=3600, now=1_700_000_000 + 7200)  # every change older than the cap
+    assert len(removed) == 2 and cl.count() == 0
+    assert list(needs_reload(cl)) == ["slow"] and list(readers(cl)) == ["cache"]
+    assert needs_reload(cl)["slow"]["applied"] == str(pos[0])
+    with pytest.raises(MirrorlineError, match="target slow needs a reload") as e:
+        Applier(cfg, ["slow"], open_targets=False, spark=object())
+    assert "snapshot --target slow" in str(e.value)
+    assert Applier(cfg, open_targets=False, spark=object()).names == ["cache"]
+    clear_reload(cl, "slow")  # what a snapshot of the target does once loaded
+    assert needs_reload(cl) == {}
+
+
+def test_the_log_cap_by_size(tmp_path: Path) -> None:
+    from mirrorline.log.retention import needs_reload
+
+    cfg = _config(tmp_path, ["cache"])
+    pos = _log(cfg.log.path)
+    cl = ChangeLog(cfg.log.path)
+    set_applied(cl, "cache", pos[0])
+    sizes = [sum(f.stat().st_size for f in [s.path] if f.is_file()) for s in cl.segments()]
+    assert retain(cl, max_size=sizes[-1] + 1) and cl.count() == 1  # only the newest segment fits
+    assert list(needs_reload(cl)) == ["cache"]
+
+
+def test_log_cap_settings_are_validated(tmp_path: Path) -> None:
+    cfg = _config(tmp_path, ["cache"])
+    text = cfg.file.read_text().replace(
+        'export_expiry = "7d"', 'export_expiry = "7d"\nmax_age = "30d"\nmax_size = "2GB"'
+    )
+    cfg.file.write_text(text)
+    c = C.load(cfg.file)
+    assert (c.log.max_age, c.log.max_size) == (30 * 86_400, 2 << 30)
+    cfg.file.write_text(text.replace('"2GB"', '"lots"'))
+    with pytest.raises(C.ConfigError, match="max_size"):
+        C.load(cfg.file)

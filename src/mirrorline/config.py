@@ -37,6 +37,10 @@ class LogConfig:
     segment_seconds: float = 0.25  # ... or this long after its first change (what a live target waits for at least)
     # a ``snapshot export`` folder not loaded after this long stops holding the log (0: never)
     export_expiry: float = 7 * 86_400.0
+    # the log's cap: changes older than max_age seconds, or beyond max_size bytes, are removed even when a target has
+    # not applied them (that target then needs a reload); 0: no cap
+    max_age: float = 0.0
+    max_size: int = 0
 
 
 @dataclass(frozen=True)
@@ -88,6 +92,16 @@ class TargetConfig:
     on_error: str = "stop"
     compact_every: float = 0.0  # Delta: seconds between compactions and cleanups while run is live (0: never)
     retention_hours: int = 168  # Delta: files no version younger than this reads are removed by the cleanup
+    # how the target is first loaded: "wire" (run snapshots it) or "files" (snapshot export, carried over, then
+    # snapshot load: run keeps the log for it and waits; seed 001's manual transfer)
+    initial: str = "wire"
+
+
+@dataclass(frozen=True)
+class MetricsConfig:
+    """``run`` serves its metrics over HTTP for Prometheus to scrape at ``listen`` (host, port); None: it does not."""
+
+    listen: tuple[str, int] | None = None
 
 
 @dataclass(frozen=True)
@@ -99,6 +113,7 @@ class Config:
     tables: dict[str, TableConfig]
     targets: dict[str, TargetConfig]
     spark: SparkConfig = field(default_factory=SparkConfig)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
 
     def table(self, name: str) -> TableConfig:
         return self.tables.get(name) or TableConfig(name)
@@ -129,6 +144,21 @@ def parse_duration(value: Any) -> float:
             n = float(m.group(1))
             return n * {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86_400.0}[m.group(2) or "s"]
     raise ValueError(f'expected a duration such as "2s", "500ms" or "1m", got {value!r}')
+
+
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(B|KB|MB|GB|TB)?\s*$", re.IGNORECASE)
+
+
+def parse_size(value: Any) -> int:
+    """``"50GB"``, ``"500MB"`` (powers of 1024) or a number of bytes -> bytes."""
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    if isinstance(value, str):
+        m = _SIZE_RE.match(value)
+        if m:
+            unit = (m.group(2) or "B").upper()
+            return int(float(m.group(1)) * {"B": 1, "KB": 1 << 10, "MB": 1 << 20, "GB": 1 << 30, "TB": 1 << 40}[unit])
+    raise ValueError(f'expected a size such as "500MB" or "50GB", got {value!r}')
 
 
 def parse_threads(value: Any) -> tuple[int, float | None, int | None]:
@@ -235,7 +265,7 @@ def parse(data: dict[str, Any], path: Path) -> Config:
     file = str(path)
     base = path.resolve().parent
     top = _Reader(file, "", data)
-    top.only("source", "log", "apply", "tables", "targets", "spark")
+    top.only("source", "log", "apply", "tables", "targets", "spark", "metrics")
 
     source = None
     if "source" in data:
@@ -250,7 +280,7 @@ def parse(data: dict[str, Any], path: Path) -> Config:
         source = SourceConfig(dsn=dsn, slot=slot, publication=r.get("publication", str, slot))
 
     r = _Reader(file, "log", data.get("log", {}))
-    r.only("path", "segment_changes", "segment_seconds", "export_expiry")
+    r.only("path", "segment_changes", "segment_seconds", "export_expiry", "max_age", "max_size")
     try:
         log_path = storage_path(r.get("path", str, "./mirrorline-log"))
     except ValueError as e:
@@ -266,11 +296,21 @@ def parse(data: dict[str, Any], path: Path) -> Config:
         export_expiry = parse_duration(r.get("export_expiry", (str, int, float), "7d"))
     except ValueError as e:
         raise r.fail("export_expiry", str(e)) from None
+    try:
+        max_age = parse_duration(r.get("max_age", (str, int, float), 0))
+    except ValueError as e:
+        raise r.fail("max_age", str(e)) from None
+    try:
+        max_size = parse_size(r.get("max_size", (str, int), 0))
+    except ValueError as e:
+        raise r.fail("max_size", str(e)) from None
     log = LogConfig(
         path=log_path if log_path.is_absolute() else base / log_path,
         segment_changes=seg_changes,
         segment_seconds=seg_seconds,
         export_expiry=export_expiry,
+        max_age=max_age,
+        max_size=max_size,
     )
 
     r = _Reader(file, "apply", data.get("apply", {}))
@@ -307,7 +347,7 @@ def parse(data: dict[str, Any], path: Path) -> Config:
         if not re.fullmatch(r"[A-Za-z0-9_-]{1,40}", name):
             raise r.fail(name, "target names are letters, digits, _ and -, at most 40")
         t = _Reader(file, f"targets.{name}", spec)
-        t.only("url", "mode", "on_error", "compact_every", "vacuum_retention")
+        t.only("url", "mode", "on_error", "compact_every", "vacuum_retention", "initial")
         url = t.get("url", str, required=True)
         try:
             kind, location = target_location(url, base)
@@ -319,6 +359,9 @@ def parse(data: dict[str, Any], path: Path) -> Config:
         t_on_error = t.get("on_error", str, on_error)
         if t_on_error not in ON_ERROR:
             raise t.fail("on_error", f"expected one of {', '.join(ON_ERROR)}, got {t_on_error!r}")
+        initial = t.get("initial", str, "wire")
+        if initial not in ("wire", "files"):
+            raise t.fail("initial", f'expected "wire" (loaded by run) or "files" (snapshot load), got {initial!r}')
         upkeep: dict[str, Any] = {}
         if kind == "delta":
             try:
@@ -340,11 +383,36 @@ def parse(data: dict[str, Any], path: Path) -> Config:
                 if key in t.data:
                     raise t.fail(key, f"only a Delta target has files to compact and clean up (this one is {kind})")
         targets[name] = TargetConfig(
-            name=name, url=url, kind=kind, location=location, mode=mode, on_error=t_on_error, **upkeep
+            name=name,
+            url=url,
+            kind=kind,
+            location=location,
+            mode=mode,
+            on_error=t_on_error,
+            initial=initial,
+            **upkeep,
         )
 
     spark = _spark(file, base, data.get("spark", {}), log.path)
-    return Config(file=path, source=source, log=log, apply=apply, tables=tables, targets=targets, spark=spark)
+    r = _Reader(file, "metrics", data.get("metrics", {}))
+    r.only("listen")
+    listen = r.get("listen", str, "")
+    address: tuple[str, int] | None = None
+    if listen:
+        m = re.fullmatch(r"(\[[0-9a-fA-F:]+\]|[A-Za-z0-9.-]*):(\d{1,5})", listen.strip())
+        if not m or not 0 < int(m.group(2)) < 65536:
+            raise r.fail("listen", f'expected "host:port" such as "127.0.0.1:9187", got {listen!r}')
+        address = (m.group(1).strip("[]") or "0.0.0.0", int(m.group(2)))
+    return Config(
+        file=path,
+        source=source,
+        log=log,
+        apply=apply,
+        tables=tables,
+        targets=targets,
+        spark=spark,
+        metrics=MetricsConfig(address),
+    )
 
 
 _MASTER_RE = re.compile(r"^(local(\[(\d+|\*)(,\d+)?\])?|spark://[^/\s]+|yarn|k8s://\S+|mesos://\S+)$")

@@ -85,6 +85,22 @@ class Applier:
                     "no such target",
                     hint=f"configured targets: {', '.join(config.targets)}",
                 )
+        from mirrorline.log.retention import needs_reload
+
+        reload = needs_reload(ChangeLog(config.log.path))
+        left_behind = [n for n in names if n in reload]
+        if left_behind and (target_names is not None or len(left_behind) == len(names)):
+            n = left_behind[0]
+            raise MirrorlineError(
+                f"target {n} needs a reload: the log's cap (max_age / max_size) removed changes it had not applied "
+                f"(it had applied up to {reload[n].get('applied')}, the log starts after "
+                f"{reload[n].get('log_starts_after')})",
+                hint=f"mirrorline snapshot --target {n}",
+                target=n,
+            )
+        names = [n for n in names if n not in reload]
+        for n in left_behind:
+            log.error("target %s needs a reload (mirrorline snapshot --target %s): not applied", n, n)
         self.config = config
         self.names = names
         if spark is None:
@@ -478,7 +494,25 @@ class Applier:
         if positions:
             self._store.prune(min(positions.values()))
         expire_exports(self.log, self.config.log.export_expiry)
-        retain(self.log)
+        retain(self.log, max_age=self.config.log.max_age, max_size=self.config.log.max_size)
+        self._drop_reloads()
+
+    def _drop_reloads(self) -> None:
+        """Stop applying to the targets the log's cap left behind (they need a reload); the others go on."""
+        from mirrorline.log.retention import needs_reload
+
+        for n in needs_reload(self.log):
+            target = self.targets.pop(n, None)
+            if target is not None:
+                self.names.remove(n)
+                self._joining.discard(n)
+                target.close()
+                log.error(
+                    "target %s needs a reload (the log's cap removed changes it had not applied): "
+                    "mirrorline snapshot --target %s",
+                    n,
+                    n,
+                )
 
     # -- loops -------------------------------------------------------------------------------------------------
 
@@ -593,6 +627,9 @@ class Runner:
         self._capture_done = threading.Event()
         self.loaded = threading.Event()  # set once new targets and tables are loaded
         self._load_error: BaseException | None = None
+        self._positions: dict[str, Position] = {}  # each applying target's position, for the metrics
+        self.metrics: Any = None  # RunMetrics when [metrics] listen is configured (served from run's start)
+        self.metrics_address: tuple[str, int] | None = None
 
     def stop(self) -> None:
         self._stop.set()
@@ -611,6 +648,10 @@ class Runner:
     def _unit(self, r: UnitReport) -> None:
         self.result.units += 1
         self.result.applied += r.changes
+        for n in r.targets:
+            self._positions[n] = r.end
+        if self.metrics is not None:
+            self.metrics.unit(r)
         if self.on_unit:
             self.on_unit(r)
 
@@ -663,10 +704,101 @@ class Runner:
                     name,
                 )
 
+    def _start_targets(self, warm: WarmUp) -> Applier:
+        """The pipeline for the targets ready to apply. A target that needs loading (new, or a table added) is
+        loaded beside them and joins them once loaded; one loaded by files (``initial = "files"``) has the log
+        kept for it and joins once ``snapshot load`` has loaded it. With ``once``, or when no target is ready,
+        the loads happen first."""
+        loading: list[str] = []
+        if self._capture_error is None and not self._stop.is_set():
+            from mirrorline.snapshot import needs_load
+
+            loading = [n for n in sorted(self.config.targets) if needs_load(self.config, n)]
+        waiting = [n for n in loading if self.config.targets[n].initial == "files"]
+        loading = [n for n in loading if n not in waiting]
+        from mirrorline.log.reader import ChangeLog
+        from mirrorline.log.retention import needs_reload
+
+        reload = needs_reload(ChangeLog(self.config.log.path))
+        for n in sorted(reload):
+            if n in self.config.targets:
+                self.on_message(f"target {n} needs a reload (the log's cap): mirrorline snapshot --target {n}")
+        ready = [n for n in self.config.targets if n not in loading and n not in waiting and n not in reload]
+        if waiting:
+            self._keep_log_for(waiting)
+        if loading and (self.once or not ready):
+            self._reconcile(loading)
+            ready, loading = ready + loading, []
+        if not ready and not waiting:
+            n = sorted(reload)[0]
+            raise MirrorlineError(
+                f"every target needs a reload: the log's cap removed changes they had not applied ({n}, ...)",
+                hint=f"mirrorline snapshot --target {n}",
+            )
+        if not ready:
+            raise MirrorlineError(
+                f"every target waits for files ({', '.join(waiting)}): nothing to apply yet",
+                hint="run `mirrorline snapshot export DIR`, carry the folder over, then `mirrorline snapshot load "
+                "--target NAME DIR`, and start run again",
+            )
+        self._reconcile(ready)  # (tables removed from the configuration are marked)
+        applier = Applier(self.config, ready, warm_up=warm, later=loading + waiting)
+        if loading:
+            loader = threading.Thread(
+                target=self._load_beside, args=(loading, applier), name="mirrorline-load", daemon=True
+            )
+            loader.start()
+        else:
+            self.loaded.set()
+        if waiting and not self.once:
+            threading.Thread(
+                target=self._watch_files, args=(waiting, applier), name="mirrorline-files", daemon=True
+            ).start()
+        return applier
+
+    def _keep_log_for(self, names: list[str]) -> None:
+        """Register targets waiting for files with the log at its end now (an export taken later starts after it),
+        so that retention keeps what they will need."""
+        from mirrorline.log.reader import ChangeLog
+        from mirrorline.log.retention import readers, set_applied
+
+        cl = ChangeLog(self.config.log.path)
+        have = readers(cl)
+        for n in names:
+            if n not in have:
+                set_applied(cl, n, cl.durable())
+            self.on_message(f"target {n}: waiting for files (snapshot export, then snapshot load --target {n})")
+
+    def _watch_files(self, names: list[str], applier: Applier, every: float = 1.0) -> None:
+        """Admit each waiting target once ``snapshot load`` has loaded it (which registers it with the log at the
+        folder's position: only then is the target itself opened, and once)."""
+        from mirrorline.log.reader import ChangeLog
+        from mirrorline.log.retention import readers
+        from mirrorline.snapshot import needs_load
+
+        cl = ChangeLog(self.config.log.path)
+        seen = {n: r.updated for n, r in readers(cl).items() if n in names}
+        left = list(names)
+        while left and not self._stop.wait(every):
+            now = readers(cl)
+            for n in list(left):
+                r = now.get(n)
+                if r is not None and r.updated != seen.get(n):
+                    seen[n] = r.updated
+                    if not needs_load(self.config, n):
+                        left.remove(n)
+                        self.on_message(f"target {n}: loaded from files; it catches up with the others")
+                        applier.admit(n)
+
     def run(self) -> RunResult:
         self._removed_targets()
         thread = threading.Thread(target=self._capture_main, name="mirrorline-capture", daemon=True)
         applier: Applier | None = None
+        if self.config.metrics.listen is not None:
+            from mirrorline.metrics import RunMetrics
+
+            self.metrics = RunMetrics(self.config, lambda: dict(self._positions), lambda: self.capture.stats)
+            self.metrics_address = self.metrics.start()
         try:
             thread.start()
             # Spark warms up while capture connects and new targets load; the first unit waits for it
@@ -679,34 +811,24 @@ class Runner:
             )
             while not (self._ready.wait(0.1) or self._capture_done.is_set()):
                 pass
-            loading: list[str] = []
-            if self._capture_error is None and not self._stop.is_set():
-                from mirrorline.snapshot import needs_load
-
-                loading = [n for n in sorted(self.config.targets) if needs_load(self.config, n)]
-            ready = [n for n in self.config.targets if n not in loading]
-            if loading and ready and not self.once:  # the others apply while the new ones load
-                self._reconcile(ready)  # (tables removed from the configuration are marked)
-                applier = Applier(self.config, ready, warm_up=warm, later=loading)
-                loader = threading.Thread(
-                    target=self._load_beside, args=(loading, applier), name="mirrorline-load", daemon=True
-                )
-                loader.start()
-            else:
-                if self._capture_error is None and not self._stop.is_set():
-                    self._reconcile()
-                applier = Applier(self.config, warm_up=warm)
-                self.loaded.set()
+            applier = self._start_targets(warm)
+            self._positions.update(applier.positions())
             applier.follow(self._stop, on_unit=self._unit, until=self._capture_done.is_set if self.once else None)
             if self.once and self._capture_error is None and not self._stop.is_set():
                 for r in applier.catch_up():
                     self._unit(r)
             self.result.positions = applier.positions()
+        except BaseException:
+            if self.metrics is not None:
+                self.metrics.errors.labels("apply").inc()
+            raise
         finally:
             self.capture.stop()
             thread.join(timeout=30)
             if applier is not None:
                 applier.close()
+            if self.metrics is not None:
+                self.metrics.stop()
         if self._capture_error is not None:
             raise self._capture_error
         if self._load_error is not None:

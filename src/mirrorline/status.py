@@ -74,6 +74,8 @@ class Status:
         for t in self.targets:
             if t.error:
                 out.append(f"target {t.name}: {t.error}")
+            elif t.state == "needs reload":
+                out.append(f"target {t.name} needs a reload (the log's cap): mirrorline snapshot --target {t.name}")
             elif max_lag is not None and t.lag_seconds is not None and t.lag_seconds > max_lag:
                 out.append(f"target {t.name} is {t.lag_seconds:.1f} s behind (more than {max_lag:g} s)")
         return out
@@ -225,12 +227,19 @@ def _target(config: Config, name: str, st: Status, cl: Any) -> TargetStatus:
     ts.tables = {t: r.state for t, r in snaps.items()}
     ts.position = applied
     if applied is None:
+        if tcfg.initial == "files" and not any(r.state == "loading" for r in snaps.values()):
+            ts.state = snapstate.WAITING
         return ts
     log_has_all = cl is None or st.log_durable is None or applied >= st.log_durable
     confirmed = st.slot_confirmed_lsn or 0
     ends = [r.end_lsn for t, r in snaps.items() if t in config.tables and r.state == "loaded"]
     caught_up = log_has_all and bool(ends) and confirmed >= max(ends)
     ts.state = snapstate.target_state(snaps, config.tables, applied, caught_up)
+    if cl is not None:
+        from mirrorline.log.retention import needs_reload
+
+        if name in needs_reload(cl):
+            ts.state = snapstate.NEEDS_RELOAD
     if cl is not None and not log_has_all:
         first = cl.first_ts_after(applied)
         ts.lag_seconds = max(0.0, time.time() - first / 1e6) if first is not None else 0.0

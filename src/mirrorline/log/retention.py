@@ -12,6 +12,8 @@ import re
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 from mirrorline.errors import LogError
 from mirrorline.log.layout import read_json, write_json_atomic
@@ -97,22 +99,95 @@ def readers(log: ChangeLog) -> dict[str, ReaderState]:
     return out
 
 
-def retain(log: ChangeLog, keep_nothing: bool = False) -> list[str]:
-    """Delete whole segments every registered reader has applied; returns their names (oldest first)."""
+def _reload_path(log: ChangeLog, name: str) -> Path:
+    return log.layout.root / "reload" / _file(name)
+
+
+def needs_reload(log: ChangeLog) -> dict[str, dict[str, Any]]:
+    """The targets the log's cap left behind (``[log] max_age`` / ``max_size``): the log no longer holds the changes
+    they need; ``snapshot --target NAME`` loads them again."""
+    folder = log.layout.root / "reload"
+    if not folder.is_dir():
+        return {}
+    out = {}
+    for p in sorted(folder.glob("*.json")):
+        d = read_json(p)
+        out[str(d.get("name", p.stem))] = d
+    return out
+
+
+def clear_reload(log: ChangeLog, name: str) -> None:
+    _reload_path(log, name).unlink(missing_ok=True)
+
+
+def _capped(segs: list[Any], max_age: float, max_size: int, now: float) -> int:
+    """How many of the oldest segments the cap removes: those older than ``max_age`` (their newest change), then
+    more until the rest fits in ``max_size`` bytes (0: no cap)."""
+    n = 0
+    if max_age > 0:
+        while n < len(segs) and segs[n].max_ts / 1e6 < now - max_age:
+            n += 1
+    if max_size > 0:
+        sizes = [_size(s.path) for s in segs]
+        total = sum(sizes[n:])
+        while n < len(segs) and total > max_size:
+            total -= sizes[n]
+            n += 1
+    return n
+
+
+def _size(p: Path) -> int:
+    if p.is_file():
+        return p.stat().st_size
+    return sum(f.stat().st_size for f in p.rglob("*") if f.is_file())
+
+
+def retain(
+    log: ChangeLog, keep_nothing: bool = False, max_age: float = 0.0, max_size: int = 0, now: float | None = None
+) -> list[str]:
+    """Delete whole segments every registered reader has applied, and (the log's cap) those older than
+    ``max_age`` seconds or beyond ``max_size`` bytes: a reader that has not applied what the cap removes is marked
+    *needs reload* (:func:`needs_reload`) and unregistered. Returns the removed segments' names (oldest first)."""
     old = read_retained(log.layout)
     if old is not None:  # a retention run that stopped half-way: finish it
         for s in log.segment_files():
             if s.last <= old.after:
                 remove_segment(s.path)
     states = readers(log)
-    if not states and not keep_nothing:
+    segs = log.segments()
+    cap = _capped(segs, max_age, max_size, time.time() if now is None else now) if segs else 0
+    if cap:
+        cut = segs[cap - 1].last
+        for name, r in states.items():
+            if r.applied is None or r.applied < cut:
+                if not name.startswith(EXPORT_PREFIX):
+                    _reload_path(log, name).parent.mkdir(parents=True, exist_ok=True)
+                    write_json_atomic(
+                        _reload_path(log, name),
+                        {"name": name, "applied": str(r.applied), "log_starts_after": str(cut), "at": time.time()},
+                    )
+                unregister(log, name)
+                log_.warning(
+                    "%s fell behind the log's cap (it applied up to %s, the log now starts after %s): it needs a "
+                    "reload (mirrorline snapshot --target %s)",
+                    name,
+                    r.applied,
+                    cut,
+                    name,
+                )
+        states = readers(log)
+    if not states and not keep_nothing and not cap:
         return []
     applied = [s.applied for s in states.values()]
-    if any(a is None for a in applied):
+    if any(a is None for a in applied) and not cap:
         return []
-    segs = log.segments()
-    bound = min(a for a in applied if a is not None) if applied else None
-    doomed = [s for s in segs if bound is None or s.last <= bound]
+    known = [a for a in applied if a is not None]
+    bound = min(known) if known and not any(a is None for a in applied) else None
+    if bound is not None:
+        by_readers = [s for s in segs if s.last <= bound]
+    else:  # no reader: nothing (unless told to keep nothing); a reader with nothing applied keeps everything
+        by_readers = segs if keep_nothing and not states else []
+    doomed = segs[: max(cap, len(by_readers))]
     if not doomed:
         return []
     from mirrorline.log.interchange import address_at

@@ -26,7 +26,7 @@ from mirrorline.apply.engine import Target
 from mirrorline.config import Config, TargetConfig, redact_dsn
 from mirrorline.errors import ConfigError, LogError, SnapshotError
 from mirrorline.log.reader import ChangeLog
-from mirrorline.log.retention import readers, set_applied, unregister
+from mirrorline.log.retention import clear_reload, readers, set_applied, unregister
 from mirrorline.position import Position, format_lsn
 from mirrorline.snapshot import state as snapstate
 from mirrorline.snapshot.folder import ChunkEntry, Manifest, check_folder, make_folder, write_manifest
@@ -240,6 +240,7 @@ def snapshot_target(
         target.close()
     if only is None:
         set_applied(ChangeLog(config.log.path), name, cp.position)
+        clear_reload(ChangeLog(config.log.path), name)
     res = SnapshotResult(name, cp.lsn, cp.position, rows, time.monotonic() - t0, cp.slot, not cp.temporary)
     log.info("%s", res.summary())
     return res

@@ -2,9 +2,11 @@
 applied positions (``mirrorline_applied``), and the target states of DESIGN §7:
 
 - ``new``: nothing loaded yet;
+- ``waiting for files``: nothing loaded yet, and the target is loaded by ``snapshot load`` (``initial = "files"``);
 - ``loading``: a snapshot is being loaded (or was interrupted: load it again);
 - ``catching up``: loaded; applying the log until it has applied what the source had committed when the load ended;
-- ``live``: it has.
+- ``live``: it has;
+- ``needs reload``: the log's cap (``max_age`` / ``max_size``) removed changes it had not applied.
 """
 
 from __future__ import annotations
@@ -22,7 +24,9 @@ from mirrorline.position import Position
 SNAPSHOT_TABLE = "mirrorline_snapshot"
 CHUNKS_TABLE = "mirrorline_snapshot_chunks"
 NEW, LOADING, CATCHING_UP, LIVE = "new", "loading", "catching up", "live"
-STATES = (NEW, LOADING, CATCHING_UP, LIVE)
+WAITING = "waiting for files"
+NEEDS_RELOAD = "needs reload"  # the log's cap removed changes it had not applied
+STATES = (NEW, WAITING, LOADING, CATCHING_UP, LIVE, NEEDS_RELOAD)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,160 @@
+"""``run``'s metrics over HTTP, the way Prometheus scrapes exporters (``[metrics] listen``), through
+``prometheus_client``: per target its lag in seconds and bytes (from its applied position and the change log, computed
+at each scrape), units (compile and apply durations as histograms), changes and rows applied, rejects, apply errors;
+capture's changes and reconnects; the slot's retained WAL on the source. ``status --prometheus`` gives the figures of
+a single look, without a running process."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from mirrorline.config import Config
+from mirrorline.log.reader import ChangeLog
+from mirrorline.position import Position
+
+log = logging.getLogger("mirrorline.metrics")
+
+_SLOT_SQL = "SELECT pg_current_wal_lsn() - restart_lsn FROM pg_replication_slots WHERE slot_name = %s"
+_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
+
+
+class _Live(Collector):
+    """What is computed at each scrape: lag per target, capture's counters, the slot's retained WAL."""
+
+    def __init__(self, metrics: RunMetrics) -> None:
+        self.m = metrics
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        m = self.m
+        lag_s = GaugeMetricFamily(
+            "mirrorline_target_lag_seconds", "Age of the oldest change the target has not applied.", labels=["target"]
+        )
+        lag_b = GaugeMetricFamily(
+            "mirrorline_target_lag_bytes",
+            "WAL between the target's applied position and the log's end.",
+            labels=["target"],
+        )
+        cl = ChangeLog(m.config.log.path)
+        try:
+            durable = cl.durable()
+            for name, pos in sorted(m.positions().items()):
+                first = cl.first_ts_after(pos) if durable is not None and pos < durable else None
+                lag_s.add_metric([name], max(0.0, time.time() - first / 1e6) if first is not None else 0.0)
+                lag_b.add_metric([name], max(0, durable.lsn - pos.lsn) if durable is not None else 0)
+        except Exception as e:  # a scrape never fails because the log is being rewritten under it
+            log.debug("metrics: lag not computed: %s", e)
+        yield lag_s
+        yield lag_b
+        cap = m.capture_stats()
+        if cap is not None:
+            for name, help_text, value in (
+                ("mirrorline_capture_changes", "Changes capture has written to the log.", cap.changes),
+                ("mirrorline_capture_reconnects", "Times capture reconnected to the source.", cap.reconnects),
+            ):
+                g = GaugeMetricFamily(name, help_text)
+                g.add_metric([], value)
+                yield g
+        retained = m.slot_retained()
+        if retained is not None:
+            g = GaugeMetricFamily(
+                "mirrorline_slot_retained_wal_bytes", "WAL the slot keeps on the source.", labels=["slot"]
+            )
+            g.add_metric([m.config.source.slot if m.config.source else ""], retained)
+            yield g
+
+
+class RunMetrics:
+    """The metrics of one ``run``, served at ``config.metrics.listen`` from :meth:`start`."""
+
+    def __init__(self, config: Config, positions: Callable[[], dict[str, Position]], capture_stats: Callable[[], Any]):
+        self.config = config
+        self.positions = positions
+        self.capture_stats = capture_stats
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.compile = Histogram(
+            "mirrorline_unit_compile_seconds", "Seconds to compile a unit on Spark.", buckets=_BUCKETS, registry=r
+        )
+        self.apply = Histogram(
+            "mirrorline_unit_apply_seconds",
+            "Seconds to apply a unit to a target.",
+            ["target"],
+            buckets=_BUCKETS,
+            registry=r,
+        )
+        self.changes = Counter(
+            "mirrorline_changes_applied", "Changes applied (log changes of the units).", ["target"], registry=r
+        )
+        self.rows = Counter(
+            "mirrorline_rows_applied", "Net rows applied, by kind (D, U, I).", ["target", "kind"], registry=r
+        )
+        self.rejects = Counter("mirrorline_rejects", "Changes set aside in the rejects table.", ["target"], registry=r)
+        self.errors = Counter("mirrorline_errors", "Errors that stopped replication.", ["stage"], registry=r)
+        self.units = Counter("mirrorline_units", "Units of work applied.", ["target"], registry=r)
+        r.register(_Live(self))
+        self._slot: tuple[float, int | None] = (0.0, None)
+        self._lock = threading.Lock()
+        self.server: Any = None
+
+    def start(self) -> tuple[str, int]:
+        """Serve the metrics; returns the address (host, port) bound."""
+        assert self.config.metrics.listen is not None
+        host, port = self.config.metrics.listen
+        self.server, _thread = start_http_server(port, addr=host, registry=self.registry)
+        bound = self.server.server_address[:2]
+        log.info("metrics served at http://%s:%d/metrics", bound[0], bound[1])
+        return str(bound[0]), int(bound[1])
+
+    def stop(self) -> None:
+        if self.server is not None:
+            self.server.shutdown()
+            self.server.server_close()
+            self.server = None
+
+    def unit(self, report: Any) -> None:
+        """One unit applied (a :class:`mirrorline.pipeline.UnitReport`)."""
+        if report.compiled:
+            self.compile.observe(report.compile_seconds)
+        for name in report.targets:
+            self.units.labels(name).inc()
+            self.changes.labels(name).inc(report.changes)
+            if name in report.apply_seconds:
+                self.apply.labels(name).observe(report.apply_seconds[name])
+            res = report.results.get(name)
+            if res is not None:
+                self.rejects.labels(name).inc(res.rejects)
+                for counts in res.rows.values():
+                    for kind, n in counts.items():
+                        self.rows.labels(name, kind).inc(n)
+
+    def slot_retained(self, every: float = 10.0) -> int | None:
+        """The slot's retained WAL, asked of the source at most every ``every`` seconds (None: not reachable)."""
+        with self._lock:
+            at, value = self._slot
+            if time.monotonic() - at < every:
+                return value
+            value = None
+            if self.config.source is not None:
+                try:
+                    import psycopg2
+
+                    conn = psycopg2.connect(self.config.source.dsn, connect_timeout=2)
+                    try:
+                        with conn.cursor() as cur:
+                            cur.execute(_SLOT_SQL, (self.config.source.slot,))
+                            row = cur.fetchone()
+                            value = int(row[0]) if row and row[0] is not None else None
+                    finally:
+                        conn.close()
+                except Exception as e:
+                    log.debug("metrics: slot not read: %s", e)
+            self._slot = (time.monotonic(), value)
+            return value
