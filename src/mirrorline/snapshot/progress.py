@@ -1,4 +1,5 @@
-"""Progress of a long load, on stderr: a line every few seconds (rewritten in place on a terminal)."""
+"""Progress of a long load, on stderr: on a terminal a progress bar (tqdm) over the chunks with the rows and their
+rate; otherwise a plain line every few seconds (for logs)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from typing import TextIO
+from typing import Any, TextIO
 
 
 class Progress:
@@ -39,6 +40,7 @@ class Progress:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._tty = bool(getattr(self.stream, "isatty", lambda: False)())
+        self._bar: Any = None
 
     def update(self, rows: int = 0, chunks: int = 0, table: str | None = None) -> None:
         with self._lock:
@@ -61,11 +63,17 @@ class Progress:
         if self.poll is not None:
             with contextlib.suppress(Exception):  # progress must never break the load
                 self.poll(self)
-        text = self.line()
-        if self._tty and not final:
-            self.stream.write("\r" + text + "\x1b[K")
-        else:
-            self.stream.write(("\r" if self._tty else "") + text + "\n")
+        if self._bar is not None:
+            el = max(time.monotonic() - self.t0, 1e-6)
+            self._bar.n = self.chunks
+            where = f"{self.table}, " if self.table else ""
+            self._bar.set_postfix_str(f"{where}{self.rows:,} rows, {self.rows / el:,.0f} rows/s", refresh=False)
+            self._bar.refresh()
+            if final:
+                self._bar.close()
+                self.stream.write(self.line() + "\n")
+            return
+        self.stream.write(self.line() + "\n")
         self.stream.flush()
 
     def _run(self) -> None:
@@ -73,6 +81,18 @@ class Progress:
             self._emit()
 
     def __enter__(self) -> Progress:
+        if self._tty:
+            from tqdm import tqdm
+
+            self._bar = tqdm(
+                total=self.total_chunks,
+                desc=self.label,
+                unit="chunk",
+                file=self.stream,
+                dynamic_ncols=True,
+                leave=False,
+            )
+            self.every = min(self.every, 0.5)
         self._thread = threading.Thread(target=self._run, name="snapshot-progress", daemon=True)
         self._thread.start()
         return self
@@ -83,3 +103,5 @@ class Progress:
             self._thread.join()
         if exc[0] is None:
             self._emit(final=True)
+        elif self._bar is not None:
+            self._bar.close()
