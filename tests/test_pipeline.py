@@ -11,12 +11,17 @@ from mirrorline.workload import Workload
 from tests.pipeline_support import assert_same, config_text, target_url
 
 pytestmark = [pytest.mark.pg, pytest.mark.spark]
+# fixed workload seeds (printed): a failure is replayed by running the test again
+SEEDS = {(k, m): 11 + i for i, (k, m) in enumerate((k, m) for k in ("postgresql", "sqlite", "duckdb", "delta")
+                                                   for m in ("update", "mirror"))}  # fmt: skip
 
 
 @pytest.mark.parametrize("mode", ["update", "mirror"])
 @pytest.mark.parametrize("kind", ["postgresql", "sqlite", "duckdb", "delta"])
 def test_random_workload_replicates_exactly(pg, pg_cluster, spark, tmp_path, kind, mode):
-    work = Workload(pg.dsn, seed=hash((kind, mode)) % 1000)
+    seed = SEEDS[(kind, mode)]
+    print(f"workload seed {seed}")
+    work = Workload(pg.dsn, seed=seed)
     work.create()
     url = target_url(kind, tmp_path, pg_cluster, f"tgt_{kind}_{mode}_{pg.name[-6:]}")
     conf_file = tmp_path / "m.toml"
@@ -29,8 +34,10 @@ def test_random_workload_replicates_exactly(pg, pg_cluster, spark, tmp_path, kin
         for round_ in range(2):  # the second round applies onto the state the first left
             work.run(transactions=120)
             if round_ == 1:
-                work.large_transaction(300)
-            Capture(conf, once=True).run()
+                work.large_transaction(1000)
+            stats = Capture(conf, once=True).run()
+            if round_ == 1:
+                assert stats.streamed >= 1, "the large transaction was streamed (logical_decoding_work_mem 64kB)"
             reports = applier.catch_up()
             assert len(reports) >= 2, "units are closed by max_changes"
             assert applier.positions()["t"] == applier.log.durable()

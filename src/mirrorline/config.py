@@ -95,6 +95,9 @@ class TargetConfig:
     # how the target is first loaded: "wire" (run snapshots it) or "files" (snapshot export, carried over, then
     # snapshot load: run keeps the log for it and waits; seed 001's manual transfer)
     initial: str = "wire"
+    # the prefix of mirrorline's own tables at the target (mirrorline_applied, _snapshot, _rejects): two instances
+    # sharing one target database each take their own
+    state_prefix: str = "mirrorline_"
 
 
 @dataclass(frozen=True)
@@ -347,7 +350,7 @@ def parse(data: dict[str, Any], path: Path) -> Config:
         if not re.fullmatch(r"[A-Za-z0-9_-]{1,40}", name):
             raise r.fail(name, "target names are letters, digits, _ and -, at most 40")
         t = _Reader(file, f"targets.{name}", spec)
-        t.only("url", "mode", "on_error", "compact_every", "vacuum_retention", "initial")
+        t.only("url", "mode", "on_error", "compact_every", "vacuum_retention", "initial", "state_prefix")
         url = t.get("url", str, required=True)
         try:
             kind, location = target_location(url, base)
@@ -359,6 +362,11 @@ def parse(data: dict[str, Any], path: Path) -> Config:
         t_on_error = t.get("on_error", str, on_error)
         if t_on_error not in ON_ERROR:
             raise t.fail("on_error", f"expected one of {', '.join(ON_ERROR)}, got {t_on_error!r}")
+        state_prefix = t.get("state_prefix", str, "mirrorline_")
+        if not re.fullmatch(r"[a-z_][a-z0-9_]{0,29}", state_prefix):
+            raise t.fail(
+                "state_prefix", f"expected lower-case letters, digits and _ (at most 30), got {state_prefix!r}"
+            )
         initial = t.get("initial", str, "wire")
         if initial not in ("wire", "files"):
             raise t.fail("initial", f'expected "wire" (loaded by run) or "files" (snapshot load), got {initial!r}')
@@ -390,6 +398,7 @@ def parse(data: dict[str, Any], path: Path) -> Config:
             mode=mode,
             on_error=t_on_error,
             initial=initial,
+            state_prefix=state_prefix,
             **upkeep,
         )
 

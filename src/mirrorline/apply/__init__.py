@@ -46,4 +46,12 @@ def open_target(cfg: TargetConfig, *, threads: int = 1, **options: Any) -> Targe
     """A target from its configuration. ``options``: ``driver_rows`` (units larger than this load table by table),
     ``parallel_rows`` (PostgreSQL: units with at least this many net rows load worktables from Spark tasks)."""
     cls = target_class(cfg.kind)
-    return cls(cfg.name, cfg.location, mode=cfg.mode, on_error=cfg.on_error, threads=threads, **options)
+    return cls(
+        cfg.name,
+        cfg.location,
+        mode=cfg.mode,
+        on_error=cfg.on_error,
+        threads=threads,
+        state_prefix=cfg.state_prefix,
+        **options,
+    )

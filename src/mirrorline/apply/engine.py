@@ -152,7 +152,10 @@ class Target(ABC):
         on_error: str = "stop",
         threads: int = 1,
         driver_rows: int = 200_000,
+        state_prefix: str | None = None,
     ) -> None:
+        if state_prefix is not None:  # this target's own tables: named with its prefix (its sessions use it too)
+            self.dialect = type(self).dialect.with_prefix(state_prefix)
         if mode not in ("update", "mirror"):
             raise ValueError(f"mode must be update or mirror, not {mode!r}")
         if on_error not in ("stop", "reject"):
@@ -177,6 +180,7 @@ class Target(ABC):
                 s = self._idle.pop() if self._idle else None
             if s is None:
                 s = self.connect()
+                s.dialect = self.dialect
                 s.release = self._release
                 return s
             if self._healthy(s):

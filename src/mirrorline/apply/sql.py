@@ -17,6 +17,7 @@ table), each statement writing only the columns that changed.
 
 from __future__ import annotations
 
+import copy
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping, Sequence
 from typing import ClassVar
@@ -26,6 +27,7 @@ from mirrorline.model import Column, TableSchema, index_columns, quote_ident, sp
 
 MASK_SEP = "\x1f"
 MASK_COL = "_ml_unchanged"
+OWN_PREFIX = "mirrorline_"
 STATE_TABLE = "mirrorline_applied"
 REJECTS_TABLE = "mirrorline_rejects"
 GLOBAL_SCOPE = ""  # the state row holding the unit end every table has reached
@@ -68,6 +70,7 @@ class Dialect(ABC):
     # it in mirrorline's chunks table (else the driver loads them all in one transaction)
     parallel_load: ClassVar[bool] = False
     row_id: ClassVar[str] = "rowid"  # the engine's physical row address (a bag table's copies are told apart by it)
+    prefix: str = OWN_PREFIX  # of mirrorline's own tables at the target (see own_name)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
@@ -88,11 +91,25 @@ class Dialect(ABC):
         schema, _ = split_table_name(table)
         return None if schema == "public" else schema
 
+    def own_name(self, name: str) -> str:
+        """The name at this target of one of mirrorline's own tables (``mirrorline_applied``, ...): the target's
+        ``state_prefix`` in place of ``mirrorline_`` (seed 001's replication prefix: two instances share a
+        database)."""
+        return self.prefix + name.removeprefix(OWN_PREFIX) if name.startswith(OWN_PREFIX) else name
+
     def own(self, name: str) -> str:
         """mirrorline's own tables (state, rejects) live in the default schema."""
         if self.default_schema is None:
-            return quote_ident(name)
-        return f"{quote_ident(self.default_schema)}.{quote_ident(name)}"
+            return quote_ident(self.own_name(name))
+        return f"{quote_ident(self.default_schema)}.{quote_ident(self.own_name(name))}"
+
+    def with_prefix(self, prefix: str) -> Dialect:
+        """This dialect with mirrorline's own tables named ``prefix...`` (a copy; the shared one is unchanged)."""
+        if prefix == self.prefix:
+            return self
+        other = copy.copy(self)
+        other.prefix = prefix
+        return other
 
     def text_param(self) -> str:
         """A parameter typed as text (so NULL stays a text NULL)."""

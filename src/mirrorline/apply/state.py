@@ -59,7 +59,7 @@ def parse(rows: Iterable[Sequence[Any]]) -> AppliedState:
 
 def read(s: Session) -> AppliedState:
     """The target's state; nothing applied when the table does not exist yet."""
-    if s.table_columns(f"public.{STATE_TABLE}") is None:
+    if s.table_columns(f"public.{s.dialect.own_name(STATE_TABLE)}") is None:
         return AppliedState()
     return parse(s.query(s.dialect.read_state()))
 

@@ -330,6 +330,7 @@ def _wire_postgres(
                     "target_dsn": target.location,
                     "copy_in": copy_in_sql(d.table(c.table), stats[c.table].schema.column_names, fmt[c.table]),
                     "load_id": load_id,
+                    "chunks_table": d.own(snapstate.CHUNKS_TABLE),
                     "chunk_id": chunks.index(c),
                 }
                 for c in grp

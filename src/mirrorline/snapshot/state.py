@@ -107,7 +107,7 @@ def read(s: Session) -> dict[str, TableSnapshot]:
     cols = ", ".join(
         quote_ident(c) for c in ["table", "state", "lsn", "seq", "end_lsn", "rows", "origin", "updated_at"]
     )
-    if s.table_columns(f"public.{SNAPSHOT_TABLE}") is None:
+    if s.table_columns(f"public.{d.own_name(SNAPSHOT_TABLE)}") is None:
         return {}
     rows: list[tuple[Any, ...]] = s.query(f"SELECT {cols} FROM {d.own(SNAPSHOT_TABLE)}")
     return {

@@ -28,7 +28,6 @@ from mirrorline.model import quote_table
 from mirrorline.snapshot.source import snapshot_connection
 
 PIPE_BUFFER = 1 << 20
-CHUNKS_TABLE = "mirrorline_snapshot_chunks"
 
 # the table's relations (itself, its partitions) whose file is no longer the one the snapshot knows
 REWRITTEN_SQL = """
@@ -55,7 +54,8 @@ def file_sha256(path: str | os.PathLike[str]) -> str:
 
 
 def pipe_chunk(spec: dict[str, Any]) -> dict[str, Any]:
-    """spec: source_dsn, snapshot, copy_out, target_dsn, copy_in, load_id, chunk_id, table."""
+    """spec: source_dsn, snapshot, copy_out, target_dsn, copy_in, load_id, chunk_id, table, chunks_table (the
+    target's own table of loaded chunks, qualified)."""
     import psycopg2
 
     src = snapshot_connection(spec["source_dsn"], spec["snapshot"])
@@ -65,13 +65,13 @@ def pipe_chunk(spec: dict[str, Any]) -> dict[str, Any]:
             tcur = tgt.cursor()
             tcur.execute("SET synchronous_commit = off")
             tcur.execute(
-                f'INSERT INTO "public".{CHUNKS_TABLE} (load_id, chunk, rows) VALUES (%s, %s, 0) ON CONFLICT DO NOTHING',
+                f"INSERT INTO {spec['chunks_table']} (load_id, chunk, rows) VALUES (%s, %s, 0) ON CONFLICT DO NOTHING",
                 (spec["load_id"], spec["chunk_id"]),
             )
             if tcur.rowcount == 0:  # this chunk was loaded by an earlier attempt of the task
                 tgt.rollback()
                 tcur.execute(
-                    f'SELECT rows FROM "public".{CHUNKS_TABLE} WHERE load_id = %s AND chunk = %s',
+                    f"SELECT rows FROM {spec['chunks_table']} WHERE load_id = %s AND chunk = %s",
                     (spec["load_id"], spec["chunk_id"]),
                 )
                 return {
@@ -116,7 +116,7 @@ def pipe_chunk(spec: dict[str, Any]) -> dict[str, Any]:
                         "rewritten": True,
                     }
             tcur.execute(
-                f'UPDATE "public".{CHUNKS_TABLE} SET rows = %s WHERE load_id = %s AND chunk = %s',
+                f"UPDATE {spec['chunks_table']} SET rows = %s WHERE load_id = %s AND chunk = %s",
                 (rows, spec["load_id"], spec["chunk_id"]),
             )
             tgt.commit()
