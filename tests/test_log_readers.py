@@ -164,3 +164,18 @@ def test_log_cap_settings_are_validated(tmp_path: Path) -> None:
     cfg.file.write_text(text.replace('"2GB"', '"lots"'))
     with pytest.raises(C.ConfigError, match="max_size"):
         C.load(cfg.file)
+
+
+def test_the_warm_up_builds_the_plan_for_the_pipelines_tables_without_a_key(tmp_path: Path) -> None:
+    """The small-unit plan is built for the pipeline's bag tables: the warm-up (before any unit) and the pipeline
+    take them from the log's schemas, so that they build the same plan."""
+    from mirrorline.pipeline import Applier, known_bags
+
+    cfg = _config(tmp_path, ["cache"])
+    assert known_bags(cfg) == {}  # no log yet
+    cols = (Column("a", "integer"), Column("note", "text"))
+    with LogWriter(cfg.log.path) as w:
+        w.record_schema(TableSchema("public.t", cols, ("a", "note"), bag=True))
+        w.record_schema(TableSchema("public.other", cols, ("a", "note"), bag=True))  # not configured
+    assert known_bags(cfg) == {"public.t": ("a", "note")}
+    assert Applier(cfg, open_targets=False, spark=object())._bag_cols == {"public.t": ("a", "note")}

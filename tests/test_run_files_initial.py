@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from mirrorline import config as C
+from mirrorline.cli.main import main
 from mirrorline.errors import MirrorlineError
 from mirrorline.log.reader import ChangeLog
 from mirrorline.log.retention import readers
@@ -91,7 +92,9 @@ def test_a_target_waits_for_files_and_joins_once_they_are_loaded(
     assert {t.name: t.state for t in status(cfg).targets}["far"] in ("live", "catching up")
 
 
-def test_run_with_every_target_waiting_for_files_says_what_to_do(pg: Any, spark: Any, tmp_path: Path) -> None:
+def test_run_with_every_target_waiting_for_files_says_what_to_do(
+    pg: Any, spark: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     create_items(pg.dsn, rows=10)
     cfg = _with_files(
         write_config(tmp_path, pg.dsn, {"far": f"sqlite:///{tmp_path / 'far.db'}"}, {"public.items": {}}), "far"
@@ -100,3 +103,6 @@ def test_run_with_every_target_waiting_for_files_says_what_to_do(pg: Any, spark:
         Runner(cfg).run()
     assert "snapshot load" in str(e.value)
     assert "far" in readers(ChangeLog(cfg.log.path))  # the log is kept for it meanwhile
+    capsys.readouterr()
+    assert main(["apply", "--once", "-c", str(cfg.file), "--target", "far"]) == 3
+    assert "target far waits for files" in capsys.readouterr().err

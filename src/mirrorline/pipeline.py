@@ -129,7 +129,7 @@ class Applier:
         self._stopped = {n for n in stopped.read(config.log.path) if n in self.names}  # stop records to clear
         self._upkept: dict[str, float] = {}  # target -> when its last storage upkeep started (monotonic)
         self._upkeep: dict[str, threading.Thread] = {}
-        self._bag_cols: dict[str, tuple[str, ...]] = {}  # see _bags
+        self._bag_cols: dict[str, tuple[str, ...]] = known_bags(config)  # see _bags
         self._admitted: list[str] = []  # loaded targets to add at the next unit (admit)
         self._admit_lock = threading.Lock()
         self._joining: set[str] = set()  # added targets still catching up with the others
@@ -139,7 +139,7 @@ class Applier:
         """Warm Spark up in the background now; the first compile waits for it."""
         from mirrorline.compile.warmup import WarmUp
 
-        self._warm_up = WarmUp(lambda: self.spark, self.actions or None)
+        self._warm_up = WarmUp(lambda: self.spark, self.actions or None, dict(self._bag_cols) or None)
 
     def _warmed(self) -> None:
         if self._warm_up is not None:
@@ -588,6 +588,23 @@ class Applier:
         log.info("target %s: compaction and cleanup in %.1f s: %s", name, time.monotonic() - t0, done)
 
 
+def known_bags(config: Config) -> dict[str, tuple[str, ...]]:
+    """The configured tables the log knows as tables without a key (their latest schema), with their columns: what
+    the pipeline's small-unit plan is built for, so that the warm-up builds that same plan."""
+    from mirrorline.log.reader import ChangeLog
+
+    log = ChangeLog(config.log.path)
+    if not log.layout.exists():
+        return {}
+    log.schemas.refresh()
+    out = {}
+    for t in config.tables:
+        s = log.schemas.latest(t)
+        if s is not None and s.bag:
+            out[t] = s.key
+    return out
+
+
 @dataclass
 class RunResult:
     captured: int = 0
@@ -808,6 +825,7 @@ class Runner:
             warm = WarmUp(
                 get_spark,
                 {t.name: t.actions for t in self.config.tables.values() if t.actions != frozenset("IDU")} or None,
+                known_bags(self.config) or None,
             )
             while not (self._ready.wait(0.1) or self._capture_done.is_set()):
                 pass

@@ -23,9 +23,19 @@ def run(args: argparse.Namespace) -> int:
     import threading
 
     from mirrorline.cli._common import load_config, print_unit
+    from mirrorline.errors import MirrorlineError
     from mirrorline.pipeline import Applier, UnitReport
+    from mirrorline.snapshot import needs_load
 
     config = load_config(args)
+    for name in [args.target] if args.target else list(config.targets):
+        tcfg = config.targets.get(name)
+        if tcfg is not None and tcfg.initial == "files" and needs_load(config, name):
+            raise MirrorlineError(
+                f'target {name} waits for files (initial = "files"): there is nothing to apply to yet',
+                hint=f"mirrorline snapshot export DIR, carry it over, mirrorline snapshot load --target {name} DIR",
+                target=name,
+            )
     applier = Applier(config, [args.target] if args.target else None)
     try:
         if args.once:

@@ -140,7 +140,7 @@ def synthetic_rows(rows: int = SMALL_WARM_UP_ROWS, key_changes: bool = False) ->
     return pa.Table.from_pylist(out, schema=ARROW_SCHEMA)
 
 
-def warm_small(spark: Any, actions: Any = None, shapes: tuple[bool, ...] = (False, True)) -> float:
+def warm_small(spark: Any, actions: Any = None, shapes: tuple[bool, ...] = (False, True), bags: Any = None) -> float:
     """Build and run the small-unit plans of this pipeline (``shapes``: without and with key changes) on synthetic
     units, so that the first real unit finds them planned, generated and with a Python worker started. Returns the
     seconds it took."""
@@ -149,7 +149,7 @@ def warm_small(spark: Any, actions: Any = None, shapes: tuple[bool, ...] = (Fals
     from mirrorline.position import ZERO, Position
 
     t0 = time.monotonic()
-    small = shared(spark, actions)
+    small = shared(spark, actions, bags)
     for key_changes in shapes:
         rows = synthetic_rows(key_changes=key_changes)
         batch = small.compile(rows, table_stats(rows), ZERO, Position(rows.num_rows + 1, 0))
@@ -166,17 +166,18 @@ class WarmUp:
     front only moved their cost, session 4 measured). A failure is only logged: the first real unit meets the same
     cause and reports it properly."""
 
-    def __init__(self, get_spark: Any, actions: Any = None) -> None:
+    def __init__(self, get_spark: Any, actions: Any = None, bags: Any = None) -> None:
         self.seconds: float | None = None
         self._get_spark = get_spark
         self._actions = actions
+        self._bags = bags  # the pipeline's tables without a key (its small-unit plan is built for them)
         self._first = threading.Event()  # set once the warm-up ended, however
         self._thread = threading.Thread(target=self._main, name="mirrorline-warm-up", daemon=True)
         self._thread.start()
 
     def _main(self) -> None:
         try:
-            self.seconds = warm_small(self._get_spark(), self._actions, (False,))
+            self.seconds = warm_small(self._get_spark(), self._actions, (False,), self._bags)
             log.info("Spark warmed up in %.1fs", self.seconds)
         except Exception as e:
             log.warning("Spark warm-up failed (the first unit will run cold): %s", e)
