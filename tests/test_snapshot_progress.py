@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import io
 import time
+from pathlib import Path
+from typing import Any
+
+import pytest
 
 from mirrorline.snapshot.progress import Progress
 
@@ -33,3 +37,39 @@ def test_a_bar_on_a_terminal() -> None:
     assert "\r" in out and "%|" in out and "chunk" in out  # tqdm's bar, redrawn in place
     assert "public.items, 400 rows" in out
     assert out.rstrip().splitlines()[-1].endswith(" s") and "4/4 chunks (100%)" in out
+
+
+@pytest.mark.spark
+def test_catching_up_draws_a_bar_on_a_terminal(spark: Any, tmp_path: Path) -> None:
+    """A real catch-up (a log of 3,000 inserts applied to a new SQLite target in units of 1,000) with a bar on a
+    terminal; none when the stream is not one."""
+    from mirrorline import config as C
+    from mirrorline.log import LogWriter
+    from mirrorline.model import Change, Column, Op, TableSchema
+    from mirrorline.pipeline import Applier
+    from mirrorline.position import ZERO
+
+    (tmp_path / "m.toml").write_text(
+        '[log]\npath = "log"\n[apply]\nmax_changes = 1000\n[tables."public.t"]\n'
+        f'[targets.cache]\nurl = "sqlite:///{tmp_path / "c.db"}"\n'
+    )
+    cfg = C.load(tmp_path / "m.toml")
+    with LogWriter(cfg.log.path) as w:
+        w.record_schema(TableSchema("public.t", (Column("id", "integer", nullable=False),), ("id",)))
+        for i in range(1, 301):
+            ids = [str(10 * i + k) for k in range(10)]
+            w.add_transaction(
+                0x100 + i,
+                1_700_000_000_000_000 + i,
+                [Change(ZERO, 0, i, "public.t", Op.INSERT, (k,), {"id": k}) for k in ids],
+            )
+    applier = Applier(cfg, spark=spark)
+    try:
+        term = Terminal()
+        reports = applier.catch_up(progress=term)
+        assert len(reports) >= 3 and sum(r.changes for r in reports) == 3000
+        out = term.getvalue()
+        assert "catching up" in out and "1000/3000" in out and "%|" in out, out[-300:]
+        assert applier.catch_up(progress=term) == []
+    finally:
+        applier.close()

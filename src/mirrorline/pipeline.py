@@ -517,21 +517,45 @@ class Applier:
     # -- loops -------------------------------------------------------------------------------------------------
 
     def catch_up(
-        self, upto: Position | None = None, on_unit: Callable[[UnitReport], None] | None = None, covered: bool = False
+        self,
+        upto: Position | None = None,
+        on_unit: Callable[[UnitReport], None] | None = None,
+        covered: bool = False,
+        progress: Any = None,
     ) -> list[UnitReport]:
         """Apply until every target has reached ``upto`` (default: the log's end now); ``covered``: see
-        :meth:`step`."""
+        :meth:`step`. ``progress``: a stream that is a terminal gets a progress bar (tqdm) over the log's changes
+        from the targets' lowest position to ``upto``."""
         target = upto if upto is not None else (self.log.durable() or ZERO)
         reports = []
-        while True:
-            r = self.step(upto=target, covered=covered and upto is not None)
-            if r is None:
-                break
-            reports.append(r)
-            if on_unit:
-                on_unit(r)
+        bar = self._catch_up_bar(target, progress)
+        try:
+            while True:
+                r = self.step(upto=target, covered=covered and upto is not None)
+                if r is None:
+                    break
+                reports.append(r)
+                if bar is not None:
+                    bar.update(max(r.changes, 0))
+                if on_unit:
+                    on_unit(r)
+        finally:
+            if bar is not None:
+                bar.close()
         self.prune()
         return reports
+
+    def _catch_up_bar(self, target: Position, stream: Any) -> Any:
+        if stream is None or not getattr(stream, "isatty", lambda: False)():
+            return None
+        positions = self.positions()
+        start = min(positions.values()) if positions else target
+        if start >= target:
+            return None
+        from tqdm import tqdm
+
+        total = self.log.count(start, target)
+        return tqdm(total=total, desc="catching up", unit="change", file=stream, dynamic_ncols=True, leave=False)
 
     def follow(
         self,

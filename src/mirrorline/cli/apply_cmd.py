@@ -39,7 +39,7 @@ def run(args: argparse.Namespace) -> int:
     applier = Applier(config, [args.target] if args.target else None)
     try:
         if args.once:
-            reports = applier.catch_up(on_unit=print_unit)
+            reports = applier.catch_up(on_unit=print_unit, progress=sys.stderr)
         else:
             applier.start_warm_up()
             stop = threading.Event()
