@@ -238,10 +238,15 @@ def _target(config: Config, name: str, st: Status, cl: Any) -> TargetStatus:
     if cl is not None:
         from mirrorline.log.retention import needs_reload
 
-        if name in needs_reload(cl):
+        if name in needs_reload(cl):  # the log no longer holds what it needs: no lag to measure
             ts.state = snapstate.NEEDS_RELOAD
+            return ts
     if cl is not None and not log_has_all:
-        first = cl.first_ts_after(applied)
+        try:
+            first = cl.first_ts_after(applied)
+        except MirrorlineError as e:  # behind what the log retains: reported, not raised
+            ts.error = str(e)
+            return ts
         ts.lag_seconds = max(0.0, time.time() - first / 1e6) if first is not None else 0.0
     else:
         ts.lag_seconds = 0.0
