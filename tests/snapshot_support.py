@@ -194,3 +194,19 @@ class CaptureThread:
         self.thread.join(60)
         if self.error is not None:
             raise self.error
+
+
+class RunnerThread(threading.Thread):
+    """``mirrorline run`` (a :class:`~mirrorline.pipeline.Runner`) in a thread of its own; what it raised is kept in
+    ``errors``."""
+
+    def __init__(self, runner: Any) -> None:
+        super().__init__(daemon=True)
+        self.runner = runner
+        self.errors: list[BaseException] = []
+
+    def run(self) -> None:
+        try:
+            self.runner.run()
+        except BaseException as e:
+            self.errors.append(e)

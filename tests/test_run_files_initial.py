@@ -4,7 +4,6 @@ made while run goes on, complete it, run takes it up and it ends equal to the so
 
 from __future__ import annotations
 
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -20,7 +19,7 @@ from mirrorline.pipeline import Runner
 from mirrorline.snapshot import Options, export_snapshot, load_snapshot
 from mirrorline.status import status
 from mirrorline.verify import verify
-from snapshot_support import Workload, create_items, target_urls, write_config
+from snapshot_support import RunnerThread, Workload, create_items, target_urls, write_config
 
 pytestmark = [pytest.mark.pg, pytest.mark.spark]
 
@@ -42,15 +41,8 @@ def test_a_target_waits_for_files_and_joins_once_they_are_loaded(
     assert cfg.targets["far"].initial == "files" and cfg.targets["near"].initial == "wire"
     said: list[str] = []
     runner = Runner(cfg, on_message=said.append)
-    errors: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            runner.run()
-        except BaseException as e:
-            errors.append(e)
-
-    thread = threading.Thread(target=run, daemon=True)
+    thread = RunnerThread(runner)
+    errors = thread.errors
     thread.start()
     work = Workload(pg.dsn, max_id=3000).start()
     try:

@@ -17,7 +17,7 @@ import pytest
 from mirrorline.compile.warmup import warm_small
 from mirrorline.pipeline import Runner
 from mirrorline.snapshot import Options, reconcile_targets
-from snapshot_support import target_urls, write_config
+from snapshot_support import RunnerThread, target_urls, write_config
 
 pytestmark = [pytest.mark.pg, pytest.mark.spark]
 
@@ -69,16 +69,9 @@ def test_a_new_target_loads_while_the_live_one_keeps_its_lag(
     warm_small(spark)  # as a run that has been going for a while: the JVM warm (the run's own warm-up is quick)
     two = write_config(tmp_path, pg.dsn, {"live": urls["postgresql"], "new": urls["sqlite"]}, tables, "two.toml")
     runner = Runner(two)
-    errors: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            runner.run()
-        except BaseException as e:
-            errors.append(e)
-
     beats = Beats(pg.dsn)
-    thread = threading.Thread(target=run, daemon=True)
+    thread = RunnerThread(runner)
+    errors = thread.errors
     new_db = str(urls["sqlite"]).split(":///", 1)[1]
     live = str(urls["postgresql"])
     arrived: dict[int, float] = {}

@@ -4,7 +4,6 @@ changes and rows applied, capture's counters and the slot's retained WAL, scrape
 
 from __future__ import annotations
 
-import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -16,7 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from mirrorline import config as C
 from mirrorline.pgcluster import free_port
 from mirrorline.pipeline import Runner
-from snapshot_support import create_items, write_config
+from snapshot_support import RunnerThread, create_items, write_config
 
 pytestmark = [pytest.mark.pg, pytest.mark.spark]
 
@@ -39,15 +38,8 @@ def test_run_serves_its_metrics(pg: Any, spark: Any, tmp_path: Path) -> None:
     cfg = C.load(cfg.file)
     assert cfg.metrics.listen == ("127.0.0.1", port)
     runner = Runner(cfg)
-    errors: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            runner.run()
-        except BaseException as e:
-            errors.append(e)
-
-    thread = threading.Thread(target=run, daemon=True)
+    thread = RunnerThread(runner)
+    errors = thread.errors
     thread.start()
     try:
         deadline = time.monotonic() + 120

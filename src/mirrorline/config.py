@@ -233,6 +233,13 @@ class _Reader:
             raise self.fail(name, f"expected {_kind_name(kind)}, got {type(value).__name__} {value!r}")
         return value
 
+    def duration(self, name: str, default: Any) -> float:
+        """A duration setting in seconds (``parse_duration``), or an error naming the key."""
+        try:
+            return parse_duration(self.get(name, (str, int, float), default))
+        except ValueError as e:
+            raise self.fail(name, str(e)) from None
+
     def only(self, *allowed: str) -> None:
         for k in self.data:
             if k not in allowed:
@@ -291,18 +298,9 @@ def parse(data: dict[str, Any], path: Path) -> Config:
     seg_changes = r.get("segment_changes", int, 100_000)
     if seg_changes < 1:
         raise r.fail("segment_changes", "must be at least 1")
-    try:
-        seg_seconds = parse_duration(r.get("segment_seconds", (str, int, float), 0.25))
-    except ValueError as e:
-        raise r.fail("segment_seconds", str(e)) from None
-    try:
-        export_expiry = parse_duration(r.get("export_expiry", (str, int, float), "7d"))
-    except ValueError as e:
-        raise r.fail("export_expiry", str(e)) from None
-    try:
-        max_age = parse_duration(r.get("max_age", (str, int, float), 0))
-    except ValueError as e:
-        raise r.fail("max_age", str(e)) from None
+    seg_seconds = r.duration("segment_seconds", 0.25)
+    export_expiry = r.duration("export_expiry", "7d")
+    max_age = r.duration("max_age", 0)
     try:
         max_size = parse_size(r.get("max_size", (str, int), 0))
     except ValueError as e:
@@ -322,10 +320,7 @@ def parse(data: dict[str, Any], path: Path) -> Config:
         threads, t_latency, t_builders = parse_threads(r.get("threads", (int, str), 1))
     except ValueError as e:
         raise r.fail("threads", str(e)) from None
-    try:
-        latency = parse_duration(r.get("latency", (str, int, float), t_latency if t_latency is not None else 2.0))
-    except ValueError as e:
-        raise r.fail("latency", str(e)) from None
+    latency = r.duration("latency", t_latency if t_latency is not None else 2.0)
     max_changes = r.get("max_changes", int, 1_000_000)
     if max_changes < 1:
         raise r.fail("max_changes", "must be at least 1")
@@ -372,14 +367,8 @@ def parse(data: dict[str, Any], path: Path) -> Config:
             raise t.fail("initial", f'expected "wire" (loaded by run) or "files" (snapshot load), got {initial!r}')
         upkeep: dict[str, Any] = {}
         if kind == "delta":
-            try:
-                upkeep["compact_every"] = parse_duration(t.get("compact_every", (str, int, float), "1h"))
-            except ValueError as e:
-                raise t.fail("compact_every", str(e)) from None
-            try:
-                retention = parse_duration(t.get("vacuum_retention", (str, int, float), "168h"))
-            except ValueError as e:
-                raise t.fail("vacuum_retention", str(e)) from None
+            upkeep["compact_every"] = t.duration("compact_every", "1h")
+            retention = t.duration("vacuum_retention", "168h")
             if retention < 3600:
                 raise t.fail(
                     "vacuum_retention",
