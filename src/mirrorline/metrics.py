@@ -17,6 +17,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from mirrorline.config import Config
+from mirrorline.errors import ConfigError
 from mirrorline.log.reader import ChangeLog
 from mirrorline.position import Position
 
@@ -108,7 +109,15 @@ class RunMetrics:
         """Serve the metrics; returns the address (host, port) bound."""
         assert self.config.metrics.listen is not None
         host, port = self.config.metrics.listen
-        self.server, _thread = start_http_server(port, addr=host, registry=self.registry)
+        try:
+            self.server, _thread = start_http_server(port, addr=host, registry=self.registry)
+        except OSError as e:  # the port taken, an address not of this machine
+            raise ConfigError(
+                str(self.config.file),
+                "metrics.listen",
+                f"cannot serve metrics at {host}:{port}: {e.strerror or e}",
+                hint="choose a free port (or an address of this machine), or leave listen out",
+            ) from None
         bound = self.server.server_address[:2]
         log.info("metrics served at http://%s:%d/metrics", bound[0], bound[1])
         return str(bound[0]), int(bound[1])

@@ -821,15 +821,18 @@ class Runner:
         seen = {n: r.updated for n, r in readers(cl).items() if n in names}
         left = list(names)
         while left and not self._stop.wait(every):
-            now = readers(cl)
-            for n in list(left):
-                r = now.get(n)
-                if r is not None and r.updated != seen.get(n):
-                    seen[n] = r.updated
-                    if not needs_load(self.config, n):
-                        left.remove(n)
-                        self.on_message(f"target {n}: loaded from files; it catches up with the others")
-                        applier.admit(n)
+            try:
+                now = readers(cl)
+                for n in list(left):
+                    r = now.get(n)
+                    if r is not None and r.updated != seen.get(n):
+                        if not needs_load(self.config, n):
+                            left.remove(n)
+                            self.on_message(f"target {n}: loaded from files; it catches up with the others")
+                            applier.admit(n)
+                        seen[n] = r.updated
+            except MirrorlineError as e:  # the target unreachable a moment: looked at again at the next round
+                log.warning("waiting for files: %s", e)
 
     def run(self) -> RunResult:
         self._removed_targets()

@@ -17,6 +17,7 @@ from typing import Any
 from mirrorline import stopped
 from mirrorline.config import Config, redact_dsn
 from mirrorline.errors import MirrorlineError
+from mirrorline.log.retention import tree_size
 from mirrorline.position import Position, format_lsn, parse_lsn
 
 LAG_WARN_SECONDS = 300.0
@@ -184,17 +185,11 @@ def _log(config: Config, st: Status) -> Any:
         segs = cl.segments()
         st.log_segments = len(segs)
         st.log_durable = cl.durable()
-        st.log_bytes = sum(_tree_size(s.path) for s in segs)
+        st.log_bytes = sum(tree_size(s.path) for s in segs)
     except MirrorlineError as e:
         st.errors.append(f"log: {e}")
         return None
     return cl
-
-
-def _tree_size(p: Path) -> int:
-    if p.is_file():
-        return p.stat().st_size
-    return sum(f.stat().st_size for f in p.rglob("*") if f.is_file())
 
 
 def _target(config: Config, name: str, st: Status, cl: Any) -> TargetStatus:

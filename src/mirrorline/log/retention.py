@@ -128,7 +128,7 @@ def _capped(segs: list[Any], max_age: float, max_size: int, now: float) -> int:
         while n < len(segs) and segs[n].max_ts / 1e6 < now - max_age:
             n += 1
     if max_size > 0:
-        sizes = [_size(s.path) for s in segs]
+        sizes = [tree_size(s.path) for s in segs]
         total = sum(sizes[n:])
         while n < len(segs) and total > max_size:
             total -= sizes[n]
@@ -136,7 +136,8 @@ def _capped(segs: list[Any], max_age: float, max_size: int, now: float) -> int:
     return n
 
 
-def _size(p: Path) -> int:
+def tree_size(p: Path) -> int:
+    """Bytes of a segment: a file, or a folder of parts."""
     if p.is_file():
         return p.stat().st_size
     return sum(f.stat().st_size for f in p.rglob("*") if f.is_file())
