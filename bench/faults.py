@@ -190,23 +190,25 @@ class Recoveries(threading.Thread):
             return None
         return min(p.lsn for p in pos if p is not None)
 
+    def sweep(self, low: int, now: float) -> None:
+        """The pending faults every target has passed (``low``: the lowest applied position) are recovered from."""
+        with self.lock:
+            left = []
+            for kind, at, position in self.pending:
+                if low >= position:
+                    self.done.append((kind, now - at))
+                else:
+                    left.append((kind, at, position))
+            self.pending = left
+
     def run(self) -> None:
         while not self.stop.wait(0.2):
             try:
                 low = self.applied()
             except Exception:
                 continue
-            if low is None:
-                continue
-            now = time.monotonic()
-            with self.lock:
-                left = []
-                for kind, at, position in self.pending:
-                    if low >= position:
-                        self.done.append((kind, now - at))
-                    else:
-                        left.append((kind, at, position))
-                self.pending = left
+            if low is not None:
+                self.sweep(low, time.monotonic())
 
 
 def compare(src: PgCluster, tgt: PgCluster, work: Path) -> tuple[int, int, dict[str, Any]]:
@@ -319,6 +321,7 @@ def bench(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         lag_after = time.monotonic() - last_fault
         rec.stop.set()
         rec.join()
+        rec.sweep(low, time.monotonic())  # what the thread had not looked at since the targets passed the end
         sup.shutdown()
         sup = None
         lost, duplicated, detail = compare(src, tgt, work)
