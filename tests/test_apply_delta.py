@@ -160,17 +160,26 @@ def test_types_map_as_documented_and_read_back_by_deltalake_and_duckdb(
     _check_values(got[0])
 
 
-def test_a_value_delta_cannot_hold_stops_the_unit_with_nothing_written(
-    spark: Any, request: Any, tmp_path: Path
-) -> None:
+def test_a_value_that_is_no_date_stops_the_unit_with_nothing_written(spark: Any, request: Any, tmp_path: Path) -> None:
+    """Dates Delta cannot hold (infinite, BC, after 9999) are held as NULL, decided by the type; a text that is no
+    date at all stops the unit."""
     schema = TableSchema("public.days", (Column("id", "integer", nullable=False), Column("d", "date")), key=("id",))
     t = delta(request, tmp_path)
-    t.apply(
-        batch(spark, [net("public.days", "I", [1], {"id": 1, "d": "2024-01-01"})], P(0), P(1)), {"public.days": schema}
-    )
+    held = [
+        net("public.days", "I", [i], {"id": i, "d": d})
+        for i, d in enumerate(["2024-01-01", "infinity", "-infinity", "0044-03-15 BC", "12024-01-01"], 1)
+    ]
+    t.apply(batch(spark, held, P(0), P(1)), {"public.days": schema})
+    assert sorted(fetch(t, "public.days", ["id", "d"])) == [
+        (1, dt.date(2024, 1, 1)),
+        (2, None),
+        (3, None),
+        (4, None),
+        (5, None),
+    ]
     v = DeltaTable(str(t.path("public.days"))).version()
-    bad = [net("public.days", "I", [2], {"id": 2, "d": "infinity"})]
-    with pytest.raises(ApplyError, match=r"public\.days\.d: 'infinity' is not a valid date value for a Delta date"):
+    bad = [net("public.days", "I", [9], {"id": 9, "d": "2024-02-30"})]
+    with pytest.raises(ApplyError, match=r"public\.days\.d: '2024-02-30' is not a valid date value for a Delta date"):
         t.apply(batch(spark, bad, P(1), P(2)), {"public.days": schema})
     assert DeltaTable(str(t.path("public.days"))).version() == v
     assert t.applied_position() == P(1)

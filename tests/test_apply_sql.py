@@ -12,8 +12,16 @@ from mirrorline.apply.postgresql import POSTGRESQL
 from mirrorline.apply.sql import MASK_SEP, mask_of, parse_mask
 from mirrorline.apply.sqlite import SQLITE
 from mirrorline.apply.state import AppliedState
-from mirrorline.apply.types import base_type
-from mirrorline.errors import TargetError
+from mirrorline.apply.types import (
+    AFTER_294246,
+    LOSSY,
+    NAN,
+    NEGATIVE_ZERO,
+    OUTSIDE_1_9999,
+    TypeInfo,
+    base_type,
+    pg_temporal,
+)
 from mirrorline.model import Column, TableSchema
 from mirrorline.position import Position
 
@@ -129,13 +137,36 @@ def test_type_mapping(pg: str, sqlite: str, duck: str) -> None:
     assert DUCKDB.type_info("public.t", Column("c", pg)).target_type == duck
 
 
-@pytest.mark.parametrize("pg", ["tsvector", "point", "mood", "int4range"])
-def test_types_a_file_target_cannot_hold(pg: str) -> None:
-    for dialect in (SQLITE, DUCKDB):
-        with pytest.raises(TargetError) as e:
-            dialect.type_info("public.t", Column("c", pg))
-        assert e.value.context == {"table": "public.t", "column": "c", "type": pg}
-        assert pg in str(e.value)
+@pytest.mark.parametrize("pg", ["tsvector", "point", "mood", "int4range", "pg_lsn", "time with time zone"])
+def test_other_types_are_held_as_postgresql_text_by_file_targets(pg: str) -> None:
+    """Types SQLite and DuckDB have no counterpart of (geometric, ranges, text search, enums, domains, composites)
+    are held as PostgreSQL's text of their values, decided by the type, never refused by a row."""
+    assert SQLITE.type_info("public.t", Column("c", pg)) == TypeInfo(pg, "TEXT", "text")
+    assert DUCKDB.type_info("public.t", Column("c", pg)) == TypeInfo(pg, "VARCHAR", "text")
+
+
+def test_values_a_target_type_cannot_hold_are_decided_by_the_type() -> None:
+    assert DUCKDB.type_info("public.t", Column("c", "numeric(10,2)")).lossy == NAN
+    assert DUCKDB.type_info("public.t", Column("c", "numeric")).lossy == ""  # VARCHAR: NaN kept
+    assert SQLITE.type_info("public.t", Column("c", "real")).lossy == NEGATIVE_ZERO
+    assert DUCKDB.type_info("public.t", Column("c", "timestamp(3) with time zone")).lossy == AFTER_294246
+    assert DUCKDB.type_info("public.t", Column("c", "date")).lossy == ""  # DuckDB's dates go further
+    after = LOSSY[AFTER_294246].held
+    assert after("294247-01-01 00:00:00") is None and after("294246-12-31 23:59:59.999999") is not None
+    assert after("294276-01-01 00:00:00 BC") is not None and after("2020-01-01 00:00:00") is not None
+    assert LOSSY[NAN].held("NaN") is None and LOSSY[NAN].held("1.5") == "1.5"
+    assert LOSSY[NEGATIVE_ZERO].held("-0") == "0" and LOSSY[NEGATIVE_ZERO].held("-0.5") == "-0.5"
+    outside = LOSSY[OUTSIDE_1_9999].held
+    for v in ("infinity", "-infinity", "0044-03-15 BC", "10000-01-01", "0001-01-01 00:00:00+00 BC"):
+        assert outside(v) is None, v
+    for v in ("0001-01-01", "9999-12-31 23:59:59.999999", "2020-06-01 12:00:00+05:30"):
+        assert outside(v) == v
+
+
+def test_bc_dates_in_duckdb_text() -> None:
+    assert pg_temporal("0044-03-15 (BC) 12:00:00+00") == "0044-03-15 12:00:00+00 BC"
+    assert pg_temporal("4713-01-01 (BC)") == "4713-01-01 BC"
+    assert pg_temporal("2020-01-01") == "2020-01-01"
 
 
 def test_base_type() -> None:

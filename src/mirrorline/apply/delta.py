@@ -105,12 +105,12 @@ class DeltaDialect(SqliteDialect):
             return type_map.TypeInfo(col.type_name, "binary", "bytea")
         if b == "numeric":
             ps = type_map.decimal(col.type_name)
-            if ps is not None:
-                return type_map.TypeInfo(col.type_name, f"decimal({ps[0]},{ps[1]})", "cast")
+            if ps is not None:  # Delta's decimals have no NaN
+                return type_map.TypeInfo(col.type_name, f"decimal({ps[0]},{ps[1]})", "cast", type_map.NAN)
             return type_map.TypeInfo(col.type_name, "string", "text")
-        if b in _TIMES:
-            return type_map.TypeInfo(col.type_name, _TIMES[b], "time")
-        raise type_map.cannot_hold("Delta", table, col.name, col.type_name)
+        if b in _TIMES:  # Delta's dates and timestamps: years 1 to 9999
+            return type_map.TypeInfo(col.type_name, _TIMES[b], "time", type_map.OUTSIDE_1_9999)
+        return type_map.TypeInfo(col.type_name, "string", "text")  # every other type as PostgreSQL's text of it
 
     def arrow_type(self, info: type_map.TypeInfo) -> pa.DataType:
         t = info.target_type
@@ -135,11 +135,8 @@ class DeltaDialect(SqliteDialect):
             return f"CASE WHEN starts_with({expr}, '\\x') THEN unhex(substr({expr}, 3)) ELSE {bad} END"
         decimal = info.target_type.startswith("decimal(")
         duck = info.target_type.upper() if decimal else _TYPES[info.target_type][0]
-        cast = f"CAST({expr} AS {duck})"
-        if info.conv == "time":  # Delta's dates and timestamps have no infinity
-            bad = f"error({where} || {expr} || ' cannot be stored in a Delta {info.target_type} column')"
-            return f"CASE WHEN lower({expr}) IN ('infinity', '-infinity') THEN {bad} ELSE {cast} END"
-        return cast
+        text = type_map.duck_temporal(expr) if info.conv == "time" else expr
+        return type_map.lossy_sql(expr, info.lossy, f"CAST({text} AS {duck})")
 
     def bad_value(self, expr: str, info: type_map.TypeInfo) -> str | None:
         """DuckDB SQL true for a text ``expr`` that :meth:`convert` refuses (None: every text converts)."""
@@ -149,9 +146,11 @@ class DeltaDialect(SqliteDialect):
             return f"({expr} IS NOT NULL AND NOT regexp_full_match({expr}, '\\\\x([0-9a-fA-F]{{2}})*'))"
         decimal = info.target_type.startswith("decimal(")
         duck = info.target_type.upper() if decimal else _TYPES[info.target_type][0]
-        bad = f"({expr} IS NOT NULL AND TRY_CAST({expr} AS {duck}) IS NULL)"
-        if info.conv == "time":
-            return f"({bad} OR lower({expr}) IN ('infinity', '-infinity'))"
+        text = type_map.duck_temporal(expr) if info.conv == "time" else expr
+        bad = f"({expr} IS NOT NULL AND TRY_CAST({text} AS {duck}) IS NULL)"
+        cond = type_map.LOSSY[info.lossy].null_if if info.lossy else None
+        if cond:
+            return f"({bad} AND NOT {cond.format(expr)})"
         return bad
 
     def table_dir(self, root: Path, table: str) -> Path:
@@ -349,9 +348,24 @@ class _DeltaRead(TargetRead):
         dt = self._table(ts.table)
         assert dt is not None
         convs = [native_text(c.type_name) for c in ts.columns]
-        for batch in dt.to_pyarrow_dataset().to_batches(columns=list(ts.column_names), batch_size=10_000):
-            cols = [batch.column(i).to_pylist() for i in range(batch.num_columns)]
-            yield [[f(v) for f, v in zip(convs, row, strict=True)] for row in zip(*cols, strict=True)]
+        infos = [DELTA.type_info(ts.table, c) for c in ts.columns]
+        # dates and timestamps as DuckDB's text of them: Python's have no year before 1 AD
+        sel = ", ".join(
+            type_map.duck_text(quote_ident(c.name), i.target_type == "timestamp")
+            if i.conv == "time"
+            else quote_ident(c.name)
+            for c, i in zip(ts.columns, infos, strict=True)
+        )
+        con = duck_connection()
+        try:
+            for batch in dt.to_pyarrow_dataset().to_batches(columns=list(ts.column_names), batch_size=10_000):
+                con.register("mirrorline_rows", batch)
+                data = con.sql(f"SELECT {sel} FROM mirrorline_rows").to_arrow_table()
+                con.unregister("mirrorline_rows")
+                cols = [data.column(i).to_pylist() for i in range(data.num_columns)]
+                yield [[f(v) for f, v in zip(convs, row, strict=True)] for row in zip(*cols, strict=True)]
+        finally:
+            con.close()
 
 
 class DeltaTarget(Target):

@@ -79,8 +79,9 @@ class _SessionRead(TargetRead):
     def rows(self, ts: TableSchema) -> Iterator[list[Sequence[str | None]]]:
         from mirrorline.verify.canonical import native_text
 
+        d = self.target.dialect
         convs = [native_text(c.type_name) for c in ts.columns]
-        cols = ", ".join(quote_ident(c) for c in ts.column_names)
+        cols = ", ".join(d.read_expr(quote_ident(c.name), d.type_info(ts.table, c)) for c in ts.columns)
         for batch in self.s.fetch(f"SELECT {cols} FROM {self.target.dialect.table(ts.table)}"):
             yield [[f(v) for f, v in zip(convs, row, strict=True)] for row in batch]
 

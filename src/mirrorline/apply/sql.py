@@ -129,6 +129,11 @@ class Dialect(ABC):
     def eq(self, a: str, b: str, nullable: bool) -> str:
         return f"{a} = {b}" if not nullable else f"{a} IS NOT DISTINCT FROM {b}"
 
+    def read_expr(self, column: str, info: type_map.TypeInfo) -> str:
+        """How ``verify`` reads a column (``column`` already quoted) through the engine's client: as it is, or as
+        text where the client's own values cannot hold what the column can."""
+        return column
+
     # -- DDL --------------------------------------------------------------------------------------------------------
     def create_table(self, s: TableSchema) -> list[str]:
         out = []

@@ -46,15 +46,13 @@ class SqliteDialect(Dialect):
             return type_map.TypeInfo(col.type_name, "TEXT", "text")
         if b in type_map.INT_TYPES:
             return type_map.TypeInfo(col.type_name, "INTEGER", "int")
-        if b in type_map.FLOAT_TYPES:
-            return type_map.TypeInfo(col.type_name, "REAL", "real")
+        if b in type_map.FLOAT_TYPES:  # a -0 is stored as 0
+            return type_map.TypeInfo(col.type_name, "REAL", "real", type_map.NEGATIVE_ZERO)
         if b == "boolean":
             return type_map.TypeInfo(col.type_name, "INTEGER", "bool")
         if b == "bytea":
             return type_map.TypeInfo(col.type_name, "BLOB", "bytea")
-        if b == "numeric" or b in type_map.TEXT_TYPES or b in type_map.AS_TEXT_TYPES or b in type_map.DIRECT_TYPES:
-            return type_map.TypeInfo(col.type_name, "TEXT", "text")
-        raise type_map.cannot_hold("SQLite", table, col.name, col.type_name)
+        return type_map.TypeInfo(col.type_name, "TEXT", "text")  # every other type as PostgreSQL's text of it
 
     def conv(self, expr: str, info: type_map.TypeInfo, table: str = "", column: str = "") -> str:
         # SQLite casts never fail (CAST('abc' AS INTEGER) is 0): check first, else call the error function (which
@@ -69,9 +67,9 @@ class SqliteDialect(Dialect):
             return f"CASE {expr} WHEN 't' THEN 1 WHEN 'f' THEN 0 ELSE {bad} END"
         if info.conv == "real":
             ok = f"{expr} GLOB '*[0-9]*' AND NOT {expr} GLOB '*[^0-9eE.+-]*'"
-            return (
+            return (  # a REAL column keeps a NaN as the text 'NaN' (SQLite's reals have none)
                 f"CASE WHEN {ok} THEN CAST({expr} AS REAL) WHEN {expr} = 'Infinity' THEN 9e999 "
-                f"WHEN {expr} = '-Infinity' THEN -9e999 ELSE {bad} END"
+                f"WHEN {expr} = '-Infinity' THEN -9e999 WHEN {expr} = 'NaN' THEN 'NaN' ELSE {bad} END"
             )
         if info.conv == "bytea":
             return f"CASE WHEN substr({expr}, 1, 2) = '\\x' THEN mirrorline_unhex({expr}) ELSE {bad} END"
@@ -96,15 +94,9 @@ def sqlite_values(batch: pa.RecordBatch, schema: TableSchema, dialect: Dialect) 
         conv = dialect.type_info(schema.table, col).conv
         if conv == "int":
             out.append(pc.cast(arr, pa.int64()).to_pylist())
-        elif conv == "real":
+        elif conv == "real":  # a NaN as the text 'NaN' (SQLite's reals have none)
             vals = pc.cast(arr, pa.float64())
-            if pc.any(pc.is_nan(vals)).as_py():
-                raise TargetError(
-                    f"{schema.table}.{col.name}: NaN is not a valid {col.type_name} value for SQLite",
-                    table=schema.table,
-                    column=col.name,
-                )
-            out.append(vals.to_pylist())
+            out.append(["NaN" if v is not None and v != v else v for v in vals.to_pylist()])
         elif conv == "bool":
             out.append(pc.cast(pc.equal(arr, "t"), pa.int64()).to_pylist())
         elif conv == "bytea":

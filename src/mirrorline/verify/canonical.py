@@ -16,13 +16,13 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import re
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from decimal import Decimal
 from typing import Any
 
 import numpy as np
 
-from mirrorline.apply.types import base_type
+from mirrorline.apply.types import LOSSY, TEMPORAL_TYPES, base_type, pg_temporal
 
 MASK = (1 << 64) - 1
 Canon = Callable[[Any], str | None]
@@ -31,6 +31,25 @@ _FLOAT8 = {"double precision", "float8"}
 _FLOAT4 = {"real", "float4"}
 _INTS = {"smallint", "integer", "bigint", "oid", "int2", "int4", "int8"}
 _BPCHAR = {"character", "char", "bpchar"}
+
+
+Held = tuple[tuple[int, str], ...]  # (column index, the rule of the values a target holds otherwise there)
+
+
+def held(rows: Iterable[Sequence[str | None]], lossy: Held) -> Iterator[Sequence[str | None]]:
+    """The source's rows as a target holds them: in the columns of ``lossy``, the values their type cannot hold
+    there as the target holds them instead (:attr:`mirrorline.apply.types.TypeInfo.lossy`)."""
+    if not lossy:
+        yield from rows
+        return
+    rules = [(i, LOSSY[rule].held) for i, rule in lossy]
+    for r in rows:
+        out = list(r)
+        for i, rule in rules:
+            v = out[i]
+            if v is not None:
+                out[i] = rule(v)
+        yield out
 
 
 def row_hash(values: Sequence[str | None]) -> int:
@@ -155,7 +174,9 @@ def native_text(type_name: str) -> Canon:
     if b in _INTS:
         return _none(lambda v: str(int(v)))
     if b in ("timestamp with time zone", "timestamptz"):
-        return _none(lambda v: timestamptz_utc(v) if isinstance(v, str) else _as_text(v))
+        return _none(lambda v: timestamptz_utc(pg_temporal(v)) if isinstance(v, str) else _as_text(v))
+    if b in TEMPORAL_TYPES:  # as text where the engine's client cannot hold it (infinite, BC: DuckDB's text)
+        return _none(lambda v: pg_temporal(v) if isinstance(v, str) else _as_text(v))
     if b in _BPCHAR:  # char(n): PostgreSQL's text of it drops the padding (the targets keep it as sent)
         return _none(lambda v: _as_text(v).rstrip(" "))
     return _none(_as_text)
@@ -163,6 +184,9 @@ def native_text(type_name: str) -> Canon:
 
 def select_text(column: str, type_name: str) -> str:
     """The PostgreSQL expression reading a column as canonical text (``column`` already quoted)."""
-    if base_type(type_name) == "boolean":
+    b = base_type(type_name)
+    if b == "boolean":
         return f"CASE WHEN {column} THEN 't' WHEN NOT {column} THEN 'f' END"
+    if b == "inet":  # its cast to text adds a host's /32 or /128; its output (what pgoutput sends) does not
+        return f"format('%s', {column})"
     return f"{column}::text"

@@ -98,11 +98,17 @@ def compare(
     columns: Sequence[str],
     key: Sequence[int],
     limit: int,
+    shown: Iterable[Sequence[str | None]] | None = None,
 ) -> tuple[list[RowDiff], int]:
-    """The rows that differ (up to ``limit`` of them, in key order) and how many differ in all."""
+    """The rows that differ (up to ``limit`` of them, in key order) and how many differ in all. ``source`` is
+    compared as the target holds it; ``shown`` (its rows in the same order): the source's values to report."""
+    held = [tuple(r) for r in source]
+    show: dict[tuple[Any, ...], tuple[Any, ...]] = {}
+    if shown is not None:
+        show = {r: tuple(o) for r, o in zip(held, shown, strict=True)}
     src: dict[tuple[Any, ...], list[tuple[Any, ...]]] = {}
     tgt: dict[tuple[Any, ...], list[tuple[Any, ...]]] = {}
-    for rows, out in ((source, src), (target, tgt)):
+    for rows, out in ((held, src), (target, tgt)):
         for r in rows:
             out.setdefault(tuple(r[i] for i in key), []).append(tuple(r))
     found: list[RowDiff] = []
@@ -111,12 +117,15 @@ def compare(
         only_a, only_b = list((a - b).elements()), list((b - a).elements())
         while only_a and only_b:  # the same key on both sides with other values
             ra, rb = only_a.pop(0), only_b.pop(0)
-            cols = {c: (x, y) for c, x, y in zip(columns, ra, rb, strict=True) if x != y}
+            sa = show.get(ra, ra)
+            cols = {c: (s, y) for c, x, s, y in zip(columns, ra, sa, rb, strict=True) if x != y}
             found.append(RowDiff("changed", k, cols))
         keyed = set(key)  # a missing or extra row shows its other columns' values
         found.extend(
             RowDiff(
-                "missing", k, {c: (v, None) for i, (c, v) in enumerate(zip(columns, r, strict=True)) if i not in keyed}
+                "missing",
+                k,
+                {c: (v, None) for i, (c, v) in enumerate(zip(columns, show.get(r, r), strict=True)) if i not in keyed},
             )
             for r in only_a
         )

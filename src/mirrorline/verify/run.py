@@ -32,7 +32,7 @@ from mirrorline.snapshot import state as snapstate
 from mirrorline.snapshot.plan import TableStat, plan_chunks, select_sql
 from mirrorline.snapshot.source import consistent_point, require_source, snapshot_connection
 from mirrorline.snapshot.tasks import rewritten
-from mirrorline.verify.canonical import MASK, checksum, combine, select_text
+from mirrorline.verify.canonical import MASK, Held, checksum, combine, held, select_text
 from mirrorline.verify.diff import Buckets, RowDiff, compare, in_buckets
 
 FETCH = 10_000
@@ -153,10 +153,12 @@ class VerifyReport:
 
 def checksum_chunk(spec: dict[str, Any]) -> dict[str, Any]:
     """A Spark task: one chunk of one source table read under the exported snapshot, as canonical text: its count
-    and checksum; with ``key`` (column indexes) also its sums per key bucket; with ``wanted`` (buckets) instead the
-    rows of those buckets (``verify --diff``)."""
+    and checksum, once as the source holds its rows and once more for each of ``views`` (how a target holds them:
+    :func:`~mirrorline.verify.canonical.held`); with ``key`` (column indexes) also their sums per key bucket; with
+    ``wanted`` (buckets) instead the rows of those buckets (``verify --diff``)."""
     conn = snapshot_connection(spec["dsn"], spec["snapshot"], "mirrorline verify", utc=True)
     out: dict[str, Any] = {"table": spec["table"]}
+    views: list[Held] = [()] + [tuple((int(i), str(r)) for i, r in v) for v in spec.get("views", [])]
     try:
         with conn.cursor(name="mirrorline_verify") as cur:
             cur.itersize = FETCH
@@ -164,14 +166,17 @@ def checksum_chunk(spec: dict[str, Any]) -> dict[str, Any]:
             key, wanted = spec.get("key"), spec.get("wanted")
             if wanted is not None:
                 out["rows"] = [list(r) for r in in_buckets(cur, spec["key"], set(wanted))]
-            elif key is not None:
+            elif key is not None or len(views) > 1:
                 rows = list(cur)
-                out["rows"], out["sum"] = checksum(rows)
-                b = Buckets()
-                b.add(rows, key)
-                out["buckets"] = b.to_json()
+                out["sums"] = [checksum(held(rows, v)) for v in views]
+                if key is not None:
+                    out["buckets"] = []
+                    for v in views:
+                        b = Buckets()
+                        b.add(held(rows, v), key)
+                        out["buckets"].append(b.to_json())
             else:
-                out["rows"], out["sum"] = checksum(cur)
+                out["sums"] = [checksum(cur)]
         with conn.cursor() as cur:  # same transaction, the table's lock still held: see snapshot.tasks
             out["rewritten"] = rewritten(cur, spec["table"])
     finally:
@@ -201,24 +206,49 @@ def _source_specs(
     return specs
 
 
+def target_views(config: Config, names: Iterable[str], stats: dict[str, TableStat]) -> dict[str, dict[str, Held]]:
+    """Per target and table, how the target holds the source's rows (empty: as they are)."""
+    from mirrorline.apply import target_class
+
+    out: dict[str, dict[str, Held]] = {}
+    for name in names:
+        dialect = target_class(config.targets[name].kind).dialect
+        out[name] = {}
+        for t, st in stats.items():
+            infos = [(i, dialect.type_info(t, c).lossy) for i, c in enumerate(st.schema.columns)]
+            out[name][t] = tuple((i, n) for i, n in infos if n)
+    return out
+
+
 def source_checksums(
-    config: Config, snapshot: str, stats: dict[str, TableStat], chunk_blocks: int = 16384, buckets: bool = False
-) -> tuple[dict[str, tuple[int, int]], dict[str, Buckets]]:
-    """Per table (rows, checksum), and with ``buckets`` its sums per key bucket (``verify --diff``)."""
+    config: Config,
+    snapshot: str,
+    stats: dict[str, TableStat],
+    chunk_blocks: int = 16384,
+    buckets: bool = False,
+    views: dict[str, list[Held]] | None = None,
+) -> tuple[dict[str, list[tuple[int, int]]], dict[str, list[Buckets]]]:
+    """Per table (rows, checksum), and with ``buckets`` its sums per key bucket (``verify --diff``): first as the
+    source holds its rows, then once for each of the table's ``views`` (how targets hold them)."""
     from mirrorline.snapshot import check_rewritten, run_tasks
 
+    views = views or {}
     specs = _source_specs(config, snapshot, stats, chunk_blocks)
-    if buckets:
-        for spec in specs:
+    for spec in specs:
+        spec["views"] = [[[i, r] for i, r in v] for v in views.get(spec["table"], [])]
+        if buckets:
             spec["key"] = _key_indexes(stats[spec["table"]].schema)
-    out = {t: (0, 0) for t in stats}
-    by_bucket = {t: Buckets() for t in stats} if buckets else {}
+    n_views = {t: 1 + len(views.get(t, [])) for t in stats}
+    out = {t: [(0, 0)] * n_views[t] for t in stats}
+    by_bucket = {t: [Buckets() for _ in range(n_views[t])] for t in stats} if buckets else {}
     results = run_tasks(checksum_chunk, specs, f"mirrorline-verify-{os.getpid()}", "verify: reading the source")
     check_rewritten(results)
     for r in results:
-        out[r["table"]] = combine(out[r["table"]], (int(r["rows"]), int(r["sum"])))
+        t = r["table"]
+        out[t] = [combine(a, (int(b[0]), int(b[1]))) for a, b in zip(out[t], r["sums"], strict=True)]
         if buckets:
-            by_bucket[r["table"]].merge(Buckets.from_json(r["buckets"]))
+            for acc, b in zip(by_bucket[t], r["buckets"], strict=True):
+                acc.merge(Buckets.from_json(b))
     return out, by_bucket
 
 
@@ -405,7 +435,9 @@ def verify(
                 cp = point.enter_context(consistent_point(config, reconcile=False, create_main=False))
                 try:
                     stats = describe_tables(config, cp, None)
-                    source, src_buckets = source_checksums(config, cp.snapshot, stats, buckets=diff > 0)
+                    held_by = target_views(config, names, stats)
+                    views = {t: sorted({v[t] for v in held_by.values() if v[t]}) for t in stats}
+                    source, src_buckets = source_checksums(config, cp.snapshot, stats, buckets=diff > 0, views=views)
                 except Rewritten as e:  # TRUNCATE is not MVCC-safe: the snapshot saw the table empty
                     point.close()
                     retrying(e, "verify", attempt)
@@ -451,7 +483,9 @@ def verify(
                         moved, last_moved = True, f"target {name} was at {pos}, not at {cp.position}"
                         break
                     tc = TargetCheck(name, pos)
-                    for t, (rows, total) in source.items():
+                    view = {t: 1 + views[t].index(held_by[name][t]) if held_by[name][t] else 0 for t in stats}
+                    for t, sides in source.items():
+                        rows, total = sides[view[t]]
                         got = sums.get(t)
                         tc.tables.append(
                             TableCheck(
@@ -464,7 +498,17 @@ def verify(
                             )
                         )
                     if diff > 0:
-                        moved = not _diff(config, cp.snapshot, stats, target, tc, src_buckets, tgt_buckets, diff)
+                        moved = not _diff(
+                            config,
+                            cp.snapshot,
+                            stats,
+                            target,
+                            tc,
+                            {t: b[view[t]] for t, b in src_buckets.items()},
+                            tgt_buckets,
+                            diff,
+                            held_by[name],
+                        )
                         if moved:
                             last_moved = f"target {name} moved past {cp.position} while verify read it"
                             break
@@ -488,6 +532,7 @@ def _diff(
     src_buckets: dict[str, Buckets],
     tgt_buckets: dict[str, Buckets],
     limit: int,
+    lossy: dict[str, Held],
 ) -> bool:
     """Fill the differing tables' rows (``--diff``); False when the target moved meanwhile."""
     wanted: dict[str, set[int]] = {}
@@ -508,7 +553,8 @@ def _diff(
             schema = stats[c.table].schema
             key = _key_indexes(schema)
             c.key = [schema.column_names[i] for i in key]
+            src = list(held(src_rows[c.table], lossy.get(c.table, ())))  # compared as the target holds it
             c.diffs, c.differing_rows = compare(
-                src_rows[c.table], tgt_rows[c.table], list(schema.column_names), key, limit
+                src, tgt_rows[c.table], list(schema.column_names), key, limit, shown=src_rows[c.table]
             )
     return True
