@@ -316,7 +316,9 @@ def _compare(kind: str, src: dict[int, list[str | None]], got: dict[int, list[An
 # ---------------------------------------------------------------------------------------------------------- test
 
 
-def test_every_type_and_edge_value_reaches_every_target_kind(pg: Any, pg_cluster: Any, spark: Any, tmp_path: Path):
+def test_every_type_and_edge_value_reaches_every_target_kind(
+    pg: Any, pg_cluster: Any, spark: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
+):
     columns = ", ".join(f'"{n}" {t}' for n, (t, _) in COLUMNS.items())
     pg.execute(f"{USER_TYPES} CREATE TABLE {TABLE} (id integer PRIMARY KEY, {columns})")
     urls = {}
@@ -344,6 +346,15 @@ def test_every_type_and_edge_value_reaches_every_target_kind(pg: Any, pg_cluster
     Capture(live_conf, once=True).run()
     for name in live:  # the table is empty: loaded at once, then replicated
         snapshot_target(live_conf, name, options=Options(progress=False))
+    # what each target holds otherwise is said once, when it creates the table
+    said = [r.getMessage() for r in caplog.records if "is held as" in r.getMessage()]
+    assert (
+        "target live_duckdb: public.matrix: c_num_ps (numeric(10,2) as DECIMAL(10,2): NaN is held as NULL)"
+        in " ".join(said)
+    )
+    assert any(m.startswith("target live_sqlite: public.matrix: c_real (real as REAL: -0 is held as 0)") for m in said)
+    assert any("target live_delta: public.matrix:" in m and "c_date (date as date: values outside" in m for m in said)
+    assert not any("live_postgresql" in m for m in said)
     applier = Applier(live_conf, spark=spark)
     try:
 

@@ -443,6 +443,7 @@ class DeltaTarget(Target):
                 if dt is None:
                     DeltaTable.create(str(path), want, name=ts.table)
                     done.append(f"created {ts.table}")
+                    self._lossy_note(ts)
                     continue
                 have = {f.name for f in dt.schema().fields}
                 new = [f for f in want if f.name not in have]

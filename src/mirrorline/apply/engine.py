@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import logging
 import threading
 import time
 from abc import ABC, abstractmethod
@@ -37,7 +38,7 @@ from mirrorline.apply.state import parse as parse_state
 from mirrorline.apply.state import read as read_state
 from mirrorline.apply.state import write as write_state
 from mirrorline.apply.state import write_missing as write_missing_state
-from mirrorline.apply.types import cannot_hold
+from mirrorline.apply.types import cannot_hold, lossy_note
 from mirrorline.errors import ApplyError, TargetError, TransientTargetError
 from mirrorline.model import Change, TableSchema, quote_ident
 from mirrorline.position import Position
@@ -47,6 +48,8 @@ if TYPE_CHECKING:
 
 _images = itertools.count(1)
 ChangeSource = Callable[[], Iterable[Change]] | Sequence[Change] | None
+
+log = logging.getLogger(__name__)
 
 
 class TargetRead(ABC):
@@ -300,12 +303,19 @@ class Target(ABC):
                     for stmt in self.dialect.create_table(ts):
                         s.execute(stmt)
                     done.append(f"created {ts.table}")
+                    self._lossy_note(ts)
                     continue
                 for c in ts.columns:
                     if c.name not in have:
                         s.execute(self.dialect.add_column(ts.table, c))
                         done.append(f"added {ts.table}.{c.name}")
         return done
+
+    def _lossy_note(self, ts: TableSchema) -> None:
+        """Say once, when a table is created, which of its columns hold some values otherwise (README, "Types")."""
+        note = lossy_note((c.name, self.dialect.type_info(ts.table, c)) for c in ts.columns)
+        if note:
+            log.warning("target %s: %s: %s", self.name, ts.table, note)
 
     # -- apply -----------------------------------------------------------------------------------------------------
     def apply(self, batch: NetBatch, schemas: Mapping[str, TableSchema], changes: ChangeSource = None) -> ApplyResult:

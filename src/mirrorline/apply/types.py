@@ -53,7 +53,7 @@ A value that does not convert is an error of the database (PostgreSQL, DuckDB) o
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from mirrorline.errors import TargetError
@@ -113,18 +113,21 @@ def _after_294246(v: str) -> bool:
 class Lossy:
     """Values of a column's type that a target's type for it cannot hold, and how the target holds them."""
 
+    what: str  # for people: "NaN is held as NULL"
     null_if: str | None  # DuckDB SQL ({0}: the text) true for a value apply writes as NULL; None: the engine decides
     held: Callable[[str], str | None]  # PostgreSQL's text -> the text the target then holds (None: NULL)
 
 
 LOSSY: dict[str, Lossy] = {
-    NAN: Lossy("{0} = 'NaN'", lambda v: None if v == "NaN" else v),
+    NAN: Lossy("NaN is held as NULL", "{0} = 'NaN'", lambda v: None if v == "NaN" else v),
     OUTSIDE_1_9999: Lossy(  # infinity, BC and years beyond 9999 do not start with four digits and a dash
+        "values outside the years 1 to 9999 (infinity, BC) are held as NULL",
         "(NOT regexp_matches({0}, '^[0-9]{{4}}-') OR ends_with({0}, ' BC'))",
         lambda v: None if not _YEARS_1_9999.match(v) or v.endswith(" BC") else v,
     ),
-    NEGATIVE_ZERO: Lossy(None, lambda v: "0" if v == "-0" else v),  # SQLite stores -0.0 as 0
+    NEGATIVE_ZERO: Lossy("-0 is held as 0", None, lambda v: "0" if v == "-0" else v),  # SQLite stores -0.0 as 0
     AFTER_294246: Lossy(  # DuckDB's timestamps end at 294247-01-10, PostgreSQL's in 294276
+        "timestamps after the year 294246 are held as NULL",
         "(regexp_matches({0}, '^[0-9]{{6,}}-') AND NOT ends_with({0}, ' BC') "
         "AND CAST(split_part({0}, '-', 1) AS BIGINT) > 294246)",
         lambda v: None if _after_294246(v) else v,
@@ -167,6 +170,12 @@ def decimal(type_name: str) -> tuple[int, int] | None:
         if 0 <= scale <= mod[0]:
             return mod[0], scale
     return None
+
+
+def lossy_note(infos: Iterable[tuple[str, TypeInfo]]) -> str:
+    """``"c (numeric(10,2) as DECIMAL(10,2): NaN is held as NULL)"`` for each column (name, type) that holds some
+    values otherwise; empty when none does."""
+    return "; ".join(f"{name} ({i.pg_type} as {i.target_type}: {LOSSY[i.lossy].what})" for name, i in infos if i.lossy)
 
 
 def lossy_sql(expr: str, lossy: str, value_sql: str) -> str:
