@@ -13,7 +13,7 @@ import pytest
 from mirrorline import config as cfg
 from mirrorline.capture.session import Capture
 from mirrorline.log.reader import ChangeLog
-from mirrorline.workload import Workload
+from mirrorline.workload import EVENTS, Workload
 from tests.crash_support import KILLS, finish, kill_loop, mirrorline_process
 from tests.pipeline_support import assert_same, config_text, target_url
 
@@ -34,8 +34,12 @@ def test_apply_killed_at_random_applies_everything_exactly_once(pg, pg_cluster, 
     conf = cfg.load(conf_file)
     Capture(conf, once=True).run()
     work.run(transactions=900)
+    work.every_kind()
     work.large_transaction(500)
-    Capture(conf, once=True).run()
+    work.large_transaction(400, abort=True)
+    stats = Capture(conf, once=True).run()
+    assert stats.streamed >= 1 and stats.aborted >= 1, "large transactions streamed (logical_decoding_work_mem 64kB)"
+    assert all(work.counts[e] >= 1 for e in EVENTS), f"every kind of event happened: {dict(work.counts)}"
     rng = random.Random(11)
     log = ChangeLog(conf.log.path)
     assert (log.count() or 0) > 150 * 20, "enough units that kills land between and inside them"

@@ -1,6 +1,8 @@
 """A generated workload on a real PostgreSQL source: the tables and the random inserts, updates (some changing the
 key, some leaving a large TOASTed value unchanged), deletes, delete-then-reinsert, truncates and large transactions
-that the end-to-end tests, the crash tests, the demo and the benchmarks run.
+that the end-to-end tests, the crash tests, the demo and the benchmarks run. :attr:`Workload.counts` counts each
+kind of event that reached the source (committed, or the rollbacks themselves), so a test can assert that what it
+claims to replicate happened: :data:`EVENTS`; :meth:`Workload.every_kind` makes one of each for certain.
 
 Tables (all in schema ``public``):
 
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import random
 import string
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -37,6 +40,18 @@ COLUMNS = {
     "public.events": ["a", "b", "label"],
     "public.ledger": ["day", "seq", "amount", "memo"],
 }
+
+
+EVENTS = (
+    "truncate",  # TRUNCATE public.events
+    "key_change",  # UPDATE ... SET id = ... of an account
+    "key_change_unchanged_toast",  # ... whose TOASTed note is not sent
+    "delete_reinsert",  # DELETE then INSERT of the same key in one transaction
+    "rollback",  # a transaction rolled back
+    "savepoint_rollback",  # an operation undone by ROLLBACK TO SAVEPOINT in a transaction that commits
+    "streamed",  # a large transaction (streamed beyond logical_decoding_work_mem) that commits
+    "streamed_abort",  # ... that rolls back
+)
 
 
 def _word(rng: random.Random, n: int = 8) -> str:
@@ -61,6 +76,9 @@ class Workload:
     ledger: set[tuple[int, int]] = field(default_factory=set)
     next_id: int = 1
     statements: int = 0
+    toasted: set[int] = field(default_factory=set)  # accounts whose note is stored out of line
+    counts: Counter[str] = field(default_factory=Counter)  # EVENTS that reached the source
+    _pending: Counter[str] = field(default_factory=Counter)  # ... in the open transaction
 
     def __post_init__(self) -> None:
         self.rng = random.Random(self.seed)
@@ -100,6 +118,7 @@ class Workload:
             note = _word(rng) if rng.random() < 0.7 else None
             if self.big_notes and rng.random() < 0.2:
                 note = big_text(rng)
+                self.toasted.add(i)
             cur.execute(
                 "INSERT INTO public.accounts VALUES (%s, %s, %s, %s, %s, %s)",
                 (
@@ -124,21 +143,34 @@ class Workload:
                     "UPDATE public.accounts SET owner = %s, note = %s WHERE id = %s",
                     (_word(rng), _word(rng, 12) if rng.random() < 0.8 else None, i),
                 )
+                self.toasted.discard(i)
         elif r < 0.82:  # the key changes: delete of the old key + insert of the new one downstream
-            i = rng.choice(sorted(self.accounts))
-            j = self.next_id
-            self.next_id += 1
-            cur.execute("UPDATE public.accounts SET id = %s WHERE id = %s", (j, i))
-            self.accounts.discard(i)
-            self.accounts.add(j)
+            self.key_change(cur, rng.choice(sorted(self.accounts)))
         elif r < 0.9:  # delete then insert the same key in one transaction
-            i = rng.choice(sorted(self.accounts))
-            cur.execute("DELETE FROM public.accounts WHERE id = %s", (i,))
-            cur.execute("INSERT INTO public.accounts VALUES (%s, %s, 0, true, '2024-01-01', 'again')", (i, _word(rng)))
+            self.delete_reinsert(cur, rng.choice(sorted(self.accounts)))
         else:
             i = rng.choice(sorted(self.accounts))
             cur.execute("DELETE FROM public.accounts WHERE id = %s", (i,))
             self.accounts.discard(i)
+            self.toasted.discard(i)
+
+    def key_change(self, cur: Any, i: int) -> None:
+        j = self.next_id
+        self.next_id += 1
+        cur.execute("UPDATE public.accounts SET id = %s WHERE id = %s", (j, i))
+        self.accounts.discard(i)
+        self.accounts.add(j)
+        self._pending["key_change"] += 1
+        if i in self.toasted:  # the note stays out of line and unsent: the new row's image lacks it
+            self.toasted.discard(i)
+            self.toasted.add(j)
+            self._pending["key_change_unchanged_toast"] += 1
+
+    def delete_reinsert(self, cur: Any, i: int) -> None:
+        cur.execute("DELETE FROM public.accounts WHERE id = %s", (i,))
+        cur.execute("INSERT INTO public.accounts VALUES (%s, %s, 0, true, '2024-01-01', 'again')", (i, _word(self.rng)))
+        self.toasted.discard(i)
+        self._pending["delete_reinsert"] += 1
 
     def _event_op(self, cur: Any, r: float) -> None:
         rng = self.rng
@@ -167,8 +199,12 @@ class Workload:
                 cur.execute("DELETE FROM public.events WHERE a = %s AND b = %s", k)
                 del self.events[k]
         else:
-            cur.execute("TRUNCATE public.events")
-            self.events.clear()
+            self.truncate(cur)
+
+    def truncate(self, cur: Any) -> None:
+        cur.execute("TRUNCATE public.events")
+        self.events.clear()
+        self._pending["truncate"] += 1
 
     def _ledger_op(self, cur: Any, r: float) -> None:
         rng = self.rng
@@ -192,25 +228,82 @@ class Workload:
             cur.execute("DELETE FROM public.ledger WHERE day = %s AND seq = %s", (f"2024-02-{k[0]:02d}", k[1]))
             self.ledger.discard(k)
 
+    def _state(self) -> tuple[Any, ...]:
+        return set(self.accounts), dict(self.events), set(self.ledger), self.next_id, set(self.toasted)
+
+    def _restore(self, saved: tuple[Any, ...]) -> None:
+        self.accounts, self.events, self.ledger, self.next_id, self.toasted = saved
+
+    def _end(self, conn: Any, commit: bool, saved: tuple[Any, ...]) -> None:
+        if commit:
+            conn.commit()
+            self.counts.update(self._pending)
+        else:
+            conn.rollback()
+            self._restore(saved)
+            self.counts["rollback"] += 1
+        self._pending.clear()
+
+    def _undone_op(self, cur: Any) -> None:
+        """One operation undone by ROLLBACK TO SAVEPOINT: the source, and what this workload knows, as before."""
+        saved, pending = self._state(), Counter(self._pending)
+        cur.execute("SAVEPOINT mirrorline_workload")
+        self._op(cur)
+        cur.execute("ROLLBACK TO SAVEPOINT mirrorline_workload")
+        self._restore(saved)
+        self._pending = pending
+        self._pending["savepoint_rollback"] += 1
+
     def run(
-        self, transactions: int, ops_per_transaction: tuple[int, int] = (1, 8), rollback_share: float = 0.05
+        self,
+        transactions: int,
+        ops_per_transaction: tuple[int, int] = (1, 8),
+        rollback_share: float = 0.05,
+        savepoint_share: float = 0.05,
     ) -> None:
-        """Run ``transactions`` random transactions; some roll back."""
+        """Run ``transactions`` random transactions; some roll back, some undo one operation to a savepoint."""
         with self._conn() as conn:
             for _ in range(transactions):
-                saved = (set(self.accounts), dict(self.events), set(self.ledger), self.next_id)
+                saved = self._state()
                 with conn.cursor() as cur:
                     for _ in range(self.rng.randint(*ops_per_transaction)):
+                        if self.rng.random() < savepoint_share:
+                            self._undone_op(cur)
                         self._op(cur)
-                if self.rng.random() < rollback_share:
-                    conn.rollback()
-                    self.accounts, self.events, self.ledger, self.next_id = saved
-                else:
-                    conn.commit()
+                self._end(conn, self.rng.random() >= rollback_share, saved)
 
-    def large_transaction(self, rows: int) -> None:
+    def every_kind(self) -> None:
+        """One transaction of each kind in :data:`EVENTS` but the streamed ones (:meth:`large_transaction`), for
+        certain: a TRUNCATE, a key change of an account with a TOASTed note, a delete then re-insert, a savepoint
+        rollback, a rollback."""
+        with self._conn() as conn:
+            for step in ("toasted", "key_change", "delete_reinsert", "truncate", "savepoint", "rollback"):
+                saved = self._state()
+                with conn.cursor() as cur:
+                    if step == "toasted":
+                        i = self.next_id
+                        self.next_id += 1
+                        cur.execute(
+                            "INSERT INTO public.accounts VALUES (%s, 'toast', 1, true, '2024-01-01', %s)",
+                            (i, big_text(self.rng)),
+                        )
+                        self.accounts.add(i)
+                        self.toasted.add(i)
+                    elif step == "key_change":
+                        self.key_change(cur, max(self.toasted))
+                    elif step == "delete_reinsert":
+                        self.delete_reinsert(cur, min(self.accounts))
+                    elif step == "truncate":
+                        cur.execute("INSERT INTO public.events VALUES (1, 1, 'x'), (1, 1, 'x')")
+                        self.truncate(cur)
+                    else:
+                        self._undone_op(cur)
+                        self._op(cur)
+                self._end(conn, step != "rollback", saved)
+
+    def large_transaction(self, rows: int, abort: bool = False) -> None:
         """One transaction inserting ``rows`` accounts and updating them all: streamed by PostgreSQL when it
-        exceeds logical_decoding_work_mem."""
+        exceeds logical_decoding_work_mem; ``abort``: rolled back at the end (a streamed abort)."""
         first = self.next_id
         self.next_id += rows
         with self._conn() as conn, conn.cursor() as cur:
@@ -222,8 +315,16 @@ class Workload:
             cur.execute(
                 "UPDATE public.accounts SET balance = balance + 1 WHERE id BETWEEN %s AND %s", (first, first + rows - 1)
             )
+            if abort:
+                conn.rollback()
+                # an abort record is not flushed by itself: a commit after it makes the WAL to it durable and sent
+                cur.execute("SELECT pg_logical_emit_message(true, 'mirrorline-workload', 'after an abort')")
+                conn.commit()
+                self.counts["streamed_abort"] += 1
+                return
             conn.commit()
         self.accounts.update(range(first, first + rows))
+        self.counts["streamed"] += 1
 
     def mark(self) -> int:
         """Commit one small transaction and return an LSN below its commit record: once the log holds a change at

@@ -408,15 +408,18 @@ class Target(ABC):
         counts: dict[str, dict[str, int]] = {}
         try:
             s.begin()
+            log.debug("target %s: transaction open: unit %s..%s, %s", self.name, batch.start, batch.end, tables)
             for t in tables:
                 counts[t] = self._bulk_table(s, u, u.schemas[t])
             write_state(s, tables, batch.end, unit)
             t0 = time.monotonic()
             s.commit()
+            log.debug("target %s: transaction committed: unit %s..%s", self.name, batch.start, batch.end)
             result.timed("commit", t0)
         except Exception as e:
             with contextlib.suppress(Exception):
                 s.rollback()
+            log.debug("target %s: transaction rolled back: unit %s..%s", self.name, batch.start, batch.end)
             if not (isinstance(e, _Mismatch) or s.is_data_error(e)):
                 if not isinstance(e, s.db_errors):
                     raise

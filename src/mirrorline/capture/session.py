@@ -145,6 +145,7 @@ class Capture:
         return tables
 
     def run(self) -> CaptureStats:
+        log.debug("capture: starting up")
         tables = self.prepare()
         lcfg = self.config.log
         self._writer = writer = LogWriter(lcfg.path, lcfg.segment_changes, lcfg.segment_seconds)
@@ -242,6 +243,7 @@ class Capture:
                 raise source_error(e, dsn, f"cannot start replication from slot {self.source.slot}") from None
             asm.skip_through = writer.last_lsn
             self._streaming = True
+            log.debug("capture: streaming from slot %s", self.source.slot)
             if not self._started:
                 self._started = True
                 if self.on_ready is not None:

@@ -78,7 +78,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help(sys.stderr)
         return 2
     level = logging.WARNING - 10 * min(args.verbose, 2)
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    # -vv: mirrorline's debug lines; the libraries' (py4j logs every call to the JVM) stay at info
+    logging.basicConfig(
+        level=max(level, logging.INFO), format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
+    )
+    logging.getLogger("mirrorline").setLevel(level)
     try:
         return int(args._module.run(args) or 0)
     except MirrorlineError as e:

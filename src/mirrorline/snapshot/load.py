@@ -8,6 +8,7 @@ or nothing.
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -16,6 +17,8 @@ from mirrorline.apply.session import Session
 from mirrorline.model import TableSchema
 from mirrorline.position import Position
 from mirrorline.snapshot import state as snapstate
+
+log = logging.getLogger(__name__)
 
 
 class BulkLoader:
@@ -32,6 +35,7 @@ class BulkLoader:
         s = self.s
         s.bulk_begin()
         s.begin()
+        log.debug("target %s: snapshot load open: %s", self.target.name, [ts.table for ts in schemas])
         snapstate.ensure_tables(s)
         for ts in schemas:
             s.truncate(ts.table)
@@ -47,6 +51,7 @@ class BulkLoader:
             s, [snapstate.TableSnapshot(t, "loaded", position, end_lsn, n, origin, stamp) for t, n in loaded.items()]
         )
         s.commit()
+        log.debug("target %s: snapshot load committed", self.target.name)
         self.close()
 
     def abort(self) -> None:
