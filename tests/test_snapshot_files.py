@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+import oracle
 from mirrorline.errors import SnapshotError
 from mirrorline.snapshot import Options, catch_up, check_folder, export_snapshot, load_snapshot
 from mirrorline.snapshot.plan import parse_chunk_file_name
@@ -51,6 +52,8 @@ def test_export_load_catch_up_verify(pg: Any, spark: Any, tmp_path: Path, target
     capture_once(cfg)
     for name in ("postgresql", "sqlite", "delta"):
         catch_up(cfg, name)
+        for table in ("public.items", "public.parts"):  # read independently before verify is asked
+            oracle.assert_same(pg.dsn, name, urls[name], table)
     report = verify(cfg)
     assert report.ok, report.text()
     assert {t.target for t in report.targets} == {"postgresql", "sqlite", "delta"}

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+import oracle
 from mirrorline.cli.main import main
 from mirrorline.snapshot import Options, catch_up, reconcile_targets
 from mirrorline.status import render_prometheus, status
@@ -80,8 +81,10 @@ def test_targets_and_tables_added_while_live(
             w.stop()
         cap.stop()
     capture_once(three)
-    for name in ("cache", "dw"):
+    for name, kind in (("cache", "sqlite"), ("dw", "postgresql")):
         catch_up(three, name)
+        for table in ("public.items", "public.parts"):  # read independently before verify is asked
+            oracle.assert_same(pg.dsn, kind, urls[kind], table)
     report = verify(three)
     assert report.ok, report.text()
     assert {c.table for t in report.targets for c in t.tables} == {"public.items", "public.parts"}

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+import oracle
 from mirrorline.apply import open_target
 from mirrorline.snapshot import Options, catch_up, consistent_position, snapshot_target
 from mirrorline.snapshot.plan import SEQ_MAX
@@ -52,6 +53,7 @@ def test_snapshot_under_a_workload_then_catch_up_equals_source(
     capture_once(cfg)
     for name in ("postgresql", "sqlite", "duckdb", "delta"):
         catch_up(cfg, name)
+        oracle.assert_same(pg.dsn, name, urls[name], "public.items")  # read independently before verify is asked
     report = verify(cfg)
     assert report.ok, report.text()
     assert {t.target for t in report.targets} == {"postgresql", "sqlite", "duckdb", "delta"}

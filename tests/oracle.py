@@ -1,0 +1,172 @@
+"""An independent reader (issue 17): a table read from the source through psycopg2 as text and from a target through
+that target's own client (psycopg2, sqlite3, duckdb, deltalake), every value turned into one comparable Python value
+by this file's own rules (not mirrorline's canonical form), and the two compared as multisets of rows. Tests ask it
+before they ask ``verify``.
+
+Values: integers as ``int``; ``numeric`` as ``Decimal``; ``double precision`` as its exact bits (``float.hex``), so
+``-0`` differs from ``0``; ``real`` as its 4 bytes; booleans as ``bool``; ``timestamp with time zone`` as an aware UTC
+``datetime``; ``timestamp`` and ``date`` as ``datetime`` / ``date``; ``bytea`` as ``bytes``; ``char(n)`` without its
+padding; every other type as PostgreSQL's text of it.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+import sqlite3
+import struct
+from collections import Counter
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import psycopg2
+
+_INTS = {"smallint", "integer", "bigint", "oid"}
+
+
+def _base(type_name: str) -> str:
+    """``"timestamp(3) with time zone"`` -> ``"timestamp with time zone"``; arrays keep their ``[]``."""
+    return re.sub(r"\s+", " ", re.sub(r"\([^)]*\)", "", type_name)).strip()
+
+
+def _real(x: float) -> bytes:
+    return struct.pack(">f", x)
+
+
+def value(type_name: str, v: Any) -> Any:
+    """A value of a column of ``type_name``, as PostgreSQL's text or as a client's own Python value -> the
+    comparable value."""
+    if v is None:
+        return None
+    b = _base(type_name)
+    if b.endswith("[]"):
+        return str(v)
+    if b in _INTS:
+        return int(v)
+    if b == "numeric":
+        return Decimal(str(v)).normalize() if str(v) not in ("NaN", "Infinity", "-Infinity") else str(v)
+    if b == "double precision":
+        return float(v).hex()
+    if b == "real":
+        return _real(float(v))
+    if b == "boolean":
+        return v in (True, 1, "t", "true") if not isinstance(v, str) else v in ("t", "true")
+    if b == "timestamp with time zone":
+        if isinstance(v, str):
+            if v in ("infinity", "-infinity") or v.endswith(" BC"):
+                return v
+            v = dt.datetime.fromisoformat(v)
+        return v.astimezone(dt.UTC)
+    if b == "timestamp without time zone":
+        if isinstance(v, str):
+            return v if v in ("infinity", "-infinity") or v.endswith(" BC") else dt.datetime.fromisoformat(v)
+        return v
+    if b == "date":
+        if isinstance(v, str):
+            return v if v in ("infinity", "-infinity") or v.endswith(" BC") else dt.date.fromisoformat(v)
+        return v
+    if b == "bytea":
+        return bytes.fromhex(v[2:]) if isinstance(v, str) else bytes(v)
+    if b in ("character", "char", "bpchar"):
+        return str(v).rstrip(" ")
+    return str(v)
+
+
+def columns(dsn: str, table: str) -> list[tuple[str, str]]:
+    """(name, format_type) of the source table's columns, in order."""
+    conn = psycopg2.connect(dsn)
+    try:
+        with conn.cursor() as cur:
+            cur.execute(
+                "SELECT attname, format_type(atttypid, atttypmod) FROM pg_attribute "
+                "WHERE attrelid = %s::regclass AND attnum > 0 AND NOT attisdropped ORDER BY attnum",
+                (table,),
+            )
+            return [(str(n), str(t)) for n, t in cur.fetchall()]
+    finally:
+        conn.close()
+
+
+def _pg_rows(dsn: str, table: str, cols: list[tuple[str, str]], relation: str) -> list[tuple[Any, ...]]:
+    conn = psycopg2.connect(dsn)
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SET TimeZone = 'UTC'")
+            sel = ", ".join(f'"{n}"::text' for n, _ in cols)
+            cur.execute(f"SELECT {sel} FROM {relation}")
+            return [tuple(value(t, v) for (_, t), v in zip(cols, r, strict=True)) for r in cur.fetchall()]
+    finally:
+        conn.close()
+
+
+def source(dsn: str, table: str) -> Counter[tuple[Any, ...]]:
+    cols = columns(dsn, table)
+    schema, name = table.split(".", 1)
+    return Counter(_pg_rows(dsn, table, cols, f'"{schema}"."{name}"'))
+
+
+def _file_name(table: str) -> str:
+    schema, name = table.split(".", 1)
+    return name if schema == "public" else table
+
+
+def target(kind: str, url: str, table: str, cols: list[tuple[str, str]]) -> Counter[tuple[Any, ...]] | None:
+    """The target's rows of ``table`` (None: it has no such table)."""
+    schema, name = table.split(".", 1)
+    if kind == "postgresql":
+        conn = psycopg2.connect(url)
+        try:
+            with conn.cursor() as cur:
+                cur.execute("SELECT to_regclass(%s)", (f'"{schema}"."{name}"',))
+                if cur.fetchone()[0] is None:
+                    return None
+        finally:
+            conn.close()
+        return Counter(_pg_rows(url, table, cols, f'"{schema}"."{name}"'))
+    path = url.split(":///", 1)[1]
+    sel = ", ".join(f'"{n}"' for n, _ in cols)
+    if kind == "delta":
+        from deltalake import DeltaTable
+
+        folder = Path(path) / _file_name(table)
+        if not DeltaTable.is_deltatable(str(folder)):
+            return None
+        data = DeltaTable(str(folder)).to_pyarrow_table(columns=[n for n, _ in cols])
+        raw = list(zip(*(data[n].to_pylist() for n, _ in cols), strict=True))
+    elif kind == "sqlite":
+        with sqlite3.connect(path) as sconn:
+            found = sconn.execute("SELECT 1 FROM sqlite_master WHERE name = ?", (_file_name(table),)).fetchone()
+            if found is None:
+                return None
+            raw = sconn.execute(f'SELECT {sel} FROM "{_file_name(table)}"').fetchall()
+    else:
+        import duckdb
+
+        duck_schema = "main" if schema == "public" else schema
+        dconn = duckdb.connect(path)
+        try:
+            dconn.execute("SET TimeZone = 'UTC'")
+            n = dconn.execute(
+                "SELECT count(*) FROM information_schema.tables WHERE table_schema = ? AND table_name = ?",
+                (duck_schema, name),
+            ).fetchone()
+            if not n or not n[0]:
+                return None
+            raw = dconn.execute(f'SELECT {sel} FROM "{duck_schema}"."{name}"').fetchall()
+        finally:
+            dconn.close()
+    return Counter(tuple(value(t, v) for (_, t), v in zip(cols, r, strict=True)) for r in raw)
+
+
+def assert_same(dsn: str, kind: str, url: str, table: str) -> None:
+    """The target holds exactly the source's rows of ``table`` (as multisets), each value as PostgreSQL shows it."""
+    src = source(dsn, table)
+    got = target(kind, url, table, columns(dsn, table))
+    assert got is not None, f"{kind} target {url}: no table {table}"
+    if got != src:
+        missing, extra = src - got, got - src
+        raise AssertionError(
+            f"{table} at the {kind} target: {sum(src.values())} source rows, {sum(got.values())} target rows; "
+            f"missing {sorted(missing, key=repr)[:3]}, extra {sorted(extra, key=repr)[:3]}"
+        )
