@@ -21,7 +21,8 @@ import pytest
 
 from mirrorline.log.reader import ChangeLog
 
-pytestmark = [pytest.mark.pg, pytest.mark.slow]
+# its own time limit, about three times what each test takes on 2 cores (the suite's is 900 s)
+pytestmark = [pytest.mark.pg, pytest.mark.slow, pytest.mark.timeout(600)]
 
 KILLS = 12
 

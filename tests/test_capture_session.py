@@ -4,6 +4,7 @@ dropped connection, and the watermarks reported to the slot."""
 
 from __future__ import annotations
 
+import signal
 import threading
 import time
 from pathlib import Path
@@ -12,7 +13,7 @@ from typing import Any
 import pytest
 
 from mirrorline.capture.session import Capture
-from mirrorline.config import Config, parse
+from mirrorline.config import Config, load, parse
 from mirrorline.log.reader import ChangeLog
 from mirrorline.model import Change, Op
 from mirrorline.position import parse_lsn
@@ -261,27 +262,35 @@ def test_once_with_nothing_to_do_returns(pg: Any, tmp_path: Path) -> None:
 
 
 def test_keepalives_are_answered_while_idle(pg_cluster_factory: Any, tmp_path: Path) -> None:
-    """With wal_sender_timeout = 1s the server drops a client that does not answer its keepalives within a second."""
+    """With wal_sender_timeout = 1s the server drops a client that does not answer its keepalives within a second.
+    Capture runs as ``mirrorline capture`` in a process of its own (no JVM, no test thread beside it); for four
+    timeouts in a row the slot keeps the same walsender."""
+    from tests.crash_support import mirrorline_process
+
     cluster = pg_cluster_factory(wal_sender_timeout="1s")
     cluster.execute("CREATE TABLE t (id int PRIMARY KEY)")
-    cfg = make_config(cluster.dsn(), tmp_path, {"public.t": {}})
-    cap = Capture(cfg)
-    ready = threading.Event()
-    cap.on_ready = lambda stats: ready.set()
-    th = threading.Thread(target=cap.run)
-    th.start()
+    conf_file = tmp_path / "m.toml"
+    conf_file.write_text(
+        f'[source]\ndsn = "{cluster.dsn()}"\n[log]\npath = "{tmp_path / "log"}"\n[tables."public.t"]\n'
+    )
+    cfg = load(conf_file)
+    out = tmp_path / "capture.log"
+    proc = mirrorline_process("capture", "-v", "-c", str(conf_file), log_file=out)
+    pid_sql = "SELECT active_pid FROM pg_replication_slots WHERE slot_name = 'mirrorline' AND active"
     try:
-        assert ready.wait(30)
-        pid_sql = "SELECT active_pid FROM pg_replication_slots WHERE slot_name = 'mirrorline'"
+        deadline = time.monotonic() + 60
+        while not cluster.execute(pid_sql):  # streaming: the slot is held by its walsender
+            assert proc.poll() is None and time.monotonic() < deadline, out.read_text()
+            time.sleep(0.05)
         before = cluster.execute(pid_sql)
-        time.sleep(4)
+        time.sleep(4)  # the period under test: four wal_sender_timeouts with nothing to send
         assert cluster.execute(pid_sql) == before  # the same walsender: never dropped for a missed keepalive
         cluster.execute("INSERT INTO t VALUES (1)")
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline and ChangeLog(cfg.log.path).count() < 1:
             time.sleep(0.1)
     finally:
-        cap.stop()
-        th.join(60)
-    assert cap.stats.reconnects == 0
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(60)
+    assert "reconnecting" not in out.read_text() and "in use" not in out.read_text()
     assert [c.key for c in changes(cfg)] == [("1",)]

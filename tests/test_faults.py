@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.pg, pytest.mark.spark]
+pytestmark = [pytest.mark.pg, pytest.mark.spark, pytest.mark.timeout(300)]  # its own limit: about 5x its time
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 

@@ -17,7 +17,8 @@ from mirrorline.workload import EVENTS, Workload
 from tests.crash_support import KILLS, finish, kill_loop, mirrorline_process
 from tests.pipeline_support import assert_same, config_text, target_url
 
-pytestmark = [pytest.mark.pg, pytest.mark.slow]
+# its own time limit, about three times what each test takes on 2 cores (the suite's is 900 s)
+pytestmark = [pytest.mark.pg, pytest.mark.slow, pytest.mark.timeout(600)]
 
 
 def test_apply_killed_at_random_applies_everything_exactly_once(pg, pg_cluster, tmp_path):

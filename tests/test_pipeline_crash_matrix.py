@@ -27,7 +27,8 @@ from mirrorline.workload import EVENTS, Workload, source_rows
 from tests.crash_support import finish, mirrorline_process
 from tests.pipeline_support import config_text, target_rows, target_url
 
-pytestmark = [pytest.mark.pg, pytest.mark.slow]
+# its own time limit, about three times what each test takes on 2 cores (the suite's is 900 s)
+pytestmark = [pytest.mark.pg, pytest.mark.slow, pytest.mark.timeout(600)]
 
 PLANTED = [40, 90, 160, 250, 400]  # account ids planted at the reject targets: their inserts fail there
 AIMS = ["startup"] * 3 + ["transaction"] * 6 + ["snapshot"] * 3 + ["random"] * 4
