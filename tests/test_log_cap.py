@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+import oracle
 from mirrorline import config as C
 from mirrorline.cli.main import main
 from mirrorline.log.reader import ChangeLog
@@ -50,4 +51,6 @@ def test_a_target_behind_the_cap_needs_a_reload_and_snapshot_brings_it_back(
     assert main(["snapshot", "-c", conf, "--target", "slow", "--quiet"]) == 0
     assert needs_reload(ChangeLog(cfg.log.path)) == {}
     assert main(["apply", "--once", "-c", conf]) == 0
+    for name in ("fast", "slow"):  # read independently before verify is asked
+        oracle.assert_same(pg.dsn, "sqlite", f"sqlite:///{tmp_path / name}.db", "public.items")
     assert main(["verify", "-c", conf]) == 0

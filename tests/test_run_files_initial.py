@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+import oracle
 from mirrorline import config as C
 from mirrorline.cli.main import main
 from mirrorline.errors import MirrorlineError
@@ -65,12 +66,21 @@ def test_a_target_waits_for_files_and_joins_once_they_are_loaded(
         time.sleep(1)
     finally:
         work.stop()
+    # a last change after the workload: once the log holds it, it holds everything the source did
+    (end,) = pg.execute("SELECT pg_current_wal_lsn() - '0/0'::pg_lsn")[0]
+    pg.execute("UPDATE public.items SET qty = qty + 1 WHERE id = 1")
     try:
         deadline = time.monotonic() + 120
-        while True:  # both reach the log's end
+        while True:  # both reach the log's end, and the log the source's
             log = ChangeLog(cfg.log.path)
             ends = {n: r.applied for n, r in readers(log).items() if n in ("near", "far")}
-            if len(ends) == 2 and all(p is not None and p >= (log.durable() or p) for p in ends.values()):
+            durable = log.durable()
+            if (
+                durable is not None
+                and durable.lsn > int(end)
+                and len(ends) == 2
+                and all(p is not None and p >= durable for p in ends.values())
+            ):
                 break
             assert not errors, errors
             assert time.monotonic() < deadline, ends
@@ -79,6 +89,8 @@ def test_a_target_waits_for_files_and_joins_once_they_are_loaded(
         runner.stop()
         thread.join(60)
     assert not errors, errors
+    for kind in ("postgresql", "sqlite"):  # near and far, read independently before verify is asked
+        oracle.assert_same(pg.dsn, kind, urls[kind], "public.items")
     report = verify(cfg)
     assert report.ok, report.text()
     assert {t.name: t.state for t in status(cfg).targets}["far"] in ("live", "catching up")

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+import oracle
 from mirrorline import config as C
 from mirrorline.cli.main import main
 from mirrorline.status import status
@@ -46,8 +47,10 @@ def test_two_instances_share_a_target_database(pg: Any, spark: Any, tmp_path: Pa
         assert main(["run", "--once", "-c", str(cfg.file)]) == 0
     pg.execute("UPDATE public.items SET qty = qty + 1 WHERE id < 50")
     cluster.execute("DELETE FROM public.parts WHERE id < 5050", other)
-    for cfg in (a, b):
+    for cfg, dsn, table in ((a, pg.dsn, "public.items"), (b, cluster.dsn(other), "public.parts")):
         assert main(["run", "--once", "-c", str(cfg.file)]) == 0
+        oracle.assert_same(dsn, "postgresql", shared["dw"], table)  # read independently before verify is asked
+        oracle.assert_same(dsn, "sqlite", shared["cache"], table)
         assert main(["verify", "-c", str(cfg.file)]) == 0
     own = {r[0] for r in cluster.execute("SELECT tablename FROM pg_tables WHERE schemaname = 'public'", dw)}
     assert {"a_applied", "a_snapshot", "b_applied", "b_snapshot", "items", "parts"} <= own

@@ -15,6 +15,7 @@ from typing import Any
 import psycopg2
 import pytest
 
+import oracle
 from mirrorline.cli.main import main
 from mirrorline.pgcluster import PgCluster
 from snapshot_support import create_items, write_config
@@ -81,6 +82,8 @@ def test_everything_connects_through_tls(tls_cluster: tuple[PgCluster, Path], sp
     assert main(["run", "--once", "-c", conf]) == 0  # the slot, the snapshots (Spark tasks read it), capture, apply
     cluster.execute("INSERT INTO public.items (id, name, qty) SELECT g, 'tls', g FROM generate_series(1001, 1100) g")
     assert main(["run", "--once", "-c", conf]) == 0
+    oracle.assert_same(source, "sqlite", f"sqlite:///{tmp_path / 'cache.db'}", "public.items")  # before verify
+    oracle.assert_same(source, "postgresql", target, "public.items")
     assert main(["verify", "-c", conf]) == 0
     out = capsys.readouterr().out
     assert "public.items" in out and "DIFFERS" not in out
