@@ -8,9 +8,11 @@ import random
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 KILLS = 20
 
@@ -60,6 +62,34 @@ def kill_loop(
         if between is not None:
             between()
     return landed, mid_apply
+
+
+class SourceLoad:
+    """A workload run a few transactions at a time in a thread while the kills go on; :meth:`stop` raises what the
+    thread met."""
+
+    def __init__(self, work: Any, transactions: int = 3, pause: float = 0.3) -> None:
+        self.work, self.transactions, self.pause = work, transactions, pause
+        self.errors: list[BaseException] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="source-load", daemon=True)
+
+    def _loop(self) -> None:
+        try:
+            while not self._stop.is_set():
+                self.work.run(transactions=self.transactions)
+                time.sleep(self.pause)
+        except BaseException as e:  # pragma: no cover - raised by stop()
+            self.errors.append(e)
+
+    def start(self) -> SourceLoad:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        assert not self.errors, self.errors
 
 
 def finish(args: list[str], tmp_path: Path) -> None:

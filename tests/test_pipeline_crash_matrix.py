@@ -11,7 +11,6 @@ from __future__ import annotations
 import random
 import re
 import signal
-import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -24,7 +23,7 @@ from mirrorline import config as cfg
 from mirrorline.capture.session import Capture
 from mirrorline.snapshot import Options, snapshot_target
 from mirrorline.workload import EVENTS, Workload, source_rows
-from tests.crash_support import finish, mirrorline_process
+from tests.crash_support import SourceLoad, finish, mirrorline_process
 from tests.pipeline_support import config_text, target_rows, target_url
 
 # its own time limit, about three times what each test takes on 2 cores (the suite's is 900 s)
@@ -139,16 +138,6 @@ def test_run_killed_in_each_stage_with_threads_rejects_and_actions(pg, pg_cluste
         conn.close()
 
     work.every_kind()
-    stop = threading.Event()
-    errors: list[BaseException] = []
-
-    def source_load() -> None:
-        try:
-            while not stop.is_set():
-                work.run(transactions=3)
-                time.sleep(0.2)
-        except BaseException as e:  # pragma: no cover - reported below
-            errors.append(e)
 
     def before(aim: str) -> None:
         if aim == "snapshot":  # a new target: the next run loads it beside the others
@@ -157,14 +146,11 @@ def test_run_killed_in_each_stage_with_threads_rejects_and_actions(pg, pg_cluste
             late[name] = kind
             write(run_file, {**urls, **{n: target_url(k, tmp_path, pg_cluster, n) for n, k in late.items()}})
 
-    writer = threading.Thread(target=source_load, daemon=True)
-    writer.start()
+    load = SourceLoad(work, pause=0.2).start()
     try:
         kills = aimed_kills(["run", "-vv", "-c", str(run_file)], tmp_path / "child.log", random.Random(19), before)
     finally:
-        stop.set()
-        writer.join()
-    assert not errors, errors
+        load.stop()
     work.large_transaction(500)
     work.large_transaction(400, abort=True)
     print("kills (aim, stages open):", [(a, sorted(s)) for a, s in kills])

@@ -6,15 +6,13 @@ equals the source."""
 from __future__ import annotations
 
 import random
-import threading
-import time
 
 import pytest
 
 from mirrorline import config as cfg
 from mirrorline.capture.session import Capture
 from mirrorline.workload import Workload
-from tests.crash_support import KILLS, finish, kill_loop
+from tests.crash_support import KILLS, SourceLoad, finish, kill_loop
 from tests.pipeline_support import assert_same, config_text, target_url
 
 # its own time limit, about three times what each test takes on 2 cores (the suite's is 900 s)
@@ -40,25 +38,11 @@ def test_run_killed_at_random_while_the_source_changes(pg, pg_cluster, tmp_path)
         )
     )
     Capture(cfg.load(conf_file), once=True).run()  # slot and publication exist before the workload
-    stop = threading.Event()
-    errors: list[BaseException] = []
-
-    def source_load() -> None:
-        try:
-            while not stop.is_set():
-                work.run(transactions=3)
-                time.sleep(0.3)
-        except BaseException as e:  # pragma: no cover - reported below
-            errors.append(e)
-
-    writer = threading.Thread(target=source_load, daemon=True)
-    writer.start()
+    load = SourceLoad(work).start()
     try:
         landed, mid_apply = kill_loop(["run", "-c", str(conf_file)], tmp_path, random.Random(12))
     finally:
-        stop.set()
-        writer.join()
-    assert not errors, errors
+        load.stop()
     assert landed >= KILLS and mid_apply >= KILLS // 2
     # the backlog of the kill loop in bigger units: unit bounds are positions, so changing them on a restart is safe
     text = conf_file.read_text()
