@@ -54,7 +54,10 @@ class Applier:
 
     small_unit = 50_000  # units of at most this many changes compile on the driver's plan (compile/small.py)
     overlap = True  # compile the next unit while the targets apply this one
-    catch_up_changes = 200_000  # a backlog this large is caught up in units of max_changes, else of small_unit
+    # a backlog this large is caught up in units of max_changes, else in units of small_unit. Under load the general
+    # path's many stages starve (bench/live, session 11: at 200,000 a 209k-change unit compiled in 42 s and applied in
+    # 29 s while pgbench saturated the cores; units of 50,000 took 4 to 6 s), so only a large backlog takes it.
+    catch_up_changes = 1_000_000
 
     def __init__(
         self,
