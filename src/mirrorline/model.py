@@ -73,6 +73,13 @@ class Column:
     type_oid: int = 0
     typmod: int = -1
     nullable: bool = True
+    # from the source's catalog when capture saw the column (0 / None / False where unknown): its attnum, which a
+    # rename keeps (how a rename is told from a drop and an add), the value rows that existed before the column was
+    # added hold (PostgreSQL's attmissingval, as text; the rows are not rewritten, so the log never sees it), and
+    # whether it has a default that PostgreSQL wrote into existing rows by rewriting the table (not in the log)
+    attnum: int = 0
+    missing_value: str | None = None
+    default_unlogged: bool = False
 
     @property
     def is_lob(self) -> bool:
@@ -97,6 +104,7 @@ class TableSchema:
     since: Position = field(default_factory=lambda: Position(0, 0))
     # no primary key (REPLICA IDENTITY FULL): a bag of rows, every column identifies a row, duplicates allowed
     bag: bool = False
+    relid: int = 0  # the source's oid of the table (0: not recorded), which a rename keeps
 
     @property
     def column_names(self) -> tuple[str, ...]:

@@ -96,8 +96,12 @@ class Assembler:
         *,
         skip_through: int = 0,
         chunk_changes: int = 20_000,
+        attributes: Callable[[int], Mapping[str, tuple[int, str | None, bool]]] | None = None,
     ) -> None:
         self.type_name = type_name
+        self.attributes = attributes  # relid -> the catalog's column facts (TypeNames.attributes)
+        self.oids: Mapping[int, str] = {}  # the configured tables' relids, by the name they were configured under
+        self.on_renamed: Callable[[str, str, int], None] | None = None  # (configured name, new name, commit LSN)
         self.record_schema = record_schema
         self.tables = tables  # None: capture every table the publication sends
         self.skip_through = skip_through
@@ -293,10 +297,24 @@ class Assembler:
         captured = info is not None
         if info is None:
             info = TableInfo(table)
+        was = self.oids.get(msg.relid)
+        if not captured and was is not None and was != table and self.on_renamed is not None:
+            self.on_renamed(was, table, self._txn.final_lsn if self._txn is not None else 0)
         names = tuple(c.name for c in msg.columns)
+        facts = self.attributes(msg.relid) if self.attributes is not None and captured else {}
+        found = [facts.get(c.name, (0, None, False)) for c in msg.columns]
+        nums = infer_attnums([f[0] for f in found])
         columns = tuple(
-            Column(c.name, self._type_text(c.type_oid, c.typmod), c.type_oid, c.typmod, c.name not in info.not_null)
-            for c in msg.columns
+            Column(
+                c.name,
+                self._type_text(c.type_oid, c.typmod),
+                c.type_oid,
+                c.typmod,
+                c.name not in info.not_null,
+                n,
+                *f[1:],
+            )
+            for c, f, n in zip(msg.columns, found, nums, strict=True)
         )
         flagged = tuple(c.name for c in msg.columns if c.is_key)
         bag = False
@@ -326,7 +344,9 @@ class Assembler:
         version = 0
         if captured:
             since = Position(self._txn.final_lsn if self._txn is not None else 0)
-            version = self.record_schema(TableSchema(table, columns, key, since=since, bag=bag)).version
+            version = self.record_schema(
+                TableSchema(table, columns, key, since=since, bag=bag, relid=msg.relid)
+            ).version
         rel = RelInfo(msg.relid, table, version, names, key_idx, captured)
         if self._stream is not None:
             self._stream.relations[msg.relid] = rel
@@ -525,3 +545,23 @@ class Assembler:
 def _new_width(buf: RowBuffer) -> int:
     """Flat new-image entries of the buffer's last row."""
     return max(buf.new_len[-1], 0) if len(buf) else 0
+
+
+def infer_attnums(nums: Sequence[int]) -> list[int]:
+    """A Relation message's columns come in attnum order. A column the catalog no longer names as it was (renamed
+    since, as capture may read the WAL late) has attnum 0 here; it gets the attnum its neighbours leave for it when
+    they leave exactly as many as there are such columns between them (else 0: unknown)."""
+    out = list(nums)
+    i = 0
+    while i < len(out):
+        if out[i]:
+            i += 1
+            continue
+        j = i
+        while j < len(out) and not out[j]:
+            j += 1
+        before = out[i - 1] if i > 0 else 0
+        if j < len(out) and out[j] - before - 1 == j - i:
+            out[i:j] = range(before + 1, out[j])
+        i = j
+    return out

@@ -49,8 +49,16 @@ class BatchAssembler(Assembler):
         *,
         skip_through: int = 0,
         chunk_changes: int = 20_000,
+        attributes: Callable[[int], Mapping[str, tuple[int, str | None, bool]]] | None = None,
     ) -> None:
-        super().__init__(type_name, record_schema, tables, skip_through=skip_through, chunk_changes=chunk_changes)
+        super().__init__(
+            type_name,
+            record_schema,
+            tables,
+            skip_through=skip_through,
+            chunk_changes=chunk_changes,
+            attributes=attributes,
+        )
         # row messages of ordinary transactions not decoded yet: committed transactions' first, then the open one's
         self._raw: list[bytes] = []
         self._raw_bytes = 0

@@ -25,8 +25,18 @@ def schema_to_json(s: TableSchema) -> dict[str, Any]:
         "since": [s.since.lsn, s.since.seq],
         "key": list(s.key),
         **({"bag": True} if s.bag else {}),
+        **({"relid": s.relid} if s.relid else {}),
         "columns": [
-            {"name": c.name, "type": c.type_name, "oid": c.type_oid, "typmod": c.typmod, "nullable": c.nullable}
+            {
+                "name": c.name,
+                "type": c.type_name,
+                "oid": c.type_oid,
+                "typmod": c.typmod,
+                "nullable": c.nullable,
+                **({"attnum": c.attnum} if c.attnum else {}),
+                **({"missing": c.missing_value} if c.missing_value is not None else {}),
+                **({"default_unlogged": True} if c.default_unlogged else {}),
+            }
             for c in s.columns
         ],
     }
@@ -44,6 +54,9 @@ def schema_from_json(d: dict[str, Any]) -> TableSchema:
                 type_oid=int(c.get("oid", 0)),
                 typmod=int(c.get("typmod", -1)),
                 nullable=bool(c.get("nullable", True)),
+                attnum=int(c.get("attnum", 0)),
+                missing_value=c.get("missing"),
+                default_unlogged=bool(c.get("default_unlogged", False)),
             )
             for c in d["columns"]
         ),
@@ -51,6 +64,7 @@ def schema_from_json(d: dict[str, Any]) -> TableSchema:
         version=int(d["version"]),
         since=Position(int(since[0]), int(since[1])),
         bag=bool(d.get("bag", False)),
+        relid=int(d.get("relid", 0)),
     )
 
 
@@ -109,6 +123,24 @@ class SchemaStore:
         """The version ``schema`` gets: an existing one with the same columns, key and bagness, else the next
         number."""
         versions = self._by_table.get(schema.table, {})
+        # a column the catalog no longer names as it was (capture looked it up after a later rename or drop) keeps
+        # the facts its logged versions recorded for it
+        known = {(c.name, c.type_name): c for v in sorted(versions) for c in versions[v].columns if c.attnum}
+        if any(not c.attnum and (c.name, c.type_name) in known for c in schema.columns):
+            schema = replace(
+                schema,
+                columns=tuple(
+                    replace(
+                        c,
+                        attnum=k.attnum,
+                        missing_value=k.missing_value,
+                        default_unlogged=k.default_unlogged,
+                    )
+                    if not c.attnum and (k := known.get((c.name, c.type_name))) is not None
+                    else c
+                    for c in schema.columns
+                ),
+            )
         for v in sorted(versions):
             s = versions[v]
             if s.columns == schema.columns and s.key == schema.key and s.bag == schema.bag:
