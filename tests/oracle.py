@@ -74,13 +74,14 @@ def value(type_name: str, v: Any) -> Any:
 
 
 def columns(dsn: str, table: str) -> list[tuple[str, str]]:
-    """(name, format_type) of the source table's columns, in order."""
+    """(name, format_type) of the source table's columns, in order (generated columns are not replicated)."""
     conn = psycopg2.connect(dsn)
     try:
         with conn.cursor() as cur:
             cur.execute(
                 "SELECT attname, format_type(atttypid, atttypmod) FROM pg_attribute "
-                "WHERE attrelid = %s::regclass AND attnum > 0 AND NOT attisdropped ORDER BY attnum",
+                "WHERE attrelid = %s::regclass AND attnum > 0 AND NOT attisdropped AND attgenerated = '' "
+                "ORDER BY attnum",
                 (table,),
             )
             return [(str(n), str(t)) for n, t in cur.fetchall()]

@@ -80,6 +80,8 @@ class TableConfig:
     sequence: int = -1
     key: tuple[str, ...] = ()
     columns: dict[str, str] = field(default_factory=dict)  # column -> PostgreSQL type, for tables fed from files
+    on_schema_change: str = "follow"  # follow the source's schema changes, or stop the target at each one
+    dropped_columns: str = "drop"  # a column dropped at the source: drop it at the target, or keep it (then NULL)
 
 
 @dataclass(frozen=True)
@@ -480,8 +482,14 @@ def storage_path(text: str) -> Path:
 
 def _table(file: str, name: str, spec: Any) -> TableConfig:
     r = _Reader(file, f'tables."{name}"', spec)
-    r.only("actions", "sequence", "key", "columns")
+    r.only("actions", "sequence", "key", "columns", "on_schema_change", "dropped_columns")
     actions = r.get("actions", str, "IDU").upper()
+    on_schema_change = r.get("on_schema_change", str, "follow")
+    if on_schema_change not in ("follow", "stop"):
+        raise r.fail("on_schema_change", f'expected "follow" or "stop", got {on_schema_change!r}')
+    dropped_columns = r.get("dropped_columns", str, "drop")
+    if dropped_columns not in ("drop", "keep"):
+        raise r.fail("dropped_columns", f'expected "drop" or "keep", got {dropped_columns!r}')
     if not actions or any(a not in "IDU" for a in actions):
         raise r.fail("actions", f'expected letters among I, D and U (e.g. "IDU"), got {actions!r}')
     sequence = r.get("sequence", int, -1)
@@ -498,5 +506,11 @@ def _table(file: str, name: str, spec: Any) -> TableConfig:
     if missing:
         raise r.fail("key", f"names columns not in columns: {', '.join(missing)}")
     return TableConfig(
-        name=name, actions=frozenset(actions), sequence=max(sequence, -1), key=tuple(key), columns=dict(columns)
+        name=name,
+        actions=frozenset(actions),
+        sequence=max(sequence, -1),
+        key=tuple(key),
+        columns=dict(columns),
+        on_schema_change=on_schema_change,
+        dropped_columns=dropped_columns,
     )

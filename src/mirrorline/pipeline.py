@@ -121,7 +121,7 @@ class Applier:
             from mirrorline.apply import open_target
 
             for n in names:
-                self.targets[n] = open_target(config.targets[n], threads=config.apply.threads)
+                self.targets[n] = self.wire(open_target(config.targets[n], threads=config.apply.threads))
         self._pending_since: dict[Position, float] = {}
         from mirrorline.compile.store import UnitStore
 
@@ -182,7 +182,7 @@ class Applier:
 
         for n in names:
             if n not in self.targets:
-                self.targets[n] = open_target(self.config.targets[n], threads=self.config.apply.threads)
+                self.targets[n] = self.wire(open_target(self.config.targets[n], threads=self.config.apply.threads))
                 self.names.append(n)
                 self._joining.add(n)
                 log.info("target %s loaded: it catches up with the others", n)
@@ -279,7 +279,7 @@ class Applier:
         report = UnitReport(
             start, end, batch.changes if n_changes < 0 else n_changes, group, compiled, compile_seconds, {}
         )
-        schemas = self._schemas(batch.tables + [t for t in batch.truncated if t not in batch.tables], end)
+        schemas = self._schemas(batch.tables + [t for t in batch.truncated if t not in batch.tables], end, start)
         try:
             self._apply_group(
                 batch,
@@ -343,13 +343,23 @@ class Applier:
         small = min(self.small_unit, max_changes)
         far = min(self.catch_up_changes, max_changes)
         end, n = self.log.advance(start, far, upto)
+        size = small
         if n >= far:
+            size = max_changes
             if far < max_changes:
                 end, n = self.log.advance(start, max_changes, upto)
-            return end, n, max_changes
-        if n > small:
+        elif n > small:
             end, n = self.log.advance(start, small, upto)
-        return end, n, small
+        end, n = self._cut_at_schema_change(start, end, n)
+        return end, n, size
+
+    def _cut_at_schema_change(self, start: Position, end: Position | None, n: int) -> tuple[Position | None, int]:
+        """End the unit ``(start, end]`` before a configured table's schema changes inside it (the changes after it
+        take the next unit, applied with the new shape)."""
+        if end is None or end <= start or not self.log.changing_schemas():
+            return end, n
+        cut, m, _ = self.log.unit_versions(start, end, self.config.tables or None)
+        return (cut, m) if cut < end else (end, n)
 
     ahead_poll = 0.1  # seconds between looks at the log while waiting for the next unit to fill
 
@@ -417,7 +427,7 @@ class Applier:
             frame = frame.where(F.col("table").isin(list(self.config.tables)))
         if inserts.qualifies(stats, self.actions or None):
             batch = inserts.compile_inserts(
-                frame, stats, self._schemas(sorted(stats), end), start, end, self.actions or None
+                frame, stats, self._schemas(sorted(stats), end, start), start, end, self.actions or None
             )
             if batch is not None:
                 return batch
@@ -450,7 +460,8 @@ class Applier:
                 if stored is not None:
                     start = stored[1]
                     continue
-                end, _ = self.log.advance(start, self.config.apply.max_changes, durable)
+                end, n = self.log.advance(start, self.config.apply.max_changes, durable)
+                end, _ = self._cut_at_schema_change(start, end, n)
                 if end is None or end <= start:
                     break
                 self._warmed()
@@ -470,10 +481,27 @@ class Applier:
             (c for c in self.log.read(start, end) if not configured or c.table in configured), self.actions or None
         )
 
-    def _schemas(self, tables: list[str], end: Position) -> dict[str, TableSchema]:
+    def wire(self, target: Target) -> Target:
+        """A target given what following schema changes needs: the logged schemas, each table's policy."""
+
+        def policy(table: str) -> tuple[bool, bool]:
+            t = self.config.table(table)
+            return t.dropped_columns == "keep", t.on_schema_change == "follow"
+
+        target.schema_version = self.log.schemas.get
+        target.schema_at = self.log.shape_at
+        target.table_policy = policy
+        return target
+
+    def _schemas(self, tables: list[str], end: Position, start: Position | None = None) -> dict[str, TableSchema]:
+        """Each table's logged schema for the unit ``(start, end]``: the version its changes carry (units are cut
+        where it changes), else the one in force at ``end``."""
+        versions: dict[str, int] = {}
+        if start is not None and end > start and self.log.changing_schemas():
+            versions = self.log.unit_versions(start, end, tables)[2]
         out: dict[str, TableSchema] = {}
         for t in tables:
-            s = self.log.schema_at(t, end)
+            s = self.log.schemas.get(t, versions[t]) if t in versions else self.log.schema_at(t, end)
             if s is None:
                 raise MirrorlineError(
                     f"the change log has no schema for {t}",

@@ -311,6 +311,13 @@ def _warn(
                 f"the log keeps everything after its position {slowest.position} ({_size(st.log_bytes)} now); "
                 "speed it up, or remove it from the configuration and drop it (mirrorline target drop)"
             )
+    for table, rec in stopped.tables(config.log.path).items():
+        if table in config.tables:
+            st.warnings.append(
+                f"table {table} stopped: {rec.get('reason')} (found at {rec.get('position')}); no change of it comes "
+                "any more and the targets keep its last rows; remove it from [tables], or configure its new name "
+                "(run then loads it into every target)"
+            )
     if st.slot_retained_bytes is not None and st.slot_retained_bytes > slot_bytes:
         st.warnings.append(
             f"slot {st.slot} retains {_size(st.slot_retained_bytes)} of WAL on the source: capture "

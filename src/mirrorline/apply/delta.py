@@ -425,6 +425,13 @@ class DeltaTarget(Target):
         yield _DeltaRead(self)
 
     # -- schema ----------------------------------------------------------------------------------------------------
+    def follow_schema(self, schemas: Sequence[TableSchema], state: AppliedState) -> list[str]:
+        """Delta tables gain added columns only (issue 14 covers the SQL targets)."""
+        return self.ensure_schema(schemas)
+
+    def recreate(self, schemas: Iterable[TableSchema]) -> None:
+        self.ensure_schema(schemas)
+
     def ensure_schema(self, schemas: Iterable[TableSchema]) -> list[str]:
         from deltalake import DeltaTable
         from deltalake.schema import Field

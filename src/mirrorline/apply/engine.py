@@ -29,11 +29,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from mirrorline.apply import rows as work_rows
+from mirrorline.apply.reshape import plan, stop
 from mirrorline.apply.serial import reapply
 from mirrorline.apply.session import Session
 from mirrorline.apply.sql import Dialect, key_col, parse_mask
 from mirrorline.apply.stage import ArrowStager, Stager
-from mirrorline.apply.state import AppliedState
+from mirrorline.apply.state import AppliedState, write_shape
+from mirrorline.apply.state import ensure as ensure_state
 from mirrorline.apply.state import parse as parse_state
 from mirrorline.apply.state import read as read_state
 from mirrorline.apply.state import write as write_state
@@ -170,6 +172,11 @@ class Target(ABC):
         self._ready = False
         self._idle: list[Session] = []  # connections kept open between units (the page cache, no new backend)
         self._idle_lock = threading.Lock()
+        # set by the pipeline (issue 14): a table's logged schema by version, and each table's policy:
+        # (keep dropped columns, follow schema changes)
+        self.schema_version: Callable[[str, int], TableSchema] | None = None
+        self.schema_at: Callable[[str, Position], TableSchema | None] | None = None
+        self.table_policy: Callable[[str], tuple[bool, bool]] = lambda table: (False, True)
 
     # -- per engine ------------------------------------------------------------------------------------------------
     @abstractmethod
@@ -311,6 +318,72 @@ class Target(ABC):
                         done.append(f"added {ts.table}.{c.name}")
         return done
 
+    def recreate(self, schemas: Iterable[TableSchema]) -> None:
+        """Drop these tables where they exist and create them again from ``schemas`` (the source's catalog), their
+        followed schema version forgotten: a table reloaded whole (``snapshot --table``), for example after a schema
+        change the target did not follow."""
+        with self.transaction() as s:
+            ensure_state(s)
+            for ts in schemas:
+                if s.table_columns(ts.table) is not None:
+                    s.execute(self.dialect.drop_table(self.dialect.table(ts.table)))
+                for stmt in self.dialect.create_table(ts):
+                    s.execute(stmt)
+                write_shape(s, ts.table, 0)
+
+    def follow_schema(self, schemas: Sequence[TableSchema], state: AppliedState) -> list[str]:
+        """Before a unit: create missing tables, and make each table's shape at the target follow the unit's logged
+        schema from the version it followed (:mod:`mirrorline.apply.reshape`), recording the version, in one
+        transaction. A change it does not follow raises :class:`~mirrorline.apply.reshape.SchemaChangeStop` with
+        nothing changed. Returns what was done, one line each."""
+        done: list[str] = []
+        changed: list[str] = []
+        with self.transaction() as s:
+            self.check_types(s, schemas)
+            ensure_state(s)
+            for ts in schemas:
+                have = s.table_columns(ts.table)
+                recorded = state.shapes.get(ts.table)
+                if have is None:
+                    for stmt in self.dialect.create_table(ts):
+                        s.execute(stmt)
+                    done.append(f"created {ts.table}")
+                    self._lossy_note(ts)
+                else:
+                    old = self._followed(ts.table, recorded, state)
+                    keep, follow = self.table_policy(ts.table)
+                    for step in plan(old, ts, have, target=self.name, keep_dropped=keep, follow=follow):
+                        stmts = self.dialect.reshape(ts.table, step, ts)
+                        if stmts is None:
+                            raise stop(
+                                ts, self.name, f"{step.describe()}, which a {self.kind} target cannot make in place"
+                            )
+                        log.debug("target %s: schema change open: %s: %s", self.name, ts.table, step.describe())
+                        try:
+                            for stmt in stmts:
+                                s.execute(stmt)
+                        except Exception as e:
+                            if not s.is_data_error(e):
+                                raise
+                            what = f"{step.describe()}, and the target's rows do not fit it: {s.error_text(e)}"
+                            raise stop(ts, self.name, what) from e
+                        done.append(f"{ts.table}: {step.describe()}")
+                        changed.append(done[-1])
+                if recorded != ts.version:
+                    write_shape(s, ts.table, ts.version)
+        for line in changed:
+            log.info("target %s: schema change committed: %s", self.name, line)
+        return done
+
+    def _followed(self, table: str, recorded: int | None, state: AppliedState) -> TableSchema | None:
+        """The logged schema the target's table has the shape of: the version recorded with it, else (a table
+        loaded from the source's catalog, or by an older mirrorline) the version in force at its applied position."""
+        if recorded and self.schema_version is not None:
+            return self.schema_version(table, recorded)
+        if self.schema_at is not None:
+            return self.schema_at(table, state.table(table))
+        return None
+
     def _lossy_note(self, ts: TableSchema) -> None:
         """Say once, when a table is created, which of its columns hold some values otherwise (README, "Types")."""
         note = lossy_note((c.name, self.dialect.type_info(ts.table, c)) for c in ts.columns)
@@ -353,7 +426,7 @@ class Target(ABC):
                 hint="the log must record a table's schema before its changes",
                 target=self.name,
             )
-        self.ensure_schema(schemas[t] for t in todo)
+        self.follow_schema([schemas[t] for t in todo], state)
         u = _Unit(batch, schemas, changes, state, self.stager(batch, schemas, todo), result)
         try:
             self._apply_unit(u, tables, todo)

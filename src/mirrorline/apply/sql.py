@@ -20,9 +20,11 @@ from __future__ import annotations
 import copy
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
 from typing import ClassVar
 
 from mirrorline.apply import types as type_map
+from mirrorline.apply.reshape import Step
 from mirrorline.model import Column, TableSchema, index_columns, quote_ident, split_table_name
 
 MASK_SEP = "\x1f"
@@ -166,6 +168,49 @@ class Dialect(ABC):
             f"ALTER TABLE {self.table(table)} ADD COLUMN {quote_ident(col.name)} "
             f"{self.type_info(table, col).target_type}"
         )
+
+    def reshape(self, table: str, step: Step, s: TableSchema) -> list[str] | None:
+        """The statements that make one schema change at the target's table ``table`` (its new schema ``s``), or
+        None when this kind cannot make it in place."""
+        t, c = self.table(table), step.column
+        if step.kind == "rename":
+            return [f"ALTER TABLE {t} RENAME COLUMN {quote_ident(step.old)} TO {quote_ident(c.name)}"]
+        if step.kind == "drop":
+            return [f"ALTER TABLE {t} DROP COLUMN {quote_ident(step.old)}"]
+        if step.kind == "add":
+            out = [self.add_column(table, c)]
+            if c.missing_value is not None:  # the rows that existed when the column was added hold this value
+                value = "'" + c.missing_value.replace("'", "''") + "'"
+                conv = self.conv(value, self.type_info(table, c), table, c.name)
+                out.append(f"UPDATE {t} SET {quote_ident(c.name)} = {conv}")
+            return out
+        if step.kind in ("rekey", "rebuild"):
+            return self.rebuild(table, s)
+        old = Column(c.name, step.old)
+        if self.type_info(table, old).target_type == self.type_info(table, c).target_type:
+            return []  # the target holds both types the same way
+        return self.retype(table, c)
+
+    def rebuild(self, table: str, s: TableSchema) -> list[str]:
+        """Build the table again as ``s`` says (its key), its rows copied: create a new table, copy, drop the old
+        one, give the new one its name."""
+        schema, name = split_table_name(table)
+        work = replace(s, table=f"{schema}.{name}_mirrorline_rebuild")
+        cols = ", ".join(quote_ident(c.name) for c in s.columns)
+        return [
+            *self.create_table(work),
+            f"INSERT INTO {self.table(work.table)} ({cols}) SELECT {cols} FROM {self.table(table)}",
+            f"DROP TABLE {self.table(table)}",
+            self.rename_table(work.table, table),
+        ]
+
+    def rename_table(self, old: str, new: str) -> str:
+        return f"ALTER TABLE {self.table(old)} RENAME TO {quote_ident(self.names(new)[1])}"
+
+    def retype(self, table: str, c: Column) -> list[str] | None:
+        """Change a column's type in place, its values converted (None: this kind cannot)."""
+        target_type = self.type_info(table, c).target_type
+        return [f"ALTER TABLE {self.table(table)} ALTER COLUMN {quote_ident(c.name)} TYPE {target_type}"]
 
     def create_worktable(self, name: str, columns: Sequence[str], kind: str = "temp") -> str:
         """``kind``: "temp" (dropped with the session) or "unlogged" (PostgreSQL, visible to other sessions)."""

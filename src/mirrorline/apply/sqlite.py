@@ -54,6 +54,9 @@ class SqliteDialect(Dialect):
             return type_map.TypeInfo(col.type_name, "BLOB", "bytea")
         return type_map.TypeInfo(col.type_name, "TEXT", "text")  # every other type as PostgreSQL's text of it
 
+    def retype(self, table: str, c: Column) -> list[str] | None:
+        return None  # SQLite cannot change a column's type in place
+
     def conv(self, expr: str, info: type_map.TypeInfo, table: str = "", column: str = "") -> str:
         # SQLite casts never fail (CAST('abc' AS INTEGER) is 0): check first, else call the error function (which
         # returns NULL for a NULL value).

@@ -17,6 +17,8 @@ from mirrorline.apply.session import Session
 from mirrorline.apply.sql import GLOBAL_SCOPE, STATE_TABLE
 from mirrorline.position import ZERO, Position
 
+SHAPE_SCOPE = "#shape:"  # state rows holding a table's schema version (lsn), not a position
+
 
 @dataclass(frozen=True)
 class AppliedState:
@@ -24,6 +26,8 @@ class AppliedState:
 
     unit_end: Position = ZERO
     tables: dict[str, Position] = field(default_factory=dict)
+    # the logged schema version each table's shape at the target follows (issue 14; absent: not known)
+    shapes: dict[str, int] = field(default_factory=dict)
 
     @property
     def position(self) -> Position:
@@ -48,13 +52,16 @@ def ensure(s: Session) -> None:
 
 def parse(rows: Iterable[Sequence[Any]]) -> AppliedState:
     """The state from the table's rows (``Dialect.read_state``: scope, lsn, seq, ...)."""
-    unit_end, tables = ZERO, {}
+    unit_end, tables, shapes = ZERO, {}, {}
     for scope, lsn, seq, *_ in rows:
         if scope == GLOBAL_SCOPE:
             unit_end = Position(int(lsn), int(seq))
+        elif scope.startswith(SHAPE_SCOPE):
+            if int(lsn):
+                shapes[scope[len(SHAPE_SCOPE) :]] = int(lsn)
         else:
             tables[scope] = Position(int(lsn), int(seq))
-    return AppliedState(unit_end, tables)
+    return AppliedState(unit_end, tables, shapes)
 
 
 def read(s: Session) -> AppliedState:
@@ -69,6 +76,12 @@ def write(s: Session, tables: Iterable[str], end: Position, unit: bool) -> None:
     stamp = now()
     for scope in [*tables, *([GLOBAL_SCOPE] if unit else [])]:
         s.execute(s.dialect.upsert_state(), (scope, end.lsn, end.seq, end.lsn, end.seq, str(end), stamp))
+
+
+def write_shape(s: Session, table: str, version: int) -> None:
+    """Record that ``table``'s shape at the target follows the logged schema ``version`` (0: not known, as after a
+    reload from the source's catalog)."""
+    s.execute(s.dialect.upsert_state(), (SHAPE_SCOPE + table, version, 0, version, 0, f"schema {version}", now()))
 
 
 def write_missing(s: Session, positions: dict[str, Position]) -> None:

@@ -31,6 +31,7 @@ from mirrorline.capture.events import (
     SpillBlockEnd,
     SpillChanges,
     SpillCommit,
+    TableInfo,
 )
 from mirrorline.capture.source import (
     PublicationReport,
@@ -43,17 +44,20 @@ from mirrorline.capture.source import (
     is_transient,
     reconcile_publication,
     source_error,
+    whereabouts,
 )
 from mirrorline.config import Config
 from mirrorline.errors import ConfigError, SourceError, TransientSourceError
 from mirrorline.log.stream import StreamSpill
 from mirrorline.log.writer import LogWriter
+from mirrorline.model import TableSchema
 from mirrorline.position import Position, format_lsn
 
 log = logging.getLogger("mirrorline.capture")
 
 TAKE_ROWS = 20_000  # hand committed rows to the writer in batches of about this many
 IDLE_WAIT = 0.1  # seconds to wait for the server when it has nothing for us
+DROP_CHECK_SECONDS = 5.0  # how often capture looks for configured tables dropped at the source
 
 
 @dataclass
@@ -75,6 +79,7 @@ class CaptureStats:
     messages: int = 0
     reconnects: int = 0
     schema_versions: list[str] = field(default_factory=list)
+    gone: list[str] = field(default_factory=list)  # configured tables found dropped or renamed at the source
 
 
 class Capture:
@@ -110,6 +115,9 @@ class Capture:
         self._wal_end = 0  # highest WAL end the server told us it has sent up to
         self._started = False  # replication was started once in this run
         self._streaming = False  # the current connection got as far as streaming
+        self._oids: dict[int, str] = {}  # configured tables' relids (until found dropped)
+        self._gone_infos: dict[str, TableInfo] = {}  # configured tables no longer at the source, as the log knew them
+        self._next_drop_check = 0.0
 
     def stop(self) -> None:
         """Ask the run to end at the next message or idle tick (signal-handler safe)."""
@@ -124,7 +132,19 @@ class Capture:
         try:
             try:
                 check_server(conn)
-                tables = describe_tables(conn, self.config)
+                replicated = self._replicated()
+                tables = describe_tables(conn, self.config, replicated)
+                self._gone_infos = {}
+                for name in sorted(set(self.config.tables) - set(tables)):
+                    self._gone(name, whereabouts(conn, replicated[name].relid), current_wal_lsn(conn))
+                    # its changes still in the WAL (before the rename or drop) are captured under its old name
+                    s = replicated[name]
+                    self._gone_infos[name] = TableInfo(
+                        name,
+                        self.config.tables[name].key,
+                        () if s.bag else s.key,
+                        frozenset(c.name for c in s.columns if not c.nullable),
+                    )
                 self.stats.publication = reconcile_publication(conn, self.source.publication, tables)
                 log.debug("%s", self.stats.publication.summary())
                 self.stats.slot_created = ensure_slot(conn, self.source.slot)
@@ -151,7 +171,14 @@ class Capture:
         self._writer = writer = LogWriter(lcfg.path, lcfg.segment_changes, lcfg.segment_seconds)
         try:
             assert self._types is not None
-            asm = BatchAssembler(self._types, self._record_schema, {n: t.info for n, t in tables.items()})
+            asm = BatchAssembler(
+                self._types,
+                self._record_schema,
+                {**self._gone_infos, **{n: t.info for n, t in tables.items()}},
+                attributes=self._types.attributes,
+            )
+            asm.oids = self._oids = {t.oid: n for n, t in tables.items()}
+            asm.on_renamed = lambda was, now, lsn: self._gone(was, f"renamed to {now} at the source", lsn)
             self._loop(asm, writer)
         finally:
             self._spills.clear()
@@ -160,6 +187,34 @@ class Capture:
                 self._types.close()
         self.stats.durable = writer.durable
         return self.stats
+
+    def _replicated(self) -> dict[str, TableSchema]:
+        """The tables the log holds changes of (it has their schemas), with their latest schema."""
+        from mirrorline.log.layout import Layout
+        from mirrorline.log.schemas import SchemaStore
+
+        store = SchemaStore(Layout(self.config.log.path).schemas)
+        store.refresh()
+        return {t: s for t in store.tables() if (s := store.latest(t)) is not None}
+
+    def _gone(self, table: str, reason: str, lsn: int) -> None:
+        """A configured table no longer exists at the source under its name: recorded for ``status``; its changes
+        end here, the other tables go on."""
+        from mirrorline import stopped
+
+        log.warning("table %s %s (at %s): it is no longer replicated", table, reason, format_lsn(lsn))
+        stopped.record_table(self.config.log.path, table, reason, format_lsn(lsn))
+        self.stats.gone.append(table)
+
+    def _check_dropped(self) -> None:
+        """Every few seconds: configured tables dropped at the source (pgoutput sends nothing for a DROP TABLE)."""
+        now = time.monotonic()
+        if now < self._next_drop_check or not self._oids or self._types is None:
+            return
+        self._next_drop_check = now + DROP_CHECK_SECONDS
+        for oid in self._types.missing(self._oids):
+            name = self._oids.pop(oid)
+            self._gone(name, "dropped at the source", self._wal_end)
 
     def _record_schema(self, schema: Any) -> Any:
         assert self._writer is not None
@@ -309,7 +364,9 @@ class Capture:
         self._feedback(cur, asm, writer, force=True)
 
     def _periodic(self, cur: Any, asm: BatchAssembler, writer: LogWriter) -> None:
-        """Every ~0.2 s: committed rows to the writer, segments flushed by its time limit, feedback."""
+        """Every ~0.2 s: committed rows to the writer, segments flushed by its time limit, feedback; every few
+        seconds, a look for configured tables dropped at the source."""
+        self._check_dropped()
         if asm.buffered:
             self._take(asm, writer)
         writer.tick()

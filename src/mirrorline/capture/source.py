@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -140,9 +140,11 @@ class SourceTable:
     info: TableInfo = field(default_factory=lambda: TableInfo(""))
 
 
-def describe_tables(conn: Any, config: Config) -> dict[str, SourceTable]:
+def describe_tables(conn: Any, config: Config, replicated: Collection[str] = ()) -> dict[str, SourceTable]:
     """Every configured table, checked: it exists, is a table, and has a usable key (primary key, replica identity
-    index, or REPLICA IDENTITY FULL). Raises :class:`ConfigError` naming the table otherwise."""
+    index, or REPLICA IDENTITY FULL). Raises :class:`ConfigError` naming the table otherwise, except that a table
+    in ``replicated`` (the log holds its changes) that no longer exists is left out: dropped or renamed at the
+    source, it stops alone (the caller records it) while the others go on."""
     file = str(config.file)
     if not config.tables:
         raise ConfigError(
@@ -153,6 +155,8 @@ def describe_tables(conn: Any, config: Config) -> dict[str, SourceTable]:
         key_name = f'tables."{name}"'
         schema, rel = split_table_name(name)
         rows = _fetch(conn, _TABLE_SQL, (schema, rel))
+        if not rows and name in replicated:
+            continue
         if not rows:
             raise ConfigError(
                 file,
@@ -351,9 +355,91 @@ class TypeNames:
             return str(name)
         return None
 
+    def attributes(self, relid: int) -> dict[str, tuple[int, str | None, bool]]:
+        """The table's columns as its catalog holds them now: name -> (attnum, the value rows that existed before
+        the column was added hold, or None; whether a default was written into existing rows by a table rewrite).
+        Empty when the lookup fails (the schema then carries no attnums: a later rename cannot be told apart from a
+        drop and an add, and stops that table's apply rather than guess)."""
+        import psycopg2
+
+        try:
+            if self._conn is None or self._conn.closed:
+                self._conn = connect(self.dsn, doing="cannot look up a table's columns on the source")
+            rows = _fetch(self._conn, _ATTRIBUTES_SQL, (relid,))
+        except psycopg2.Error as e:
+            log.warning("cannot look up the columns of relation %s on the source: %s", relid, str(e).strip())
+            self.close()
+            return {}
+        return {
+            name: (int(num), first_array_element(missing) if missing is not None else None, bool(rewritten))
+            for name, num, missing, rewritten in rows
+        }
+
+    def missing(self, oids: Collection[int]) -> set[int]:
+        """Which of these relations no longer exist at the source (empty when the lookup fails: asked again later)."""
+        import psycopg2
+
+        try:
+            if self._conn is None or self._conn.closed:
+                self._conn = connect(self.dsn, doing="cannot look up tables on the source")
+            rows = _fetch(
+                self._conn,
+                "SELECT o FROM unnest(%s::oid[]) o WHERE NOT EXISTS (SELECT 1 FROM pg_class c WHERE c.oid = o)",
+                (list(oids),),
+            )
+        except psycopg2.Error as e:
+            log.warning("cannot look up the configured tables on the source: %s", str(e).strip())
+            self.close()
+            return set()
+        return {int(r[0]) for r in rows}
+
     def close(self) -> None:
         if self._conn is not None:
             try:
                 self._conn.close()
             finally:
                 self._conn = None
+
+
+_ATTRIBUTES_SQL = """
+SELECT a.attname, a.attnum, CASE WHEN a.atthasmissing THEN a.attmissingval::text END,
+  d.adbin IS NOT NULL AND NOT a.atthasmissing
+FROM pg_attribute a LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
+WHERE a.attrelid = %s AND a.attnum > 0 AND NOT a.attisdropped
+"""
+
+
+def first_array_element(text: str) -> str | None:
+    """The one element of a PostgreSQL array literal (``attmissingval``'s text: ``{5}``, ``{"a b"}``, ``{NULL}``,
+    ``{{1,2}}`` for an array column) as the element's own text; None for NULL."""
+    inner = text.strip()
+    if not (inner.startswith("{") and inner.endswith("}")):
+        raise ValueError(f"not an array literal: {text!r}")
+    inner = inner[1:-1]
+    if inner.startswith('"'):
+        out, i = [], 1
+        while i < len(inner) and inner[i] != '"':
+            if inner[i] == "\\":
+                i += 1
+            out.append(inner[i])
+            i += 1
+        return "".join(out)
+    return None if inner.upper() == "NULL" else inner
+
+
+def whereabouts(conn: Any, relid: int) -> str:
+    """What became of a configured table that no longer exists under its name: renamed (its oid has another name
+    now), or dropped."""
+    rows = (
+        _fetch(
+            conn,
+            "SELECT n.nspname || '.' || c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+            "WHERE c.oid = %s",
+            (relid,),
+        )
+        if relid
+        else []
+    )
+    if rows:
+        return f"renamed to {rows[0][0]} at the source"
+    return "dropped at the source" if relid else "no longer exists at the source (dropped or renamed)"

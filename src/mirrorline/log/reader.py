@@ -9,7 +9,7 @@ LogError, never a silent gap.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -136,6 +136,14 @@ class ChangeLog:
         fitting = [v for v, s in versions.items() if s.since <= end]
         return versions[max(fitting)] if fitting else versions[max(versions)]
 
+    def shape_at(self, table: str, position: Position) -> TableSchema | None:
+        """The logged schema a table loaded at ``position`` has the shape of: the newest version recorded at or
+        before it, else the oldest one (the table was loaded before its first logged change)."""
+        self.schemas.refresh()
+        versions = self.schemas.versions(table)
+        fitting = [v for v, s in versions.items() if s.since <= position]
+        return versions[max(fitting)] if fitting else versions[min(versions)] if versions else None
+
     def select(self, after: Position | None = None, upto: Position | None = None) -> list[SegmentInfo]:
         """The segments holding changes in ``(after, upto]``; LogError if ``after`` is no longer retained."""
         segs = self.segments()
@@ -210,6 +218,47 @@ class ChangeLog:
                 break
             # the rest of a segment the unit started inside fitted: go on with the next ones
         return end, total
+
+    def changing_schemas(self) -> bool:
+        """Does any table have more than one logged schema version (so that a unit may have to be cut at one)?"""
+        self.schemas.refresh()
+        return any(len(self.schemas.versions(t)) > 1 for t in self.schemas.tables())
+
+    def unit_versions(
+        self, after: Position | None, upto: Position, tables: Iterable[str] | None = None
+    ) -> tuple[Position, int, dict[str, int]]:
+        """Cut ``(after, upto]`` before the first change whose table's schema version differs from the version of
+        that table's first change in the range (a schema change takes effect at its position: the changes before it
+        are applied with the old shape, the ones after it with the new, DESIGN §4). Returns the end (``upto`` when
+        nothing changes), how many changes ``(after, end]`` holds and each table's schema version there. Only the
+        tables in ``tables`` count (default: every one)."""
+        keep = set(tables) if tables is not None else None
+        versions: dict[str, int] = {}
+        end, n = after if after is not None else Position(0, 0), 0
+        for s in self.select(after, upto):
+            t = read_columns(s, ["lsn", "seq", "table", "schema_version"])
+            m = range_mask(t, after, upto)
+            if m is not None:
+                t = t.filter(m)
+            if t.num_rows == 0:
+                continue
+            names = t.column("table").combine_chunks()
+            vs = t.column("schema_version").to_numpy()
+            cut = t.num_rows
+            for name in pc.unique(names).to_pylist():
+                if keep is not None and name not in keep:
+                    continue
+                rows = np.flatnonzero(pc.equal(names, name).to_numpy(zero_copy_only=False))
+                first = versions.setdefault(name, int(vs[rows[0]]))
+                other = rows[vs[rows] != first]
+                if len(other):
+                    cut = min(cut, int(other[0]))
+            if cut > 0:
+                end = Position(int(t.column("lsn")[cut - 1].as_py()), int(t.column("seq")[cut - 1].as_py()))
+                n += cut
+            if cut < t.num_rows:
+                return end, n, versions
+        return upto, n, versions
 
     def first_ts_after(self, after: Position | None) -> int | None:
         """The commit timestamp of the first change after ``after`` (None: the log holds none after it), where a

@@ -34,7 +34,7 @@ def catch_up(
 
     applier = Applier(config, [name], open_targets=target is None)
     if target is not None:
-        applier.targets = {name: target}
+        applier.targets = {name: applier.wire(target)}
     try:
         applier.catch_up(upto, on_unit=on_unit, covered=upto is not None)
         return applier.targets[name].applied_positions().position

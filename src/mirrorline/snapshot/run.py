@@ -224,6 +224,8 @@ def snapshot_target(
                 with consistent_point(config) as cp:
                     stats = describe_tables(config, cp, only)
                     schemas = [s.schema for s in stats.values()]
+                    if only is not None:  # a table reloaded whole takes the source's shape of now
+                        target.recreate(schemas)
                     target.ensure_schema(schemas)
                     _register(config.log.path, name, cp.position)
                     whole = only is None
