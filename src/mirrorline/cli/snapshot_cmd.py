@@ -25,7 +25,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--table",
         action="append",
         metavar="SCHEMA.NAME",
-        help="only this configured table (repeatable): a table added to a live target",
+        help="only this configured table (repeatable): a table added to a live target, or one reloaded (it is "
+        "created again with the source's current shape, e.g. after a schema change the target stopped at)",
     )
     _common(p)
     sub = p.add_subparsers(dest="action", metavar="ACTION")
