@@ -410,3 +410,16 @@ def test_infer_attnums() -> None:
     # a gap wider than the unknown columns (a dropped or generated column between) or no right neighbour: unknown
     assert infer_attnums([1, 0, 4]) == [1, 0, 4]
     assert infer_attnums([1, 2, 0]) == [1, 2, 0]
+
+
+def test_plan_stop_mode_counts_kept_drops_and_missing_columns_are_added() -> None:
+    old = _schema(Column("a", "integer", attnum=2), Column("b", "text", attnum=3))
+    fewer = _schema(Column("a", "integer", attnum=2), version=2)
+    with pytest.raises(SchemaChangeStop, match=r'column b dropped \(on_schema_change = "stop"\)'):
+        plan(old, fewer, ["id", "a", "b"], target="t", keep_dropped=True, follow=False)
+    # the target lacks a column no step of this change makes: it is added too, before a rebuild for a new key
+    rekeyed = _schema(Column("a", "integer", attnum=2), Column("b", "text", attnum=3), key=("id", "a"), version=2)
+    assert [s.describe() for s in plan(old, rekeyed, ["id", "a"], target="t")] == [
+        "column b (text) added",
+        "key changed from (id) to (id, a)",
+    ]

@@ -149,6 +149,8 @@ def plan(
             "renamed (no attnum recorded)",
         )
     steps += [Step("drop", o, o.name) for o in gone]
+    if not follow and steps:
+        raise stop(new, target, "; ".join(s.describe() for s in steps) + ' (on_schema_change = "stop")')
     if keep_dropped:
         steps = [s for s in steps if s.kind != "drop"]
     renamed = {s.old: s.column.name for s in steps if s.kind == "rename"}
@@ -179,7 +181,11 @@ def plan(
         if s.kind in ("rename", "drop") and s.old not in have:
             continue
         out.append(s)
-    return out
+    # a column the target lacks that no step makes (a table created by an older version): added, before a rebuild
+    made = {s.column.name for s in out if s.kind in ("add", "rename")}
+    extra = [Step("add", c) for c in missing if c.name not in made and not any(s.old == c.name for s in out)]
+    at = next((i for i, s in enumerate(out) if s.kind in ("rekey", "rebuild")), len(out))
+    return out[:at] + extra + out[at:]
 
 
 def stop(new: TableSchema, target: str, what: str) -> SchemaChangeStop:
