@@ -31,7 +31,10 @@ def record(log_root: Path, target: str, error: BaseException, position: str) -> 
         "position": position,
         "at": datetime.now(UTC).isoformat(timespec="seconds"),
     }
-    path = _path(log_root, target)
+    _write(_path(log_root, target), doc)
+
+
+def _write(path: Path, doc: dict[str, Any]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".{os.getpid()}.tmp")
     tmp.write_text(json.dumps(doc))
@@ -71,14 +74,7 @@ def record_table(log_root: Path, table: str, reason: str, position: str) -> None
         "position": position,
         "at": datetime.now(UTC).isoformat(timespec="seconds"),
     }
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(doc))
-    os.replace(tmp, path)
-
-
-def clear_table(log_root: Path, table: str) -> None:
-    (log_root / FOLDER / TABLES / f"{quote(table, safe='')}.json").unlink(missing_ok=True)
+    _write(path, doc)
 
 
 def tables(log_root: Path) -> dict[str, dict[str, Any]]:

@@ -340,7 +340,6 @@ class Target(ABC):
         changed: list[str] = []
         with self.transaction() as s:
             self.check_types(s, schemas)
-            ensure_state(s)
             for ts in schemas:
                 have = s.table_columns(ts.table)
                 recorded = state.shapes.get(ts.table)
@@ -369,7 +368,8 @@ class Target(ABC):
                             raise stop(ts, self.name, what) from e
                         done.append(f"{ts.table}: {step.describe()}")
                         changed.append(done[-1])
-                if recorded != ts.version:
+                if recorded != ts.version:  # (the state table exists after the first unit: not asked every unit)
+                    ensure_state(s)
                     write_shape(s, ts.table, ts.version)
         for line in changed:
             log.info("target %s: schema change committed: %s", self.name, line)

@@ -163,6 +163,8 @@ def plan(
         # the rows are matched by the new key from here on: the table is built again with it (its rows copied,
         # which fails, and stops, if they cannot be told apart by it)
         rekey = Step("rekey", Column(", ".join(new.key) if not new.bag else "every column", ""), _key_text(old))
+        if not follow:
+            raise stop(new, target, rekey.describe() + ' (on_schema_change = "stop")')
         if keep_dropped and any(o.name not in matched for o in old.columns):
             raise stop(
                 new,
@@ -171,8 +173,6 @@ def plan(
                 '"keep"): building it again with the new key would lose them',
             )
         steps.append(rekey)
-    if not follow and steps:
-        raise stop(new, target, "; ".join(s.describe() for s in steps) + ' (on_schema_change = "stop")')
     # a column the target already reflects (the step was done before a crash) needs nothing
     out = []
     for s in steps:

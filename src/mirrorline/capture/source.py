@@ -370,10 +370,17 @@ class TypeNames:
             log.warning("cannot look up the columns of relation %s on the source: %s", relid, str(e).strip())
             self.close()
             return {}
-        return {
-            name: (int(num), first_array_element(missing) if missing is not None else None, bool(rewritten))
-            for name, num, missing, rewritten in rows
-        }
+        try:
+            return {
+                name: (int(num), first_array_element(missing) if missing is not None else None, bool(rewritten))
+                for name, num, missing, rewritten in rows
+            }
+        except ValueError as e:
+            raise SourceError(
+                f"cannot read the value existing rows of relation {relid} get for an added column: {e}",
+                hint="report this with the column's type; meanwhile reload the table after the change "
+                "(mirrorline snapshot --target NAME --table SCHEMA.NAME)",
+            ) from e
 
     def missing(self, oids: Collection[int]) -> set[int]:
         """Which of these relations no longer exist at the source (empty when the lookup fails: asked again later)."""
