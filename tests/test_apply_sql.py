@@ -256,3 +256,16 @@ def test_worktable_rows_come_in_key_order() -> None:
         {"_ml_k0": "b", "_ml_k1": "1"},
         {"_ml_k0": "b", "_ml_k1": "2"},
     ]
+
+
+def test_rows_already_in_key_order_are_kept_as_they_are() -> None:
+    # the check that skips the sort must not mistake text order for number order, nor a repeat for order
+    s = TableSchema("public.t", (Column("id", "bigint", nullable=False), Column("a", "text")), key=("id",))
+    t = TableSchema("public.t", (Column("id", "text", nullable=False), Column("a", "text")), key=("id",))
+    sorted_ints = pa.table({"id": ["-3", "9", "10", "100"], "a": ["w", "x", "y", "z"]})
+    assert work_rows.key_order(sorted_ints, s, ["id"]) is sorted_ints  # no copy
+    assert work_rows.key_order(sorted_ints, t, ["id"])["id"].to_pylist() == ["-3", "10", "100", "9"]
+    chunked = pa.concat_tables([sorted_ints.slice(2), sorted_ints.slice(0, 2)])  # two chunks, out of order
+    assert work_rows.key_order(chunked, s, ["id"])["a"].to_pylist() == ["w", "x", "y", "z"]
+    nulls = pa.table({"id": pa.array(["b", None, "c"]), "a": ["1", "2", "3"]})
+    assert work_rows.key_order(nulls, t, ["id"])["id"].to_pylist() == ["b", "c", None]

@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from daystream_vectors import DAYSTREAM, DELTAFLOOD
-from mirrorline.log.daystream import Decoder, Encoder, LineError, escape, format_line, parse_line, unescape
+from mirrorline.log.daystream import Address, Decoder, Encoder, LineError, escape, format_line, parse_line, unescape
 from mirrorline.model import Change, Column, Op, TableSchema
 from mirrorline.position import ZERO
 
@@ -246,3 +246,18 @@ def test_a_replace_and_its_update_are_one_change_without_xids():
     assert len(txns) == 1
     (c,) = txns[0].changes
     assert (c.op, c.key, c.old_key, c.new) == (Op.UPDATE, ("y",), ("x",), {"a": "y", "b": "z"})
+
+
+@given(
+    st.tuples(st.integers(-1, 5), st.integers(0, 3)),
+    st.lists(st.tuples(st.integers(0, 7_000_000), st.integers(1, 2)), max_size=30),
+)
+def test_skipping_lines_at_once_is_tagging_them_one_by_one(start, lines):
+    """Retention moves the addressing state over a unit's changes at once (vectorized): the same state as tagging
+    each line, including times that go back (a later commit in an earlier second) and two-line key changes."""
+    one, many = Address(*start), Address(*start)
+    for ts, n in lines:
+        for _ in range(n):
+            one.tag(ts)
+    many.skip([ts for ts, _ in lines], [n for _, n in lines])
+    assert (many.c, many.lines) == (one.c, one.lines)

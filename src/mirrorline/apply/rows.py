@@ -123,8 +123,17 @@ def key_order(rows: pa.Table, s: TableSchema, columns: Sequence[str]) -> pa.Tabl
         if s.column(k).type_name.split("(")[0].strip().lower() in _INTEGER_TYPES and _all_ints(col):
             col = pc.cast(col, pa.int64(), safe=False)
         sort_cols.append((f"_k{i}", col))
+    if len(sort_cols) == 1 and _ascending(sort_cols[0][1]):
+        return rows  # already in key order (a bulk load's inserts, mostly): no copy of the rows
     keyed = pa.table(dict(sort_cols))
     return rows.take(pc.sort_indices(keyed, sort_keys=[(name, "ascending") for name, _ in sort_cols]))
+
+
+def _ascending(col: pa.ChunkedArray | pa.Array) -> bool:
+    """Is ``col`` (without nulls) in ascending order, as :func:`pyarrow.compute.sort_indices` orders it?"""
+    if col.null_count:
+        return False
+    return bool(pc.all(pc.less_equal(col[:-1], col[1:])).as_py())
 
 
 def _all_ints(col: pa.ChunkedArray) -> bool:

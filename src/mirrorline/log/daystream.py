@@ -33,8 +33,10 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+
+import numpy as np
 
 from mirrorline.model import Change, Op, TableSchema, Value
 from mirrorline.position import ZERO
@@ -313,6 +315,21 @@ class Address:
             self.c, self.lines = c, 0
         self.lines += 1
         return c, self.lines - 1
+
+    def skip(self, ts: Sequence[int] | np.ndarray, lines: Sequence[int] | np.ndarray) -> None:
+        """The state after lines for changes committed at ``ts`` (microseconds), ``lines[i]`` lines for the i-th
+        (as :meth:`tag` once per line, vectorized: retention moves it over whole units of changes)."""
+        secs = np.asarray(ts, dtype=np.int64) // 1_000_000
+        if not len(secs):
+            return
+        counts = np.asarray(lines, dtype=np.int64)
+        top = int(secs.max())
+        if top <= self.c:  # no change starts a new second: every line counts on
+            self.lines += int(counts.sum())
+            return
+        # _c is the running maximum, so the lines of the last second are those from its first change on
+        first = int(np.argmax(secs == top))
+        self.c, self.lines = top, int(counts[first:].sum())
 
 
 def line_count(op: str, key_changed: bool) -> int:

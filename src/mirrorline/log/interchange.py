@@ -21,12 +21,14 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TextIO
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from mirrorline.config import TableConfig
 from mirrorline.errors import DecodeError, LogError
 from mirrorline.log.columns import transactions_to_arrow
-from mirrorline.log.daystream import Address, Decoder, Encoder, LineError, Transaction, line_count, parse_line
+from mirrorline.log.daystream import Address, Decoder, Encoder, LineError, Transaction, parse_line
 from mirrorline.log.layout import SegmentInfo
 from mirrorline.log.reader import ChangeLog, range_mask
 from mirrorline.log.segments import read_columns
@@ -219,10 +221,9 @@ def _scan(log: ChangeLog, state: Address, segments: list[SegmentInfo], upto: Pos
         m = range_mask(t, None, upto)
         if m is not None:
             t = t.filter(m)
-        key_changed = t.column("old_key").is_valid().to_pylist()
-        for ts, op, kc in zip(t.column("ts").to_pylist(), t.column("op").to_pylist(), key_changed, strict=True):
-            for _ in range(line_count(op, kc)):
-                state.tag(ts)
+        # an update that changed the key is two lines (line_count)
+        two = pc.and_(pc.equal(t.column("op"), "U"), pc.is_valid(t.column("old_key")))
+        state.skip(t.column("ts").to_numpy(), two.to_numpy(zero_copy_only=False).astype(np.int64) + 1)
     return state
 
 
