@@ -11,6 +11,12 @@ Scaling (``--scaling``, on the largest size): the same log compiled by child pro
 one-core workers; the JSON line carries ``"scaling": {"local_1": ..., "local_2": ..., "cluster_1": ...,
 "cluster_2": ...}`` in changes/s and the ratios ``local_2 / local_1`` and ``cluster_2 / cluster_1``.
 
+"One core" is one core: on a machine of two, a ``local[1]`` JVM still runs its garbage collector and JIT compiler
+threads (and the driver) on the other core, which flatters the one-core figure. So ``local_1`` runs pinned to CPU 0
+(``sched_setaffinity``, inherited by the JVM); ``cluster_1``'s worker (and its executor) runs on CPU 0 and its
+driver on CPU 1, as a driver on a machine of its own; ``cluster_2``'s workers run on CPU 0 and CPU 1 each, and its
+driver shares them (there is no third core). The same runs without pinning are reported as ``unpinned``.
+
 Prints ONE JSON line; progress goes to stderr.
     .venv/bin/python bench/compile.py [--sizes 1000000,10000000] [--scaling]
 """
@@ -18,6 +24,7 @@ Prints ONE JSON line; progress goes to stderr.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -26,6 +33,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 
 def _rss_kib(pid: int) -> int:
@@ -92,8 +100,11 @@ def main() -> int:
     ap.add_argument("--workdir", help="where to write the Parquet files (default: a temporary folder)")
     ap.add_argument("--scaling", action="store_true", help="also compile the largest size on 1 and 2 cores/workers")
     ap.add_argument("--one", nargs=2, metavar=("MASTER", "SRC"), help=argparse.SUPPRESS)  # a scaling child
+    ap.add_argument("--cpus", help=argparse.SUPPRESS)  # a scaling child's CPUs, e.g. "0" or "0,1"
     args = ap.parse_args()
     if args.one:
+        if args.cpus:
+            os.sched_setaffinity(0, {int(c) for c in args.cpus.split(",")})
         return _one(*args.one)
     sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
 
@@ -189,7 +200,7 @@ def _one(master: str, src: str) -> int:
 
     spark = get_spark(master, conf={"spark.executor.memory": "2g"} if master.startswith("spark:") else None)
     df = spark.read.schema(SPARK_DDL).parquet(src)
-    compile_changes(df.limit(20_000)).release()
+    _warm(df)
     size = df.count()
     out = tempfile.mkdtemp(prefix="mirrorline-bench-net-")
     t0 = time.monotonic()
@@ -200,26 +211,51 @@ def _one(master: str, src: str) -> int:
     return 0
 
 
+def _warm(df: Any) -> None:
+    """Warm every executor up (class loading, code generation, JIT) as a pipeline that has run for a while is: the
+    whole fold on every change of one key in 50, so that each scan and fold task, on every executor, runs the same
+    code as the timed compile on a share of the rows. (A slice of the first rows, as before, ran in one task: on a
+    cluster of two workers, one executor started the timed compile cold.) Keys moved by key changes may leave a
+    sampled key's sequence invalid: the warm-up only needs the plan to run, so that error is expected."""
+    from pyspark.sql import functions as F
+
+    from mirrorline.compile.spark import compile_changes
+    from mirrorline.errors import InvalidSequenceError
+
+    with contextlib.suppress(InvalidSequenceError):
+        compile_changes(df.where(F.xxhash64("table", "key") % 50 == 0)).release()
+
+
 def _scaling(src: Path, size: int) -> dict[str, float]:
     """changes/s of the same log on local[1], local[2], and a standalone cluster of one and of two 1-core workers."""
     import subprocess
 
     from mirrorline.sparkcluster import SparkCluster
 
-    def child(master: str) -> float:
+    def child(master: str, cpus: str | None = None) -> float:
+        pin = ["--cpus", cpus] if cpus else []
         done = subprocess.run(
-            [sys.executable, __file__, "--one", master, str(src)], capture_output=True, text=True, check=True
+            [sys.executable, __file__, "--one", master, str(src), *pin], capture_output=True, text=True, check=True
         )
         rate = float(json.loads(done.stdout.strip().splitlines()[-1])["changes_per_s"])
-        log(f"scaling {master}: {rate:,.0f} changes/s")
+        log(f"scaling {master}{' on CPUs ' + cpus if cpus else ''}: {rate:,.0f} changes/s")
         return rate
 
-    out = {"local_1": child("local[1]"), "local_2": child("local[2]")}
-    for workers in (1, 2):
-        with SparkCluster(workers=workers, cores=1, memory="3g") as c:
-            out[f"cluster_{workers}"] = child(c.master)
+    if len(os.sched_getaffinity(0)) < 2:
+        raise SystemExit("--scaling needs two CPUs")
+    out: dict[str, Any] = {"local_1": child("local[1]", "0"), "local_2": child("local[2]")}
+    with SparkCluster(workers=1, cores=1, memory="3g", cpus=[{0}]) as c:
+        out["cluster_1"] = child(c.master, "1")
+    with SparkCluster(workers=2, cores=1, memory="3g", cpus=[{0}, {1}]) as c:
+        out["cluster_2"] = child(c.master)
     out["local_2_vs_1"] = round(out["local_2"] / out["local_1"], 2)
     out["cluster_2_vs_1"] = round(out["cluster_2"] / out["cluster_1"], 2)
+    unpinned = {"local_1": child("local[1]")}
+    with SparkCluster(workers=1, cores=1, memory="3g") as c:
+        unpinned["cluster_1"] = child(c.master)
+    unpinned["local_2_vs_1"] = round(out["local_2"] / unpinned["local_1"], 2)
+    unpinned["cluster_2_vs_1"] = round(out["cluster_2"] / unpinned["cluster_1"], 2)
+    out["unpinned"] = unpinned
     out["changes"] = size
     return out
 

@@ -13,6 +13,7 @@ import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 
@@ -32,14 +33,24 @@ def _free_port() -> int:
 class SparkCluster:
     """``with SparkCluster(workers=2) as c: ... c.master ...`` (``spark://127.0.0.1:PORT``)."""
 
-    def __init__(self, workers: int = 2, cores: int = 1, memory: str = "1g", base: str | None = None) -> None:
+    def __init__(
+        self,
+        workers: int = 2,
+        cores: int = 1,
+        memory: str = "1g",
+        base: str | None = None,
+        cpus: Sequence[set[int]] | None = None,
+    ) -> None:
+        """``cpus``: the CPUs each worker (and the executors it starts) may run on, one set per worker (default:
+        any); a benchmark's way of giving each worker a core of its own on one machine."""
         self.workers, self.cores, self.memory = workers, cores, memory
+        self.cpus = list(cpus) if cpus is not None else None
         self.dir = Path(tempfile.mkdtemp(prefix="mirrorline-spark-", dir=base))
         self.port = _free_port()
         self.master = f"spark://127.0.0.1:{self.port}"
         self.procs: list[subprocess.Popen[bytes]] = []
 
-    def _start(self, name: str, *args: str) -> subprocess.Popen[bytes]:
+    def _start(self, name: str, *args: str, cpus: set[int] | None = None) -> subprocess.Popen[bytes]:
         env = {
             **os.environ,
             "SPARK_LOCAL_IP": "127.0.0.1",
@@ -49,7 +60,12 @@ class SparkCluster:
         }
         log = open(self.dir / f"{name}.log", "wb")  # noqa: SIM115 (closed with the process)
         proc = subprocess.Popen(
-            [str(spark_class()), *args], stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+            [str(spark_class()), *args],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+            preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None,
         )
         log.close()
         self.procs.append(proc)
@@ -85,6 +101,7 @@ class SparkCluster:
                     str(work),
                     "--webui-port",
                     str(_free_port()),
+                    cpus=self.cpus[i] if self.cpus else None,
                 )
             for i in range(self.workers):
                 self._wait(self.dir / f"worker{i}.log", r"Successfully registered with master", f"worker {i}")
