@@ -22,8 +22,10 @@ For each workload, on the same WAL:
 Workloads: ``update_heavy``: N/5 inserts then 4N/5 updates over the same keys; ``insert_only``: N inserts. Both in
 transactions of 1,000. Prints one JSON line: seconds of each, changes/s, and the ratios a/b (how many times faster
 mirrorline catches up than PostgreSQL's own) and b/c (how far from the physical limit), and the same for (b2).
+``--runs N`` runs it N times, each in a new process, and prints the medians (ratios taken per run, then their
+median) with each run's main figures under ``each``: (a) varies by a second or more from run to run here.
 
-    .venv/bin/python bench/apply.py [--changes 1000000] [--workloads update_heavy,insert_only]
+    .venv/bin/python bench/apply.py [--changes 1000000] [--workloads update_heavy,insert_only] [--runs 1]
 """
 
 from __future__ import annotations
@@ -243,11 +245,44 @@ def one(kind: str, changes: int, source: PgCluster, target: PgCluster, work: Pat
     }
 
 
+def repeated(runs: int, changes: int, workloads: str) -> dict[str, Any]:
+    """The benchmark run ``runs`` times, each in a process of its own (a new JVM, so that (b) is the first large
+    unit after start-up every time) with clusters of its own: the median of every figure, ratios taken per run."""
+    import statistics
+    import subprocess
+
+    outs = []
+    for i in range(runs):
+        say(f"run {i + 1} of {runs}")
+        done = subprocess.run(
+            [sys.executable, __file__, "--changes", str(changes), "--workloads", workloads],
+            stdout=subprocess.PIPE,
+            text=True,
+            check=True,
+        )
+        outs.append(json.loads(done.stdout.strip().splitlines()[-1]))
+    merged: dict[str, Any] = {"runs": runs, "spark_startup_s": statistics.median(o["spark_startup_s"] for o in outs)}
+    for kind in workloads.split(","):
+        fields = outs[0][kind]
+        merged[kind] = {k: round(statistics.median(o[kind][k] for o in outs), 3) for k in fields}
+        merged[kind]["each"] = {
+            k: [o[kind][k] for o in outs]
+            for k in ("pg_logical_s", "mirrorline_s", "mirrorline_jit_warm_s", "a_over_b", "a_over_b2")
+        }
+    return merged
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--changes", type=int, default=1_000_000)
     p.add_argument("--workloads", default="update_heavy,insert_only")
+    p.add_argument(
+        "--runs", type=int, default=1, help="run it this many times, each in a new process; report the medians"
+    )
     args = p.parse_args()
+    if args.runs > 1:
+        print(json.dumps(repeated(args.runs, args.changes, args.workloads)))
+        return
     t0 = time.monotonic()
     spark = get_spark()
     spark.range(1000).selectExpr("sum(id)").collect()  # first job: class loading, code generation

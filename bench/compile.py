@@ -16,9 +16,10 @@ threads (and the driver) on the other core, which flatters the one-core figure. 
 (``sched_setaffinity``, inherited by the JVM); ``cluster_1``'s worker (and its executor) runs on CPU 0 and its
 driver on CPU 1, as a driver on a machine of its own; ``cluster_2``'s workers run on CPU 0 and CPU 1 each, and its
 driver shares them (there is no third core). The same runs without pinning are reported as ``unpinned``.
+``--repeat N`` compiles N times on each (the four in turn) and reports the medians, with every run under ``each``.
 
 Prints ONE JSON line; progress goes to stderr.
-    .venv/bin/python bench/compile.py [--sizes 1000000,10000000] [--scaling]
+    .venv/bin/python bench/compile.py [--sizes 1000000,10000000] [--scaling [--repeat N]]
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import contextlib
 import json
 import os
 import shutil
+import statistics
 import sys
 import tempfile
 import threading
@@ -100,6 +102,7 @@ def main() -> int:
     ap.add_argument("--workdir", help="where to write the Parquet files (default: a temporary folder)")
     ap.add_argument("--scaling", action="store_true", help="also compile the largest size on 1 and 2 cores/workers")
     ap.add_argument("--one", nargs=2, metavar=("MASTER", "SRC"), help=argparse.SUPPRESS)  # a scaling child
+    ap.add_argument("--repeat", type=int, default=1, help="with --scaling: compile N times on each, report medians")
     ap.add_argument("--cpus", help=argparse.SUPPRESS)  # a scaling child's CPUs, e.g. "0" or "0,1"
     args = ap.parse_args()
     if args.one:
@@ -118,7 +121,7 @@ def main() -> int:
     work = Path(args.workdir or tempfile.mkdtemp(prefix="mirrorline-bench-compile-"))
     work.mkdir(parents=True, exist_ok=True)
     results = []
-    scaling: dict[str, float] | None = None
+    scaling: dict[str, Any] | None = None
     with PeakMemory() as mem:
         t0 = time.monotonic()
         spark = get_spark()
@@ -172,7 +175,7 @@ def main() -> int:
                 f"{size}: {seconds:.1f}s, {size / seconds:,.0f} changes/s, {net_rows} net rows, peak {mem.peak_mib} MiB"
             )
             if args.scaling and size == max(sizes):
-                scaling = _scaling(src, size)
+                scaling = _scaling(src, size, args.repeat)
             shutil.rmtree(src, ignore_errors=True)
             shutil.rmtree(out, ignore_errors=True)
     if not args.workdir:
@@ -226,7 +229,7 @@ def _warm(df: Any) -> None:
         compile_changes(df.where(F.xxhash64("table", "key") % 50 == 0)).release()
 
 
-def _scaling(src: Path, size: int) -> dict[str, float]:
+def _scaling(src: Path, size: int, repeat: int = 1) -> dict[str, Any]:
     """changes/s of the same log on local[1], local[2], and a standalone cluster of one and of two 1-core workers."""
     import subprocess
 
@@ -243,13 +246,19 @@ def _scaling(src: Path, size: int) -> dict[str, float]:
 
     if len(os.sched_getaffinity(0)) < 2:
         raise SystemExit("--scaling needs two CPUs")
-    out: dict[str, Any] = {"local_1": child("local[1]", "0"), "local_2": child("local[2]")}
-    with SparkCluster(workers=1, cores=1, memory="3g", cpus=[{0}]) as c:
-        out["cluster_1"] = child(c.master, "1")
-    with SparkCluster(workers=2, cores=1, memory="3g", cpus=[{0}, {1}]) as c:
-        out["cluster_2"] = child(c.master)
+    runs: dict[str, list[float]] = {"local_1": [], "local_2": [], "cluster_1": [], "cluster_2": []}
+    for _ in range(repeat):  # the four in turn, so that a slow spell of the machine falls on all of them alike
+        runs["local_1"].append(child("local[1]", "0"))
+        runs["local_2"].append(child("local[2]"))
+        with SparkCluster(workers=1, cores=1, memory="3g", cpus=[{0}]) as c:
+            runs["cluster_1"].append(child(c.master, "1"))
+        with SparkCluster(workers=2, cores=1, memory="3g", cpus=[{0}, {1}]) as c:
+            runs["cluster_2"].append(child(c.master))
+    out: dict[str, Any] = {k: statistics.median(v) for k, v in runs.items()}
     out["local_2_vs_1"] = round(out["local_2"] / out["local_1"], 2)
     out["cluster_2_vs_1"] = round(out["cluster_2"] / out["cluster_1"], 2)
+    if repeat > 1:
+        out["each"] = runs
     unpinned = {"local_1": child("local[1]")}
     with SparkCluster(workers=1, cores=1, memory="3g") as c:
         unpinned["cluster_1"] = child(c.master)
