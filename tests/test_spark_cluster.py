@@ -6,6 +6,7 @@ with the source through its own client, and both workers must have run tasks."""
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -67,3 +68,13 @@ def test_capture_snapshot_compile_apply_and_verify_on_a_standalone_cluster(
         assert apps, f"worker {i} ran no executor"
     assert _run(["status", "-c", str(conf_file)], tmp_path / "status.log") == 0
     assert f"spark: master {cluster.master}" in (tmp_path / "status.log").read_text()
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs")
+def test_each_worker_can_be_given_a_cpu_of_its_own(tmp_path: Path) -> None:
+    """What bench/compile --scaling relies on: one worker (and the executors it starts) per CPU; the master is not
+    pinned."""
+    with SparkCluster(workers=2, cores=1, memory="512m", base=str(tmp_path), cpus=[{0}, {1}]) as c:
+        master, *workers = c.procs
+        assert [os.sched_getaffinity(p.pid) for p in workers] == [{0}, {1}]
+        assert os.sched_getaffinity(master.pid) == os.sched_getaffinity(0)
