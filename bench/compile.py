@@ -15,7 +15,8 @@ one-core workers; the JSON line carries ``"scaling": {"local_1": ..., "local_2":
 threads (and the driver) on the other core, which flatters the one-core figure. So ``local_1`` runs pinned to CPU 0
 (``sched_setaffinity``, inherited by the JVM); ``cluster_1``'s worker (and its executor) runs on CPU 0 and its
 driver on CPU 1, as a driver on a machine of its own; ``cluster_2``'s workers run on CPU 0 and CPU 1 each, and its
-driver shares them (there is no third core). The same runs without pinning are reported as ``unpinned``.
+driver shares them (there is no third core). CPU 0 and 1 are the first two this process may run on. The one-core
+runs without pinning are reported as ``unpinned``, with their ratios to the same two-core figures.
 ``--repeat N`` compiles N times on each (the four in turn) and reports the medians, with every run under ``each``.
 
 Prints ONE JSON line; progress goes to stderr.
@@ -244,15 +245,17 @@ def _scaling(src: Path, size: int, repeat: int = 1) -> dict[str, Any]:
         log(f"scaling {master}{' on CPUs ' + cpus if cpus else ''}: {rate:,.0f} changes/s")
         return rate
 
-    if len(os.sched_getaffinity(0)) < 2:
-        raise SystemExit("--scaling needs two CPUs")
+    allowed = sorted(os.sched_getaffinity(0))
+    if len(allowed) < 2:
+        raise SystemExit("--scaling needs two CPUs this process may run on")
+    cpu0, cpu1 = allowed[:2]
     runs: dict[str, list[float]] = {"local_1": [], "local_2": [], "cluster_1": [], "cluster_2": []}
     for _ in range(repeat):  # the four in turn, so that a slow spell of the machine falls on all of them alike
-        runs["local_1"].append(child("local[1]", "0"))
+        runs["local_1"].append(child("local[1]", str(cpu0)))
         runs["local_2"].append(child("local[2]"))
-        with SparkCluster(workers=1, cores=1, memory="3g", cpus=[{0}]) as c:
-            runs["cluster_1"].append(child(c.master, "1"))
-        with SparkCluster(workers=2, cores=1, memory="3g", cpus=[{0}, {1}]) as c:
+        with SparkCluster(workers=1, cores=1, memory="3g", cpus=[{cpu0}]) as c:
+            runs["cluster_1"].append(child(c.master, str(cpu1)))
+        with SparkCluster(workers=2, cores=1, memory="3g", cpus=[{cpu0}, {cpu1}]) as c:
             runs["cluster_2"].append(child(c.master))
     out: dict[str, Any] = {k: statistics.median(v) for k, v in runs.items()}
     out["local_2_vs_1"] = round(out["local_2"] / out["local_1"], 2)
