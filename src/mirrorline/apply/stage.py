@@ -56,7 +56,6 @@ class ArrowStager(Stager):
 
     def __init__(self, batch: NetBatch, whole: bool) -> None:
         self.batch = batch
-        self._whole: pa.Table | None = None
         self._flat: dict[str, dict[str, Any]] = {}  # kind -> pa.Table (or _LazyInserts until first use)
         self._lock = threading.Lock()
         self._load_whole = whole
@@ -76,18 +75,21 @@ class ArrowStager(Stager):
                         else pa.table({c: pa.array([], pa.string()) for c in work_rows.work_columns(ts, k)})
                         for k in work_rows.KINDS
                     }
-                elif self._load_whole:
-                    if self._whole is None:
-                        rows = self.batch.rows
-                        self._whole = rows if rows is not None else _to_arrow(self.batch.frame())
-                    rows = work_rows.select(self._whole, ts.table)
-                    self._flat[ts.table] = {
-                        k: work_rows.flatten(work_rows.select(rows, ts.table, k), ts, k) for k in work_rows.KINDS
-                    }
+                elif self._load_whole:  # the same for every target: flattened once per unit, shared
+                    self._flat[ts.table] = dict(self.batch.derive(("worktable rows", ts), lambda: self._flatten(ts)))
                 else:
                     flat = _to_arrow(generic_flatten(self.batch.frame(), {ts.table: ts}, [ts.table]))
                     self._flat[ts.table] = {k: pick(flat, ts, k) for k in work_rows.KINDS}
             return self._flat[ts.table]
+
+    def _flatten(self, ts: TableSchema) -> dict[str, pa.Table]:
+        whole = self.batch.derive("arrow", self._arrow)
+        rows = work_rows.select(whole, ts.table)
+        return {k: work_rows.flatten(work_rows.select(rows, ts.table, k), ts, k) for k in work_rows.KINDS}
+
+    def _arrow(self) -> pa.Table:
+        rows = self.batch.rows
+        return rows if rows is not None else _to_arrow(self.batch.frame())
 
     def _of(self, ts: TableSchema, kind: str) -> pa.Table:
         """One kind's worktable rows (an inserts-only unit's built on first use)."""

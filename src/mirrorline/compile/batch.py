@@ -31,8 +31,10 @@ flattened, per table (:class:`Inserts`): the same rows as kind I with ``unchange
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -41,6 +43,8 @@ from mirrorline.position import Position
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
+
+T = TypeVar("T")
 
 NET_DDL = (
     "`table` STRING NOT NULL, kind STRING NOT NULL, key ARRAY<STRING> NOT NULL, new MAP<STRING, STRING>, "
@@ -138,6 +142,8 @@ class NetBatch:
     rows: pa.Table | None = field(default=None, repr=False)  # the net rows on the driver, when compiled there
     inserts: dict[str, Inserts] | None = field(default=None, repr=False)  # an inserts-only unit's rows, flat
     net_rows: int | None = None  # how many net rows (D, U, I) ``net`` holds, when known
+    _derived: dict[Hashable, _Once] = field(default_factory=dict, init=False, repr=False, compare=False)
+    _derived_lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.net is None and self.rows is None and self.inserts is None:
@@ -189,8 +195,21 @@ class NetBatch:
             out.setdefault(r["table"], {"D": 0, "U": 0, "I": 0})[r["kind"]] = int(r["count"])
         return out
 
+    def derive(self, key: Hashable, make: Callable[[], T]) -> T:
+        """``make()``, computed once per ``key`` for this batch and shared: what every target would derive alike
+        from the net rows (apply's worktable rows of a table) is computed by the first that needs it while the
+        others wait for it. A ``make`` that raises is not remembered (the next caller tries again). ``release()``
+        drops what was derived."""
+        with self._derived_lock:
+            once = self._derived.get(key)
+            if once is None:
+                once = self._derived[key] = _Once()
+        return once.get(make)
+
     def release(self) -> None:
         """Free the net rows' cache or scratch files once every target has applied them (``net`` is unusable after)."""
+        with self._derived_lock:
+            self._derived.clear()
         if self.cached is not None:
             self.cached.unpersist()
             self.cached = None
@@ -201,3 +220,19 @@ class NetBatch:
 
             shutil.rmtree(self.scratch, ignore_errors=True)
             self.scratch = None
+
+
+class _Once:
+    """A value computed by the first caller; the others wait for it."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._done = False
+        self._value: Any = None
+
+    def get(self, make: Callable[[], Any]) -> Any:
+        with self._lock:
+            if not self._done:
+                self._value = make()
+                self._done = True
+            return self._value
