@@ -123,3 +123,31 @@ def test_a_target_moves_past_the_logs_last_change_only_to_a_covered_position(tmp
     assert a.positions() == {"t": Position(10, 0)}
     a.close()
     assert catch_up(conf, "t", upto=beyond) == beyond  # the caller knows capture passed it
+
+
+def test_a_unit_closes_when_its_first_change_is_latency_old_by_its_commit_time(tmp_path: Path) -> None:
+    """The latency counts from the first change's commit: a change that already waited (for capture, or while the
+    previous unit applied) does not wait the whole latency again; a source clock ahead of this machine's never
+    holds a unit open longer than the latency."""
+    now_us = int(time.time() * 1e6)
+    with LogWriter(tmp_path / "log") as w:
+        for lsn, ts in ((10, now_us - 60_000_000), (20, now_us), (30, now_us + 3_600_000_000)):
+            w.add_transaction(lsn, ts, [Change(ZERO, 0, 0, "public.t", Op.INSERT, (str(lsn),), {"id": "x"})])
+    conf = parse(
+        {
+            "source": {"dsn": "postgresql://nobody@127.0.0.1:1/x"},
+            "log": {"path": str(tmp_path / "log")},
+            "apply": {"latency": "2s"},
+            "targets": {"t": {"url": f"sqlite:///{tmp_path / 't.db'}"}},
+        },
+        tmp_path / "m.toml",
+    )
+    a = Applier(conf, open_targets=False)
+    t0 = time.monotonic()
+    assert a._closes_at(ZERO) <= time.monotonic()  # committed a minute ago: closes now
+    fresh = a._closes_at(Position(10, 0)) - t0  # committed just now: about the whole latency
+    assert 1.0 < fresh <= 2.0 + (time.monotonic() - t0)
+    ahead = a._closes_at(Position(20, 0)) - time.monotonic()  # "committed" an hour from now: the latency, no more
+    assert 1.9 < ahead <= 2.0
+    nothing = a._closes_at(Position(30, 0)) - time.monotonic()  # no change after it (yet)
+    assert 1.9 < nothing <= 2.0

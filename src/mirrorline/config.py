@@ -66,7 +66,7 @@ class SparkConfig:
 
 @dataclass(frozen=True)
 class ApplyConfig:
-    latency: float = 2.0  # seconds: close a unit of work after this long ...
+    latency: float = 2.0  # seconds: close a unit of work once its first change is this old (from its commit) ...
     max_changes: int = 1_000_000  # ... or after this many changes
     threads: int = 1
     builders: int = 1  # the third field of the IBM "threads:latency:builders" form: Spark tasks building worktables

@@ -122,7 +122,7 @@ class Applier:
 
             for n in names:
                 self.targets[n] = self.wire(open_target(config.targets[n], threads=config.apply.threads))
-        self._pending_since: dict[Position, float] = {}
+        self._pending_since: dict[Position, float] = {}  # an open unit's start -> when it closes (monotonic)
         from mirrorline.compile.store import UnitStore
 
         self._store = UnitStore(config.log.path)  # stored units are always reused ...
@@ -203,7 +203,8 @@ class Applier:
         self, *, upto: Position | None = None, wait_latency: bool = False, covered: bool = False
     ) -> UnitReport | None:
         """Apply one unit to the targets furthest behind. ``upto``: never past this position (default: the log's
-        end). ``wait_latency``: leave a unit open until it is full or its first change waited ``latency``.
+        end). ``wait_latency``: leave a unit open until it is full or its first change waited ``latency`` (see
+        :meth:`_closes_at`).
         ``covered``: the log is known to hold every change up to ``upto`` (capture has passed it), so the targets
         move to ``upto`` itself even where it lies beyond the log's last change."""
         durable = self.log.durable()
@@ -261,8 +262,10 @@ class Applier:
                 end = adv
             # a unit is open while it reaches the log's end and is not full: then it waits for the latency
             if wait_latency and 0 < n_changes < size and end >= limit:
-                first_seen = self._pending_since.setdefault(start, time.monotonic())
-                if time.monotonic() - first_seen < self.config.apply.latency:
+                closes = self._pending_since.get(start)
+                if closes is None:
+                    closes = self._pending_since[start] = self._closes_at(start)
+                if time.monotonic() < closes:
                     return None
         self._pending_since.pop(start, None)
         ahead = self._ahead
@@ -294,6 +297,23 @@ class Applier:
             batch.release()
         log.info("unit %s..%s (%d changes) applied to %s", start, end, report.changes, ", ".join(group))
         return report
+
+    def _closes_at(self, start: Position) -> float:
+        """When the open unit after ``start`` closes (``time.monotonic()``): once its first change is ``latency``
+        old, counted from the change's commit (the age ``status`` reports as lag), not from when this pipeline first
+        saw it; changes that waited for capture or for the previous unit's apply do not wait the whole latency
+        again. Never later than ``latency`` from now, so a source clock ahead of this machine's cannot hold a unit
+        open longer; a source clock behind it closes units sooner (as with a smaller latency)."""
+        latency = self.config.apply.latency
+        now = time.monotonic()
+        try:
+            ts = self.log.first_ts_after(start)
+        except MirrorlineError:  # (retention or a damaged segment: the unit's own reading will say what is wrong)
+            ts = None
+        if ts is None:
+            return now + latency
+        age = time.time() - ts / 1e6
+        return now + min(latency, max(0.0, latency - age))
 
     def _apply_group(
         self, batch: NetBatch, schemas: dict[str, TableSchema], group: list[str], report: UnitReport, next_unit: bool
