@@ -46,13 +46,23 @@ time and capacity (cores x wall).
 After the phases: the source's WAL position is taken and one marker update committed after it; ``drain_s`` is how long
 each mirrorline target (applied position past that WAL position, from the reader registry) and the subscriber
 (``replay_lsn`` past the marker) took to apply everything, bounded by ``--drain-timeout``. Then ``run`` is stopped
-(SIGTERM) and every target, and the subscriber, is compared with the source exactly: each of the four tables read
+(SIGTERM).
+
+``restart`` (unless ``--restart-transactions 0``): with ``run`` stopped, ``pgbench -n -c 1 -t N`` (N =
+``--restart-transactions``, default 1,000: about 4,000 changes) and a marker update; then ``run`` is started again (a
+new process, a new JVM; its output in ``run_restart.log``), and reported, in seconds from that process's start (Spark
+starts with it, so these bound the time from Spark's start): ``first_change_unit_s`` (the first unit with changes,
+per target too: what the pipeline pays for a cold JVM, after capturing what waited in the slot) and ``caught_up_s``
+per target (applied position past the marker, from the reader registry); the units it printed until then (changes,
+compile seconds). Then it is stopped again.
+
+Then every target, and the subscriber, is compared with the source exactly: each of the four tables read
 whole, values normalised (integers; ``char(n)`` fillers with trailing blanks stripped; ``mtime`` as an ISO string at
 microsecond precision), sorted, compared as multisets (``pgbench_history`` may hold duplicate rows): ``equal`` per
 target, with row counts. Prints one JSON line.
 
     .venv/bin/python bench/live.py [--phase-seconds 120] [--scale 10] [--latency 500ms]
-                                   [--phases r300,r1000,unthrottled] [--keep DIR]
+                                   [--phases r300,r1000,unthrottled] [--restart-transactions 1000] [--keep DIR]
 """
 
 from __future__ import annotations
@@ -509,7 +519,7 @@ def write_config(path: Path, work: Path, cluster: PgCluster, latency: str) -> No
     )
 
 
-def start_run(config_path: Path, work: Path) -> tuple[subprocess.Popen[bytes], RunLog]:
+def start_run(config_path: Path, work: Path, log_name: str = "run.log") -> tuple[subprocess.Popen[bytes], RunLog]:
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     proc = subprocess.Popen(
         [sys.executable, "-m", "mirrorline.cli.main", "run", "-c", str(config_path)],
@@ -520,7 +530,7 @@ def start_run(config_path: Path, work: Path) -> tuple[subprocess.Popen[bytes], R
         cwd=str(work),
         start_new_session=True,
     )
-    return proc, RunLog(proc, work / "run.log")
+    return proc, RunLog(proc, work / log_name)
 
 
 def stop_run(proc: subprocess.Popen[bytes], timeout: float = 120) -> int | None:
@@ -725,6 +735,54 @@ def drain(probe: Probe, cluster: PgCluster, runlog: RunLog, timeout: float) -> d
     return {n: r(done.get(n), 2) for n in [*targets, "subscriber"]}
 
 
+def restart(
+    config_path: Path,
+    work: Path,
+    cluster: PgCluster,
+    probe: Probe,
+    children: list[subprocess.Popen[Any]],
+    transactions: int,
+    timeout: float,
+) -> tuple[dict[str, Any], subprocess.Popen[bytes], RunLog]:
+    """With ``run`` stopped: ``transactions`` pgbench transactions and a marker; then ``run`` again, until every
+    target has applied the marker (see the module's notes). Returns the figures and the new process."""
+    run_checked(
+        [cluster.bin("pgbench"), "-n", "-c", "1", "-t", str(transactions), *pg_args(cluster), SRC_DB],
+        work / "pgbench_restart.log",
+        600,
+    )
+    before = probe.wal_lsn()
+    cluster.execute(TOUCH, SRC_DB)
+    say(f"restart: {transactions} transactions committed while run was stopped; starting run again")
+    t0 = time.monotonic()
+    proc, runlog = start_run(config_path, work, "run_restart.log")
+    children.append(proc)
+    targets = sorted(probe.config.targets)
+    done: dict[str, float] = {}
+    while len(done) < len(targets):
+        runlog.check_alive()
+        if time.monotonic() - t0 > timeout:
+            raise TimeoutError(f"targets not caught up {timeout:.0f}s after the restart:\n{runlog.tail_text()}")
+        for n in targets:
+            if n not in done:
+                lsn, _ = registry_lag(probe.config.log.path, n)
+                if lsn is not None and lsn >= before:
+                    done[n] = time.monotonic() - t0
+        time.sleep(0.1)
+    with runlog.lock:
+        changed = dict(runlog.first_change_unit)
+        units = [u for u in runlog.units if u.changes]
+    res = {
+        "transactions": transactions,
+        "first_change_unit_s": r(min(changed.values()) - t0, 2) if changed else None,
+        "first_change_unit_per_target_s": {n: r(changed[n] - t0, 2) if n in changed else None for n in targets},
+        "caught_up_s": {n: r(done[n], 2) for n in targets},
+        "units": [{"changes": u.changes, "compile_s": u.compile_s} for u in units],
+    }
+    say(f"restart: first unit with changes after {res['first_change_unit_s']}s, caught up: {res['caught_up_s']}")
+    return res, proc, runlog
+
+
 # ------------------------------------------------------------------------------------------------ comparison
 
 
@@ -877,6 +935,12 @@ def bench(args: argparse.Namespace, work: Path, out: dict[str, Any]) -> None:
             out["mirrorline_exit"] = stop_run(proc)
             runlog.thread.join(timeout=30)
             out["mirrorline_final"] = runlog.final or (runlog.tail_text().splitlines() or [""])[-1]
+            if args.restart_transactions > 0:
+                out["restart"], proc, runlog = restart(
+                    config_path, work, cluster, probe, children, args.restart_transactions, args.start_timeout
+                )
+                out["restart"]["mirrorline_exit"] = stop_run(proc)
+                runlog.thread.join(timeout=30)
             probe.close()
             probe = None
 
@@ -904,6 +968,12 @@ def main() -> None:
     p.add_argument("--latency", default="500ms", help="mirrorline's [apply] latency")
     p.add_argument(
         "--phases", default=",".join(n for n, _ in PHASES), help="which phases to run, in their order (comma-separated)"
+    )
+    p.add_argument(
+        "--restart-transactions",
+        type=int,
+        default=1_000,
+        help="pgbench transactions committed while run is stopped before the restart (0: no restart)",
     )
     p.add_argument("--keep", metavar="DIR", help="keep the configuration, change log, targets, logs and samples here")
     p.add_argument("--start-timeout", type=float, default=900, help="seconds for every target to become live")
