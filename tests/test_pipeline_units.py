@@ -151,3 +151,13 @@ def test_a_unit_closes_when_its_first_change_is_latency_old_by_its_commit_time(t
     assert 1.9 < ahead <= 2.0
     nothing = a._closes_at(Position(30, 0)) - time.monotonic()  # no change after it (yet)
     assert 1.9 < nothing <= 2.0
+
+
+def test_a_log_that_cannot_be_read_leaves_the_unit_the_whole_latency(tmp_path: Path) -> None:
+    """When the first change's commit time cannot be read (a damaged segment: the log raises LogError), the unit waits
+    the latency from now; the error is for the unit's own read to report."""
+    a = _applier(tmp_path, 1)
+    for seg in (tmp_path / "log").rglob("*.parquet"):
+        seg.write_bytes(b"not parquet")
+    left = a._closes_at(ZERO) - time.monotonic()
+    assert a.config.apply.latency - 0.1 < left <= a.config.apply.latency
