@@ -30,13 +30,18 @@ def _describe(h: Any) -> str:
     return "\n".join(lines)
 
 
-def _check_batch(spark: Any, seed: int, with_actions: bool, with_stats: bool = False) -> None:
-    """``with_stats``: the tables' metadata from the log's statistics of the changes instead of a Spark job."""
+def _check_batch(spark: Any, seed: int, with_actions: bool, with_stats: bool = False, to_driver: bool = False) -> None:
+    """``with_stats``: the tables' metadata from the log's statistics of the changes instead of a Spark job;
+    ``to_driver``: the net rows brought to the driver through Arrow (unless the unit has key changes leaving
+    columns unsent, which take the Parquet path)."""
     hs = random_histories(seed, PER_JOB, with_actions=with_actions)
     changes, actions = pack(hs)
-    stats = table_stats(changes_to_table(sorted(changes, key=lambda c: c.pos))) if with_stats else None
-    batch = compile_changes(changes_frame(spark, changes), actions=actions, stats=stats)
+    stats = table_stats(changes_to_table(sorted(changes, key=lambda c: c.pos)))
+    frame = changes_frame(spark, changes)
+    batch = compile_changes(frame, actions=actions, stats=stats if with_stats else None, to_driver=to_driver)
     try:
+        moves = any(s.moves for s in stats.values())
+        assert batch.on_driver == (to_driver and not moves)
         result = collect_result(batch)
     finally:
         batch.release()
@@ -64,6 +69,12 @@ def test_spark_equals_reference_with_actions(spark: Any, seed: int) -> None:
 @given(seeds)
 def test_spark_equals_reference_with_actions_and_log_statistics(spark: Any, seed: int) -> None:
     _check_batch(spark, seed, with_actions=True, with_stats=True)
+
+
+@settings(max_examples=2)
+@given(seeds)
+def test_spark_equals_reference_with_the_net_rows_on_the_driver(spark: Any, seed: int) -> None:
+    _check_batch(spark, seed, with_actions=True, with_stats=True, to_driver=True)
 
 
 @settings(max_examples=2)
@@ -97,14 +108,15 @@ def test_invalid_histories_raise_the_named_error(spark: Any, seed: int) -> None:
             inj.second[1].seq,
         )
 
-    # compiling stops at the unit's earliest, the same as the reference's
-    with pytest.raises(InvalidSequenceError) as got:
-        compile_changes(frame)
+    # compiling stops at the unit's earliest, the same as the reference's, the net rows on the driver or not
     with pytest.raises(InvalidSequenceError) as want:
         fold(changes)
-    assert (got.value.table, got.value.key, got.value.first_pos, got.value.second_pos) == (
-        want.value.table,
-        want.value.key,
-        want.value.first_pos,
-        want.value.second_pos,
-    )
+    for to_driver in (False, True):
+        with pytest.raises(InvalidSequenceError) as got:
+            compile_changes(frame, to_driver=to_driver)
+        assert (got.value.table, got.value.key, got.value.first_pos, got.value.second_pos) == (
+            want.value.table,
+            want.value.key,
+            want.value.first_pos,
+            want.value.second_pos,
+        )

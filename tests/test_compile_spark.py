@@ -13,7 +13,7 @@ import pytest
 
 from compile_cases import CASES, pos, render, unit
 from mirrorline import scratch
-from mirrorline.compile.batch import NET_DDL
+from mirrorline.compile.batch import NET_ARROW, NET_DDL
 from mirrorline.compile.reference import NetResult, fold
 from mirrorline.compile.spark import changes_frame, collect_result, compile_changes, find_invalid, mirror
 from mirrorline.errors import InvalidSequenceError
@@ -50,9 +50,11 @@ def _case_part(result: NetResult, i: int) -> NetResult:
     )
 
 
-def _compiled(spark: Any, changes: list[Change], actions: dict[str, str], with_stats: bool) -> NetResult:
+def _compiled(
+    spark: Any, changes: list[Change], actions: dict[str, str], with_stats: bool, to_driver: bool = False
+) -> NetResult:
     stats = table_stats(changes_to_table(sorted(changes, key=lambda c: c.pos))) if with_stats else None
-    batch = compile_changes(changes_frame(spark, changes), actions=actions, stats=stats)
+    batch = compile_changes(changes_frame(spark, changes), actions=actions, stats=stats, to_driver=to_driver)
     try:
         return collect_result(batch)
     finally:
@@ -73,6 +75,16 @@ def test_log_statistics_give_the_same_result_as_the_metadata_job(
     the changes instead of a Spark job: the same result, table order included."""
     changes, actions = _packed(VALID)
     result = _compiled(spark, changes, actions, with_stats=True)
+    for i, name in enumerate(VALID):
+        got, want = _case_part(result, i), valid_results[name]
+        assert (got.tables, got.truncated, got.rows()) == (want.tables, want.truncated, want.rows()), name
+
+
+def test_net_rows_on_the_driver_are_those_written_to_parquet(spark: Any, valid_results: dict[str, NetResult]) -> None:
+    """Every valid case again, the net rows brought to the driver through Arrow in the fold's job: the same result
+    (the cases with key changes leaving columns unsent among them took the Parquet path)."""
+    changes, actions = _packed(VALID)
+    result = _compiled(spark, changes, actions, with_stats=True, to_driver=True)
     for i, name in enumerate(VALID):
         got, want = _case_part(result, i), valid_results[name]
         assert (got.tables, got.truncated, got.rows()) == (want.tables, want.truncated, want.rows()), name
@@ -180,6 +192,75 @@ def test_out_keeps_the_net_rows_as_parquet(spark: Any, tmp_path: Path) -> None:
         ("D", "2", None),
         ("I", "1", "2"),
     ]
+
+
+def test_to_driver_brings_the_net_rows_back_without_files(spark: Any) -> None:
+    before = set(scratch.folder().iterdir())
+    batch = compile_changes(
+        changes_frame(spark, unit("I 1 c=1", "U 1 c=2", "U 2 c=2 ~d", "D 3", "I 4 c=4", "D 4")), to_driver=True
+    )
+    try:
+        assert batch.on_driver and batch.scratch is None and batch.net is None
+        assert set(scratch.folder().iterdir()) == before
+        assert batch.net_rows == 3 and batch.counts() == {"public.t": {"D": 1, "U": 1, "I": 1}}
+        assert render(collect_result(batch)) == ["t: D 3", "t: U 2 c=2 ~d", "t: I 1 c=2"]
+        assert batch.rows is not None and batch.rows.schema == NET_ARROW
+    finally:
+        batch.release()
+
+
+def test_to_driver_keeps_key_changes_leaving_columns_unsent_in_parquet(spark: Any) -> None:
+    """Their second pass reads the first's Parquet: such a unit is written as Parquet, to_driver or not."""
+    changes = unit("U 1>2 c=1 ~d", "U 2>3 c=2 ~d", "I 7 d=x")
+    batch = compile_changes(changes_frame(spark, changes), to_driver=True)
+    try:
+        assert not batch.on_driver and batch.scratch is not None
+        assert render(collect_result(batch)) == ["t: D 1", "t: I 3 c=2 ~d <1", "t: I 7 d=x"]
+    finally:
+        batch.release()
+
+
+def test_to_driver_raises_the_earliest_invalid_sequence_and_leaves_nothing(spark: Any) -> None:
+    before = set(scratch.folder().iterdir())
+    changes = unit("a: U 1 c=1", "b: D 2", "a: D 1", "b: D 2", "a: U 1 c=2", "c: I 3", "c: I 3")
+    with pytest.raises(InvalidSequenceError) as e:
+        compile_changes(changes_frame(spark, changes), to_driver=True)
+    assert (e.value.table, e.value.key, e.value.first_pos, e.value.second_pos) == ("public.b", ("2",), pos(2), pos(4))
+    assert set(scratch.folder().iterdir()) == before
+
+
+_RESULT_LIMIT_SCRIPT = """
+import json, sys
+from mirrorline.sparkenv import get_spark
+from mirrorline.compile.spark import changes_frame, compile_changes
+from mirrorline.model import Change, Op
+from mirrorline.position import Position
+
+spark = get_spark(conf={"spark.driver.maxResultSize": "1m"})
+changes = [
+    Change(pos=Position(i + 1, 0), commit_ts=0, xid=i + 1, table="public.t", op=Op.INSERT, key=(str(i),),
+           new={"id": str(i), "pad": "x" * 200})
+    for i in range(20_000)
+]
+batch = compile_changes(changes_frame(spark, changes), to_driver=True)
+print(json.dumps({"on_driver": batch.on_driver, "net": batch.frame().count()}))
+"""
+
+
+def test_to_driver_falls_back_to_parquet_past_the_driver_result_limit(tmp_path: Path) -> None:
+    """Net rows larger than ``spark.driver.maxResultSize`` (here 1 MiB, in a Spark of its own) are not an error:
+    the unit is compiled through Parquet, with a warning naming the setting."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    done = subprocess.run(
+        [sys.executable, "-c", _RESULT_LIMIT_SCRIPT], capture_output=True, text=True, timeout=300, env=env
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip().splitlines()[-1] == '{"on_driver": false, "net": 20000}'
+    assert "spark.driver.maxResultSize" in done.stderr and "compiled through Parquet instead" in done.stderr
 
 
 def test_invalid_unit_leaves_no_scratch_files(spark: Any) -> None:

@@ -51,3 +51,47 @@ def test_random_workload_replicates_exactly(pg, pg_cluster, spark, tmp_path, kin
         assert all(work.counts[e] >= 1 for e in EVENTS), f"every kind of event happened: {dict(work.counts)}"
     finally:
         applier.close()
+
+
+@pytest.mark.parametrize("where", ["driver", "parquet"])
+def test_large_units_replicate_exactly_with_net_rows_on_the_driver_or_through_parquet(
+    pg, pg_cluster, spark, tmp_path, monkeypatch, where
+):
+    """Units larger than the small compiler's take the general fold; with at most ``driver_unit`` changes its net rows
+    come to the driver through Arrow, else through Parquet. Both replicate exactly, into every kind of target."""
+    from mirrorline.compile import spark as compile_spark
+
+    work = Workload(pg.dsn, seed=41)
+    work.create()
+    kinds = ("postgresql", "sqlite", "duckdb", "delta")
+    urls = {k: target_url(k, tmp_path, pg_cluster, f"large_{where}_{k}_{pg.name[-6:]}") for k in kinds}
+    conf_file = tmp_path / "m.toml"
+    conf_file.write_text(config_text(pg.dsn, tmp_path / "log", {k: (u, "update") for k, u in urls.items()}))
+    conf = cfg.load(conf_file)
+    Capture(conf, once=True).run()
+    seen: list[tuple[bool, bool]] = []  # (to_driver asked, net rows on the driver)
+    real = compile_spark.compile_changes
+
+    def spy(*args, **kwargs):
+        batch = real(*args, **kwargs)
+        seen.append((kwargs.get("to_driver", False), batch.on_driver))
+        return batch
+
+    monkeypatch.setattr(compile_spark, "compile_changes", spy)
+    applier = Applier(conf, spark=spark)
+    applier.small_unit, applier.catch_up_changes = 50, 100
+    if where == "parquet":
+        applier.driver_unit = 0
+    try:
+        work.run(transactions=150)
+        work.every_kind()
+        Capture(conf, once=True).run()
+        reports = applier.catch_up()
+        assert reports and applier.positions() == dict.fromkeys(kinds, applier.log.durable())
+        for k, u in urls.items():
+            assert_same(pg.dsn, k, u)
+        want = where == "driver"
+        assert seen and all(asked == want for asked, _ in seen), seen
+        assert any(on == want for _, on in seen), seen  # (a unit whose key changes leave columns unsent: Parquet)
+    finally:
+        applier.close()

@@ -53,6 +53,10 @@ class Applier:
     """Applies the change log to the configured targets (all, or the ones named)."""
 
     small_unit = 50_000  # units of at most this many changes compile on the driver's plan (compile/small.py)
+    # larger units of at most this many changes bring their net rows to the driver through Arrow, in the fold's job,
+    # rather than through Parquet (a quarter of the rows the inserts-only path may hold there; apply brings them
+    # to the driver table by table anyway): compile_changes(to_driver=True)
+    driver_unit = 1_000_000
     overlap = True  # compile the next unit while the targets apply this one
     # a backlog this large is caught up in units of max_changes, else in units of small_unit. Under load the general
     # path's many stages starve (bench/live, session 11: at 200,000 a 209k-change unit compiled in 42 s and applied in
@@ -452,7 +456,15 @@ class Applier:
             if batch is not None:
                 return batch
             log.info("unit %s..%s: a key is inserted twice; compiling it the general way", start, end)
-        return compile_changes(frame, actions=self.actions or None, start=start, end=end, stats=stats, bags=bags)
+        return compile_changes(
+            frame,
+            actions=self.actions or None,
+            start=start,
+            end=end,
+            stats=stats,
+            bags=bags,
+            to_driver=not self._save_units and sum(s.count for s in stats.values()) <= self.driver_unit,
+        )
 
     def _bags(self, tables: list[str], end: Position) -> dict[str, tuple[str, ...]]:
         """The tables without a key the pipeline has seen so far, with their columns (every unit's plan gets them
