@@ -11,6 +11,7 @@ import pyarrow.compute as pc
 
 from mirrorline.apply.sql import MASK_COL, MASK_SEP, POS_COLS, key_col, moved_col
 from mirrorline.compile.batch import POSITION_COLUMNS, Inserts
+from mirrorline.log.columns import image_columns
 from mirrorline.model import TableSchema
 
 KINDS = ("D", "U", "I")
@@ -49,10 +50,8 @@ def flatten(net: pa.Table, s: TableSchema, kind: str) -> pa.Table:
         for i in range(len(s.key)):
             out[key_col(i)] = pc.list_element(keys, i) if n else pa.array([], pa.string())
     if kind in ("U", "I"):
-        new = net["new"]
         cols = value_columns(s) if kind == "U" else list(s.column_names)
-        for c in cols:
-            out[c] = pc.map_lookup(new, pa.scalar(c, pa.string()), "first") if n else pa.array([], pa.string())
+        out.update(image_columns(net["new"], cols) if n else {c: pa.array([], pa.string()) for c in cols})
     if kind in ("U", "I"):
         out[MASK_COL] = pc.fill_null(pc.binary_join(net["unchanged"], MASK_SEP), "") if n else pa.array([], pa.string())
     if kind == "I":

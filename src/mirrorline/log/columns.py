@@ -1,4 +1,5 @@
-"""Changes -> Arrow columns in the log layout, column-wise (the writer's hot path), and checks of Arrow input.
+"""Changes -> Arrow columns in the log layout, column-wise (the writer's hot path), checks of Arrow input, and images
+(``new`` maps) -> one Arrow column per table column (:func:`image_columns`, the readers' hot path).
 
 Per change only C-level loops run (``zip``, ``map``, ``itertools.chain``); no per-row dicts.
 """
@@ -158,3 +159,48 @@ def lsn_span(table: pa.Table) -> tuple[int, int] | None:
 def ts_range(table: pa.Table) -> tuple[int, int]:
     mm = pc.min_max(table.column("ts"))
     return int(mm["min"].as_py()), int(mm["max"].as_py())
+
+
+def image_columns(maps: pa.Array | pa.ChunkedArray, names: Sequence[str]) -> dict[str, pa.Array | pa.ChunkedArray]:
+    """One string column per name: each map's value for that key (its first, should a key repeat), null where the
+    map is null or lacks the key. The same as ``pyarrow.compute.map_lookup(maps, name, "first")`` for each name, in
+    one pass over the maps' keys instead of one per name (bench: 1M images of 4 columns, 0.1 to 0.35 s against
+    1.0 s)."""
+    if isinstance(maps, pa.ChunkedArray):
+        parts = [_image_columns(chunk, names) for chunk in maps.chunks]
+        return {c: pa.chunked_array([p[c] for p in parts], pa.string()) for c in names}
+    return _image_columns(maps, names)
+
+
+def _image_columns(maps: pa.Array, names: Sequence[str]) -> dict[str, pa.Array]:
+    n = len(maps)
+    offsets = maps.offsets.to_numpy()  # a slice's offsets index its parent's entries, as keys and items do
+    base, span = int(offsets[0]), int(offsets[-1] - offsets[0])
+    if span == 0 or not names:
+        return {c: pa.nulls(n, pa.string()) for c in names}
+    # each entry's column (-1: not asked for), and its row
+    code = pc.index_in(maps.keys.slice(base, span), value_set=pa.array(list(names), pa.string()))
+    codes = pc.fill_null(code, -1).to_numpy().astype(np.int16 if len(names) < 2**15 else np.int32)
+    row = np.repeat(np.arange(n, dtype=np.int64), np.diff(offsets))
+    if maps.null_count:  # a null map's entries (if it has any) count for nothing
+        codes[~maps.is_valid().to_numpy(zero_copy_only=False)[row]] = -1
+    order = np.argsort(codes, kind="stable")  # entries grouped by column, in row order inside each group
+    bounds = np.searchsorted(codes[order], np.arange(len(names) + 1))
+    out: dict[str, pa.Array] = {}
+    for j, c in enumerate(names):
+        sel = order[bounds[j] : bounds[j + 1]]
+        rows = row[sel]
+        if len(rows) > 1:
+            first = np.empty(len(rows), dtype=bool)
+            first[0] = True
+            np.not_equal(rows[1:], rows[:-1], out=first[1:])
+            if not first.all():  # a key repeated in a map: its first entry
+                sel, rows = sel[first], rows[first]
+        if len(rows) == n:
+            out[c] = maps.items.take(pa.array(sel + base))
+        else:
+            idx = np.zeros(n, dtype=np.int64)
+            missing = np.ones(n, dtype=bool)
+            idx[rows], missing[rows] = sel + base, False
+            out[c] = maps.items.take(pa.array(idx, mask=missing))
+    return out
