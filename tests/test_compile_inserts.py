@@ -47,6 +47,12 @@ def _inserts(seed: int, n: int) -> list[Change]:
     return out
 
 
+def _batches(changes: list[Change], size: int = 64) -> list[Any]:
+    """The changes in the log layout as the driver reads them: batches of rows in log order."""
+    t = changes_to_table(changes)
+    return [t.slice(i, size) for i in range(0, t.num_rows, size)]
+
+
 def test_which_units_qualify() -> None:
     ins = table_stats(changes_to_table(_inserts(1, 20)))
     assert qualifies(ins)
@@ -79,6 +85,7 @@ def test_the_net_rows_are_the_general_paths(spark: Any, seed: int, tmp_path: Pat
             {"public.a": A, "public.b": B},
             start,
             end,
+            _batches(inside),
             actions,
         )
         assert got is not None and got.net is None and got.inserts is not None
@@ -104,7 +111,10 @@ def test_a_key_inserted_twice_goes_to_the_general_path_and_its_error(spark: Any)
     stats = table_stats(changes_to_table(sorted(changes, key=lambda c: c.pos)))
     assert qualifies(stats)
     end = Position(200, 0)
-    assert compile_inserts(changes_frame(spark, changes), stats, {"public.a": A, "public.b": B}, ZERO, end) is None
+    rows = _batches(sorted(changes, key=lambda c: c.pos))
+    assert (
+        compile_inserts(changes_frame(spark, changes), stats, {"public.a": A, "public.b": B}, ZERO, end, rows) is None
+    )
     with pytest.raises(InvalidSequenceError) as e:
         compile_changes(changes_frame(spark, changes), end=end)
     assert (e.value.table, e.value.key, e.value.second_pos) == ("public.a", ("7",), Position(200, 0))
@@ -236,3 +246,19 @@ def test_inserts_reach_apply_in_key_order_as_the_tables_columns() -> None:
     assert work.column("id").to_pylist() == ["9", "10", "100"]
     assert work.column("_ml_unchanged").to_pylist() == ["", "", ""]
     assert work.column("_ml_lsn").to_pylist() == ["2", "3", "1"]
+
+
+@pytest.mark.spark
+def test_rows_read_on_the_driver_must_be_those_spark_read(spark: Any) -> None:
+    """The images come from the driver's read of the log, the check from Spark's: should they ever differ (a log
+    changed under a reader), the unit is not applied."""
+    from mirrorline.errors import LogError
+
+    changes = _inserts(8, 100)
+    stats = table_stats(changes_to_table(changes))
+    end = changes[-1].pos
+    with pytest.raises(LogError) as e:
+        compile_inserts(
+            changes_frame(spark, changes), stats, {"public.a": A, "public.b": B}, ZERO, end, _batches(changes[1:])
+        )
+    assert "99 inserts on the driver and 100 on Spark" in str(e.value)

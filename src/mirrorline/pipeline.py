@@ -437,6 +437,7 @@ class Applier:
         from mirrorline.compile import inserts
         from mirrorline.compile.small import qualifies, shared, unit_rows
         from mirrorline.compile.spark import compile_changes
+        from mirrorline.log.segments import ROW_GROUP_ROWS
         from mirrorline.log.spark import read_spark
 
         stats = self.log.stats(start, end)
@@ -451,7 +452,13 @@ class Applier:
             frame = frame.where(F.col("table").isin(list(self.config.tables)))
         if inserts.qualifies(stats, self.actions or None):
             batch = inserts.compile_inserts(
-                frame, stats, self._schemas(sorted(stats), end, start), start, end, self.actions or None
+                frame,
+                stats,
+                self._schemas(sorted(stats), end, start),
+                start,
+                end,
+                self.log.read_arrow(start, end, batch_rows=ROW_GROUP_ROWS),
+                self.actions or None,
             )
             if batch is not None:
                 return batch

@@ -4,20 +4,25 @@ Catching up a bulk load or an append-only table gives units in which every table
 statistics of the unit (segment footers) show no update, delete, TRUNCATE or key change for any of its tables. Under
 the rules (:mod:`mirrorline.compile.reference`) the fold of each key is then its one insert, unless a key is inserted
 twice, which is an invalid sequence (I cannot follow I). So such a unit compiles on Spark as one narrow job with no
-shuffle: the unit's log rows, each insert's image flattened by Spark into the table's columns as text (``new['col']``,
-the form apply's worktables take) beside its position and a 64-bit hash of (table, key), brought back to the driver
-through Arrow (:class:`~mirrorline.compile.batch.Inserts`). The driver checks that the hashes are distinct (a sort of
-8 bytes a row). When two are equal (a key inserted twice, or, rarely, two keys with one hash) the unit is compiled by
-the general path instead, which names the invalid sequence or folds the collision correctly.
+shuffle: a 64-bit hash of each row's (table, key), the only column brought back through Arrow, whose values the driver
+checks are distinct (a sort of 8 bytes a row). Meanwhile the driver reads the same rows from the log
+(:meth:`~mirrorline.log.ChangeLog.read_arrow`) and turns each insert's image into the table's columns as text
+(:func:`~mirrorline.log.columns.image_columns`, the form apply's worktables take), beside its position
+(:class:`~mirrorline.compile.batch.Inserts`). When two hashes are equal (a key inserted twice, or, rarely, two keys
+with one hash) the unit is compiled by the general path instead, which names the invalid sequence or folds the
+collision correctly.
 
-What it saves (bench/apply.py, 1M inserts, JIT-warm): the general path's shuffle, fold and Parquet round trip (about
-5 s) become one scan to Arrow (about 1.2 s), and apply gets flat text columns with no map to look into.
+What it saves (bench/apply.py, 1M inserts): the general path's shuffle, fold and Parquet round trip (about 5 s)
+become a scan of the keys beside a read of the rows, 0.73 s JIT-warm (1.0 s when Spark flattened the images and
+brought them back through Arrow, the images crossing from the JVM to Python; the first such unit after start-up
+1.9 s against 3.6 s), and apply gets flat text columns with no map to look into.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from collections.abc import Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
@@ -25,6 +30,9 @@ import pyarrow.compute as pc
 
 from mirrorline.compile.batch import POSITION_COLUMNS, Inserts, NetBatch
 from mirrorline.compile.reference import ALL_ACTIONS, Actions
+from mirrorline.errors import LogError
+from mirrorline.log.columns import image_columns
+from mirrorline.log.rows import ARROW_SCHEMA
 from mirrorline.log.stats import Stats
 from mirrorline.model import TableSchema
 from mirrorline.position import Position
@@ -50,34 +58,16 @@ def _keeps_inserts(actions: Actions | None, table: str) -> bool:
     return "I" in (frozenset(a.upper() for a in acts) if acts is not None else ALL_ACTIONS)
 
 
-def _flat(changes: DataFrame, schemas: Mapping[str, TableSchema]) -> DataFrame:
-    """The rows as ``table``, the hash, the position, and ``g0, g1, ...``: the table's columns in its order (a
-    narrower table leaves the last ones null)."""
+def _hashes(changes: DataFrame, schemas: Mapping[str, TableSchema]) -> DataFrame:
+    """A 64-bit hash of each row's (table, key): of (table, key, position) for a table without a key, whose rows
+    are told apart by their positions (it may hold an image twice)."""
     from pyspark.sql import functions as F
 
-    names = {t: list(s.column_names) for t, s in schemas.items()}
-    width = max((len(c) for c in names.values()), default=0)
-    cols = []
-    for j in range(width):
-        parts = [(t, F.col("new")[c[j]]) for t, c in names.items() if j < len(c)]
-        expr = parts[0][1]
-        if len(names) > 1:
-            expr = F.when(F.col("table") == parts[0][0], parts[0][1])
-            for t, v in parts[1:]:
-                expr = expr.when(F.col("table") == t, v)
-        cols.append(expr.alias(f"g{j}"))
-    # a table without a key may hold an image twice: its rows are told apart by their positions
     bags = [t for t, s in schemas.items() if s.bag]
     h = F.xxhash64("table", "key")
     if bags:
         h = F.when(F.col("table").isin(bags), F.xxhash64("table", "key", "lsn", "seq")).otherwise(h)
-    return changes.where(F.col("table").isin(list(names))).select(
-        "table",
-        h.alias(_HASH),
-        F.col("lsn").alias(POSITION_COLUMNS[0]),
-        F.col("seq").alias(POSITION_COLUMNS[1]),
-        *cols,
-    )
+    return changes.where(F.col("table").isin(list(schemas))).select(h.alias(_HASH))
 
 
 def compile_inserts(
@@ -86,25 +76,43 @@ def compile_inserts(
     schemas: Mapping[str, TableSchema],
     start: Position,
     end: Position,
+    images: Iterable[pa.Table],
     actions: Actions | None = None,
 ) -> NetBatch | None:
     """Compile ``(start, end]`` of ``changes`` (log layout; :func:`qualifies` holds for ``stats``, its statistics),
-    the tables' schemas at ``end`` given. None when a (table, key) hash repeats: compile the unit the general way."""
+    the tables' schemas at ``end`` given; ``images``: the same rows read on the driver
+    (:meth:`~mirrorline.log.ChangeLog.read_arrow`), whose images become the net rows once Spark has found every
+    (table, key) once. None when a (table, key) hash repeats: compile the unit the general way."""
     from mirrorline.log.spark import range_filter
 
     tables = {t: schemas[t] for t in stats if _keeps_inserts(actions, t)}
     order = [t for _, t in sorted((stats[t].first["I"], t) for t in tables)]
     cond = range_filter(start, end)
-    rows = _flat(changes.where(cond) if cond is not None else changes, tables).toArrow()
-    assert isinstance(rows, pa.Table)
-    h = np.sort(rows.column(_HASH).to_numpy())
+    # Spark's job and the driver's read of the same rows run side by side
+    with ThreadPoolExecutor(1, thread_name_prefix="mirrorline-inserts") as pool:
+        job = pool.submit(_hashes(changes.where(cond) if cond is not None else changes, tables).toArrow)
+        try:
+            parts = list(images)
+        finally:
+            hashes = job.result()
+    assert isinstance(hashes, pa.Table)
+    h = np.sort(hashes.column(_HASH).to_numpy())
     if len(h) > 1 and bool((h[1:] == h[:-1]).any()):
         return None
+    rows = pa.concat_tables(parts) if parts else ARROW_SCHEMA.empty_table()
+    rows = rows.filter(pc.is_in(rows["table"], pa.array(list(tables), pa.string())))
+    if rows.num_rows != len(h):
+        raise LogError(
+            f"the change log's rows of {start}..{end} read {rows.num_rows} inserts on the driver and {len(h)} on Spark",
+            hint="the log changed while it was read: check that only one capture writes to it",
+            start=str(start),
+            end=str(end),
+        )
     out: dict[str, Inserts] = {}
     for t in order:
         s = tables[t]
         part = rows.filter(pc.equal(rows["table"], t)) if len(tables) > 1 else rows
-        cols = {c: part[f"g{j}"] for j, c in enumerate(s.column_names)}
-        cols.update({p: part[p] for p in POSITION_COLUMNS})
+        cols: dict[str, Any] = image_columns(part["new"], s.column_names)
+        cols.update({POSITION_COLUMNS[0]: part["lsn"], POSITION_COLUMNS[1]: part["seq"]})
         out[t] = Inserts(pa.table(cols), tuple(s.key))
     return NetBatch(start=start, end=end, tables=order, inserts=out, changes=sum(stats[t].count for t in stats))
