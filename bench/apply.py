@@ -6,8 +6,9 @@ For each workload, on the same WAL:
   workload, enabled after it, and timed until the subscriber has confirmed the workload's last change.
 - (b) ``mirrorline``: the same changes already captured in the change log (capture is not timed here: see
   bench/capture.py), applied by a pipeline that is already running: Spark started (its start-up time reported
-  separately as ``spark_startup_s``) and warmed up as ``mirrorline run`` does at start
-  (:func:`mirrorline.compile.warmup.warm_up`, reported as ``mirrorline_warm_up_s``); timed: compile + apply until
+  separately as ``spark_startup_s``) and warmed up by a synthetic unit of 60,000 changes through the general fold
+  and Arrow (:func:`mirrorline.compile.warmup.warm_up`, reported as ``mirrorline_warm_up_s``; ``mirrorline run``
+  itself warms only the small-unit plan at start, then its live units warm the rest); timed: compile + apply until
   the target's applied position is the log's end.
 - (b2) ``mirrorline_jit_warm``: (b) again on a copy of the log into a second empty target, in the same process: a
   pipeline that has been running for a while, whose JVM has compiled units of this size before (the first large unit
@@ -189,7 +190,7 @@ def one(kind: str, changes: int, source: PgCluster, target: PgCluster, work: Pat
 
     say(f"{kind}: (b) mirrorline catching up from the log")
     applier = Applier(conf, spark=get_spark())
-    warm = warm_up(applier.spark)  # what a running pipeline did at its start
+    warm = warm_up(applier.spark)  # stands for a pipeline that has been running a while
     b, compile_s, units = catch_up(applier)
     want = source.execute("SELECT count(*), sum(v) FROM bench", db)[0]
     for tdb in (f"ml_{kind}",):
