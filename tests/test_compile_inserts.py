@@ -262,3 +262,26 @@ def test_rows_read_on_the_driver_must_be_those_spark_read(spark: Any) -> None:
             changes_frame(spark, changes), stats, {"public.a": A, "public.b": B}, ZERO, end, _batches(changes[1:])
         )
     assert "99 inserts on the driver and 100 on Spark" in str(e.value)
+
+
+@pytest.mark.spark
+def test_a_failed_read_on_the_driver_is_the_error_reported(spark: Any) -> None:
+    """A segment the driver cannot read (here: the batches raise) stops the unit with that error, once Spark's job
+    has ended."""
+    from mirrorline.errors import LogError
+
+    changes = _inserts(9, 100)
+
+    def damaged() -> Any:
+        yield from _batches(changes[:50])
+        raise LogError("change log segment x is damaged: junk", hint="restore it")
+
+    with pytest.raises(LogError, match="segment x is damaged"):
+        compile_inserts(
+            changes_frame(spark, changes),
+            table_stats(changes_to_table(changes)),
+            {"public.a": A, "public.b": B},
+            ZERO,
+            changes[-1].pos,
+            damaged(),
+        )

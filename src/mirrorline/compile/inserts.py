@@ -93,8 +93,10 @@ def compile_inserts(
         job = pool.submit(_hashes(changes.where(cond) if cond is not None else changes, tables).toArrow)
         try:
             parts = list(images)
-        finally:
-            hashes = job.result()
+        except BaseException:
+            job.exception()  # the job ends first; this error, not the job's, is the one to report
+            raise
+        hashes = job.result()
     assert isinstance(hashes, pa.Table)
     h = np.sort(hashes.column(_HASH).to_numpy())
     if len(h) > 1 and bool((h[1:] == h[:-1]).any()):
