@@ -33,3 +33,21 @@ def test_class_archive_is_used_only_when_complete(tmp_path, monkeypatch):
     assert sparkenv._archive_opts().startswith(f"-XX:SharedArchiveFile={path} ")
     monkeypatch.setenv("MIRRORLINE_CLASS_ARCHIVE_BUILD", str(tmp_path / "building.jsa"))
     assert sparkenv._archive_opts() == f"-XX:ArchiveClassesAtExit={tmp_path / 'building.jsa'}"
+
+
+def test_archives_of_environments_that_are_gone_are_pruned(tmp_path):
+    """Each archive is built for one interpreter (one virtual environment); those whose interpreter no longer
+    exists are removed with the file naming it. An archive with no such file (made before it was recorded) stays."""
+    from mirrorline import sparkenv
+
+    live, gone, legacy = (tmp_path / f"spark-4.0.0-{k}.jsa" for k in ("aaa", "bbb", "ccc"))
+    for a in (live, gone, legacy):
+        a.write_bytes(b"archive")
+    (tmp_path / "spark-4.0.0-aaa.jsa.python").write_text(sys.executable)
+    (tmp_path / "spark-4.0.0-bbb.jsa.python").write_text(str(tmp_path / "gone-venv" / "bin" / "python") + "\n")
+    assert sparkenv.prune_class_archives(tmp_path) == [gone]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "spark-4.0.0-aaa.jsa",
+        "spark-4.0.0-aaa.jsa.python",
+        "spark-4.0.0-ccc.jsa",
+    ]

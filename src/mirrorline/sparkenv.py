@@ -47,6 +47,29 @@ def _archive_opts() -> str:
     return ""
 
 
+def _owner(archive: Path) -> Path:
+    """The file naming the interpreter an archive was built for (its key is a hash of that path)."""
+    return archive.with_name(archive.name + ".python")
+
+
+def prune_class_archives(folder: Path) -> list[Path]:
+    """Remove the archives whose interpreter no longer exists: each is built for one environment (it records the
+    paths of that environment's jars), so every new virtual environment, every fresh clone, adds one of about 160 MB.
+    An archive whose interpreter is not recorded (made before this was) is kept. Returns the archives removed."""
+    removed = []
+    for owner in folder.glob("spark-*.jsa.python"):
+        archive = owner.with_name(owner.name.removesuffix(".python"))
+        try:
+            python = owner.read_text().strip()
+        except OSError:
+            continue
+        if python and not os.path.exists(python):
+            archive.unlink(missing_ok=True)
+            owner.unlink(missing_ok=True)
+            removed.append(archive)
+    return removed
+
+
 def build_class_archive() -> tuple[Path | None, str]:
     """Make the class-data-sharing archive (``./dev setup`` runs this once): a JVM that compiles the warm-up's
     units writes the classes it loaded when it exits; the archive appears under its final name only once complete.
@@ -68,7 +91,11 @@ def build_class_archive() -> tuple[Path | None, str]:
         done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
         if done.returncode == 0 and tmp.is_file() and tmp.stat().st_size > 0:
             os.replace(tmp, final)
-            return final, f"class archive: {final}"
+            _owner(final).write_text(sys.executable)
+            pruned = prune_class_archives(final.parent)
+            return final, f"class archive: {final}" + (
+                f" (removed {len(pruned)} of gone environments)" if pruned else ""
+            )
         if done.returncode != 0:
             why = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
     except (OSError, subprocess.TimeoutExpired) as e:
