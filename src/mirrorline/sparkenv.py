@@ -70,6 +70,17 @@ def prune_class_archives(folder: Path) -> list[Path]:
     return removed
 
 
+def _record_and_prune(archive: Path) -> str:
+    """Record the archive's interpreter and remove the archives of environments that are gone: housekeeping, so a
+    failure only says so (the archive itself is made and used either way)."""
+    try:
+        _owner(archive).write_text(sys.executable)
+        pruned = prune_class_archives(archive.parent)
+    except OSError as e:
+        return f" (old archives not pruned: {e})"
+    return f" (removed {len(pruned)} of environments that are gone)" if pruned else ""
+
+
 def build_class_archive() -> tuple[Path | None, str]:
     """Make the class-data-sharing archive (``./dev setup`` runs this once): a JVM that compiles the warm-up's
     units writes the classes it loaded when it exits; the archive appears under its final name only once complete.
@@ -91,11 +102,7 @@ def build_class_archive() -> tuple[Path | None, str]:
         done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
         if done.returncode == 0 and tmp.is_file() and tmp.stat().st_size > 0:
             os.replace(tmp, final)
-            _owner(final).write_text(sys.executable)
-            pruned = prune_class_archives(final.parent)
-            return final, f"class archive: {final}" + (
-                f" (removed {len(pruned)} of gone environments)" if pruned else ""
-            )
+            return final, f"class archive: {final}{_record_and_prune(final)}"
         if done.returncode != 0:
             why = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
     except (OSError, subprocess.TimeoutExpired) as e:

@@ -30,9 +30,9 @@ import pyarrow.compute as pc
 
 from mirrorline.compile.batch import POSITION_COLUMNS, Inserts, NetBatch
 from mirrorline.compile.reference import ALL_ACTIONS, Actions
+from mirrorline.compile.small import unit_rows
 from mirrorline.errors import LogError
 from mirrorline.log.columns import image_columns
-from mirrorline.log.rows import ARROW_SCHEMA
 from mirrorline.log.stats import Stats
 from mirrorline.model import TableSchema
 from mirrorline.position import Position
@@ -92,7 +92,7 @@ def compile_inserts(
     with ThreadPoolExecutor(1, thread_name_prefix="mirrorline-inserts") as pool:
         job = pool.submit(_hashes(changes.where(cond) if cond is not None else changes, tables).toArrow)
         try:
-            parts = list(images)
+            rows = unit_rows(tables, iter(images))
         except BaseException:
             job.exception()  # the job ends first; this error, not the job's, is the one to report
             raise
@@ -101,8 +101,6 @@ def compile_inserts(
     h = np.sort(hashes.column(_HASH).to_numpy())
     if len(h) > 1 and bool((h[1:] == h[:-1]).any()):
         return None
-    rows = pa.concat_tables(parts) if parts else ARROW_SCHEMA.empty_table()
-    rows = rows.filter(pc.is_in(rows["table"], pa.array(list(tables), pa.string())))
     if rows.num_rows != len(h):
         raise LogError(
             f"the change log's rows of {start}..{end} read {rows.num_rows} inserts on the driver and {len(h)} on Spark",
