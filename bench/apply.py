@@ -18,7 +18,12 @@ For each workload, on the same WAL:
   unit's changes from the log (``floor_scan_s``: every column to a no-op sink, JIT-warm, median of 3) plus the net
   rows COPYed by the driver into a text worktable and moved by INSERT ... SELECT into the empty table
   (``floor_worktable_s``). ``a_over_floor`` is the best a/b that compiling with Spark and applying through
-  worktables could reach on this machine.
+  worktables could reach on this machine, in today's log layout.
+- (g) with ``--layouts``, update-heavy only: the *bare fold* (group by key, last image and first op, net rows to the
+  driver through Arrow; none of the fold's rules) of the same unit in three log layouts (a map of strings as today,
+  text columns, typed columns), each with the changes in position order (shuffled by key) and split into key
+  buckets (no shuffle): ``layout_fold_<layout>_<way>_s``, and ``a_over_layout_floor_<layout>_<way>`` = a / (that
+  + ``floor_worktable_s``). See bench/layout_floor.py.
 
 Workloads: ``update_heavy``: N/5 inserts then 4N/5 updates over the same keys; ``insert_only``: N inserts. Both in
 transactions of 1,000. Prints one JSON line: seconds of each, changes/s, and the ratios a/b (how many times faster
@@ -26,7 +31,7 @@ mirrorline catches up than PostgreSQL's own) and b/c (how far from the physical 
 ``--runs N`` runs it N times, each in a new process, and prints the medians (ratios taken per run, then their
 median) with each run's main figures under ``each``: (a) varies by a second or more from run to run here.
 
-    .venv/bin/python bench/apply.py [--changes 1000000] [--workloads update_heavy,insert_only] [--runs 1]
+    .venv/bin/python bench/apply.py [--changes 1000000] [--workloads update_heavy,insert_only] [--runs 1] [--layouts]
 """
 
 from __future__ import annotations
@@ -141,7 +146,9 @@ def worktable_seconds(dsn: str, rows: io.BytesIO) -> float:
     return seconds
 
 
-def one(kind: str, changes: int, source: PgCluster, target: PgCluster, work: Path) -> dict[str, float]:
+def one(
+    kind: str, changes: int, source: PgCluster, target: PgCluster, work: Path, layouts: bool = False
+) -> dict[str, float]:
     db = f"src_{kind}"
     source.create_database(db)
     source.execute(DDL, db)
@@ -222,6 +229,18 @@ def one(kind: str, changes: int, source: PgCluster, target: PgCluster, work: Pat
     worktable = worktable_seconds(target.dsn(f"floor_{kind}"), buf)
     target.execute(f"ALTER SUBSCRIPTION {sub_slot} SET (slot_name = NONE)", f"sub_{kind}")
     target.execute(f"DROP SUBSCRIPTION {sub_slot}", f"sub_{kind}")
+    floors: dict[str, float] = {}
+    if layouts:
+        import pyarrow as pa
+
+        from layout_floor import layout_floors
+
+        say(f"{kind}: the bare fold in each log layout (bench/layout_floor.py)")
+        types = {"id": pa.int64(), "v": pa.int64(), "pad": pa.string(), "at": pa.timestamp("us", tz="UTC")}
+        folds = layout_floors(get_spark(), work / f"log3_{kind}", work / "layouts", types, "id", int(want[0]))
+        for name, s in folds.items():
+            floors[f"layout_fold_{name}_s"] = s
+            floors[f"a_over_layout_floor_{name}"] = round(a / (s + worktable), 2)
     return {
         "changes": changes,
         "net_rows": int(want[0]),
@@ -243,10 +262,11 @@ def one(kind: str, changes: int, source: PgCluster, target: PgCluster, work: Pat
         "b_over_c": round(b / c, 2),
         "a_over_b2": round(a / b2, 2),
         "b2_over_c": round(b2 / c, 2),
+        **floors,
     }
 
 
-def repeated(runs: int, changes: int, workloads: str) -> dict[str, Any]:
+def repeated(runs: int, changes: int, workloads: str, layouts: bool = False) -> dict[str, Any]:
     """The benchmark run ``runs`` times, each in a process of its own (a new JVM, so that (b) is the first large
     unit after start-up every time) with clusters of its own: the median of every figure, ratios taken per run."""
     import statistics
@@ -256,7 +276,8 @@ def repeated(runs: int, changes: int, workloads: str) -> dict[str, Any]:
     for i in range(runs):
         say(f"run {i + 1} of {runs}")
         done = subprocess.run(
-            [sys.executable, __file__, "--changes", str(changes), "--workloads", workloads],
+            [sys.executable, __file__, "--changes", str(changes), "--workloads", workloads]
+            + (["--layouts"] if layouts else []),
             stdout=subprocess.PIPE,
             text=True,
             check=True,
@@ -280,9 +301,14 @@ def main() -> None:
     p.add_argument(
         "--runs", type=int, default=1, help="run it this many times, each in a new process; report the medians"
     )
+    p.add_argument(
+        "--layouts",
+        action="store_true",
+        help="update-heavy: also time the bare fold in other log layouts (bench/layout_floor.py)",
+    )
     args = p.parse_args()
     if args.runs > 1:
-        print(json.dumps(repeated(args.runs, args.changes, args.workloads)))
+        print(json.dumps(repeated(args.runs, args.changes, args.workloads, args.layouts)))
         return
     t0 = time.monotonic()
     spark = get_spark()
@@ -290,7 +316,7 @@ def main() -> None:
     out: dict[str, object] = {"spark_startup_s": round(startup_seconds() or (time.monotonic() - t0), 2)}
     with tempfile.TemporaryDirectory(prefix="mirrorline-bench-") as tmp, PgCluster() as source, PgCluster() as target:
         for kind in args.workloads.split(","):
-            out[kind] = one(kind, args.changes, source, target, Path(tmp))
+            out[kind] = one(kind, args.changes, source, target, Path(tmp), args.layouts and kind == "update_heavy")
     print(json.dumps(out))
 
 
