@@ -138,3 +138,22 @@ def test_generated_invalid_histories_raise_the_general_paths_error(spark: Any, s
         want.value.first_pos,
         want.value.second_pos,
     )
+
+
+def test_unit_rows_keeps_the_configured_tables_only() -> None:
+    """The driver's read of a unit: rows of tables not configured are dropped; when there are none, the rows are
+    returned as read (in their batches: nothing copied)."""
+    from mirrorline.compile.small import unit_rows
+
+    mine = [Change(pos(i), 0, 1, "public.a", Op.INSERT, key=(str(i),), new={"id": str(i)}) for i in range(1, 5)]
+    other = [Change(pos(i), 0, 1, "public.b", Op.INSERT, key=(str(i),), new={"id": str(i)}) for i in range(5, 7)]
+    first, second = changes_to_table(mine[:2]), changes_to_table(mine[2:])
+    got = unit_rows({"public.a": None}, iter([first, second]))
+    assert got.equals(changes_to_table(mine))
+    read, kept = first.column("new").chunk(0).buffers(), got.column("new").chunk(0).buffers()
+    assert [b.address for b in kept if b is not None] == [b.address for b in read if b is not None]
+    mixed = unit_rows({"public.a": None}, iter([changes_to_table(mine[:2] + other), second]))
+    assert mixed.equals(changes_to_table(mine))
+    assert unit_rows({"public.b": None}, iter([first, second])).num_rows == 0
+    assert unit_rows(None, iter([changes_to_table(mine + other)])).num_rows == 6
+    assert unit_rows({"public.a": None}, iter([])).num_rows == 0

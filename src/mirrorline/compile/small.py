@@ -165,9 +165,12 @@ def shared(spark: Any, actions: Actions | None = None, bags: Bags | None = None)
 
 
 def unit_rows(tables: Mapping[str, Any] | None, batches: Iterator[pa.Table]) -> pa.Table:
-    """The unit's rows read on the driver (``ChangeLog.read_arrow``), restricted to the configured tables."""
+    """The unit's rows read on the driver (``ChangeLog.read_arrow``), restricted to the configured tables (copied
+    only when some rows are of other tables: filtering copies every column, the images too)."""
     parts = list(batches)
     t = pa.concat_tables(parts) if parts else ARROW_SCHEMA.empty_table()
     if tables:
-        t = t.filter(pc.is_in(t["table"], pa.array(list(tables), pa.string())))
+        keep = pc.is_in(t["table"], pa.array(list(tables), pa.string()))
+        if not pc.all(keep).as_py():
+            t = t.filter(keep)
     return t
