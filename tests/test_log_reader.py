@@ -212,3 +212,41 @@ def test_retention_stopped_half_way_is_consistent_and_finished_later(log, monkey
     monkeypatch.undo()
     assert retain(log) == []  # nothing new to remove, the leftover goes
     assert len(log.segment_files()) == 4
+
+
+def test_rows_at_positions_in_log_order_only_those_found(log, monkeypatch):
+    """read_at: the rows at the positions asked (in any order, some not in the log), in log order, the columns
+    asked beside lsn and seq; a plain segment reads only the row groups holding some of them."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    asked = [Position(900, 1), Position(200, 0), Position(500, 2), Position(150, 0), Position(500, 0), Position(1, 1)]
+    at = pa.table({"lsn": [p.lsn for p in asked], "seq": [p.seq for p in asked]})
+    got = log.read_at(at, ["key", "new"])
+    assert got.column_names == ["lsn", "seq", "key", "new"]
+    want = [c for c in log.read() if c.pos in asked]
+    assert [Position(r["lsn"], r["seq"]) for r in got.to_pylist()] == [c.pos for c in want]
+    assert [r["key"] for r in got.to_pylist()] == [list(c.key) for c in want]
+    assert [dict(r["new"]) for r in got.to_pylist()] == [c.new for c in want]
+    assert log.read_at(at.slice(0, 0), ["new"]).num_rows == 0
+    assert log.read_at(pa.table({"lsn": [5000], "seq": [0]}), ["new"]).num_rows == 0
+
+    read_groups: list[int] = []
+    real = pq.ParquetFile.read_row_group
+
+    def spy(self, i, *args, **kwargs):
+        read_groups.append(i)
+        return real(self, i, *args, **kwargs)
+
+    monkeypatch.setattr(pq.ParquetFile, "read_row_group", spy)
+    log.read_at(pa.table({"lsn": [900], "seq": [1]}), ["new"])
+    assert read_groups == [0]  # one segment of the ten transactions' five, one row group
+
+
+def test_rows_at_positions_of_a_damaged_segment_are_a_log_error(log):
+    import pyarrow as pa
+
+    seg = next(s for s in log.segments() if not s.stream and s.first <= Position(900, 1) <= s.last)
+    seg.path.write_bytes(seg.path.read_bytes()[:-100])  # its footer (the log read it already: metadata is cached)
+    with pytest.raises(LogError, match="is damaged"):
+        log.read_at(pa.table({"lsn": [900], "seq": [1]}), ["new"])

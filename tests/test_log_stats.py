@@ -27,17 +27,20 @@ def counted(changes: list[Change]) -> dict[str, TableStats]:
     acc: dict[str, dict] = {}
     for c in changes:
         kind = "K" if c.op is Op.UPDATE and c.old_key is not None and c.old_key != c.key else c.op.value
-        a = acc.setdefault(c.table, {"count": 0, "first": {}, "last": c.pos, "truncates": [], "kc": 0, "mv": 0})
+        a = acc.setdefault(
+            c.table, {"count": 0, "first": {}, "last": c.pos, "truncates": [], "kc": 0, "mv": 0, "mk": 0}
+        )
         a["count"] += 1
         a["first"].setdefault(kind, c.pos)
         a["last"] = c.pos
+        a["mk"] += bool(c.unchanged)
         if kind == "T":
             a["truncates"].append(c.pos)
         if kind == "K":
             a["kc"] += 1
             a["mv"] += bool(c.unchanged)
     return {
-        t: TableStats(a["count"], a["first"], a["last"], tuple(a["truncates"]), a["kc"], a["mv"])
+        t: TableStats(a["count"], a["first"], a["last"], tuple(a["truncates"]), a["kc"], a["mv"], a["mk"])
         for t, a in acc.items()
     }
 
@@ -168,3 +171,25 @@ def test_a_damaged_statistics_record_is_a_damaged_segment(tmp_path: Path) -> Non
     pq.write_table(table.replace_schema_metadata({META_KEY: json.dumps(raw).encode()}), str(seg.path))
     with pytest.raises(LogError, match="damaged"):
         ChangeLog(tmp_path).segments()
+
+
+def test_segments_from_before_marks_were_kept_leave_them_unknown(tmp_path: Path) -> None:
+    """``marks`` (changes marking columns unchanged) is None over any range that touches a segment whose statistics
+    lack it: compile then cannot tell that no image needs completing."""
+    with LogWriter(tmp_path, segment_changes=2) as w:
+        w.add_transaction(10, 10, [ch(1), ch(2)])
+        w.add_transaction(20, 20, [ch(1, Op.UPDATE, unchanged=frozenset({"v"})), ch(3)])
+        w.flush()
+    log = ChangeLog(tmp_path)
+    first, second = log.segments()
+    assert (first.tables or {})["public.t"].marks == 0 and (second.tables or {})["public.t"].marks == 1
+    assert log.stats()["public.t"].marks == 1
+    raw = first.meta()
+    del raw["tables"]["public.t"]["marks"]
+    table = pq.read_table(str(first.path))
+    pq.write_table(table.replace_schema_metadata({META_KEY: json.dumps(raw).encode()}), str(first.path))
+    old = ChangeLog(tmp_path)
+    assert old.stats()["public.t"].marks is None
+    assert old.stats(None, Position(10, 1))["public.t"].marks is None
+    assert old.stats(Position(10, 1), Position(20, 1))["public.t"].marks == 1
+    assert old.stats(Position(10, 0), Position(20, 1))["public.t"].marks == 1  # a part of a segment: read from rows

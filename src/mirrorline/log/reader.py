@@ -11,16 +11,18 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 from mirrorline.errors import LogError
 from mirrorline.log.layout import Layout, SegmentInfo, parse_segment_name, read_json
-from mirrorline.log.rows import table_to_changes
+from mirrorline.log.rows import ARROW_SCHEMA, table_to_changes
 from mirrorline.log.schemas import SchemaStore
-from mirrorline.log.segments import iter_batches, read_columns, read_info
+from mirrorline.log.segments import ROW_GROUP_ROWS, damaged, iter_batches, read_columns, read_info
 from mirrorline.log.stats import COLUMNS as STAT_COLUMNS
 from mirrorline.log.stats import Stats, merge, table_stats
 from mirrorline.model import Change, TableSchema
@@ -64,6 +66,41 @@ def range_mask(t: pa.Table, after: Position | None, upto: Position | None) -> pa
         m2 = pc.or_(pc.less(lsn, upto.lsn), pc.and_(pc.equal(lsn, upto.lsn), pc.less_equal(seq, upto.seq)))
         mask = m2 if mask is None else pc.and_(mask, m2)
     return mask
+
+
+def _index(lsn: np.ndarray, seq: np.ndarray, p: Position, side: Literal["left", "right"]) -> int:
+    """Where ``p`` goes in the positions ``(lsn, seq)`` sorted by lsn, then seq (``side`` as numpy's)."""
+    i = int(np.searchsorted(lsn, p.lsn, "left"))
+    j = int(np.searchsorted(lsn, p.lsn, "right"))
+    return i + int(np.searchsorted(seq[i:j], p.seq, side))
+
+
+def _hits(pos: pa.Table, want: pa.Table) -> np.ndarray:
+    """The sorted indexes of the rows of ``pos`` (lsn, seq) whose position is in ``want``."""
+    idx = pos.select(["lsn", "seq"]).append_column("_i", pa.array(np.arange(pos.num_rows, dtype=np.int64)))
+    return np.sort(idx.join(want, ["lsn", "seq"], join_type="left semi").column("_i").to_numpy())
+
+
+def _rows_at(s: SegmentInfo, want: pa.Table, cols: list[str]) -> Iterator[pa.Table]:
+    """The rows of segment ``s`` at the positions ``want``: of a plain segment, only the row groups holding some."""
+    if s.stream:
+        for b in iter_batches(s, ROW_GROUP_ROWS, cols):
+            hit = _hits(b, want)
+            if len(hit):
+                yield b.take(pa.array(hit))
+        return
+    try:
+        with pq.ParquetFile(str(s.path)) as f:
+            hit = _hits(f.read(columns=["lsn", "seq"]), want)
+            start = 0
+            for g in range(f.num_row_groups):
+                n = f.metadata.row_group(g).num_rows
+                local = hit[(hit >= start) & (hit < start + n)] - start
+                if len(local):
+                    yield f.read_row_group(g, columns=cols).take(pa.array(local))
+                start += n
+    except (OSError, pa.ArrowException) as e:
+        raise damaged(s.path, e) from None
 
 
 class ChangeLog:
@@ -287,6 +324,27 @@ class ChangeLog:
                         b = b.filter(m)
                 if b.num_rows:
                     yield b
+
+    def read_at(self, positions: pa.Table, columns: list[str]) -> pa.Table:
+        """The rows at ``positions`` (a table of ``lsn`` and ``seq``), their ``columns`` beside ``lsn`` and
+        ``seq``, in log order. Only the segments and row groups that hold some of them are read (beyond the small
+        position columns). A position with no change in the log is absent from the result."""
+        cols = list(dict.fromkeys(["lsn", "seq", *columns]))
+        schema = pa.schema([ARROW_SCHEMA.field(c) for c in cols])
+        lsn = positions.column("lsn").to_numpy()
+        seq = positions.column("seq").to_numpy()
+        order = np.lexsort((seq, lsn))
+        lsn, seq = lsn[order], seq[order]
+        if not len(lsn):
+            return schema.empty_table()
+        out: list[pa.Table] = []
+        for s in self.select(None, Position(int(lsn[-1]), int(seq[-1]))):
+            lo, hi = _index(lsn, seq, s.first, "left"), _index(lsn, seq, s.last, "right")
+            if lo == hi:
+                continue
+            want = pa.table({"lsn": pa.array(lsn[lo:hi]), "seq": pa.array(seq[lo:hi])})
+            out.extend(_rows_at(s, want, cols))
+        return pa.concat_tables([t.cast(schema) for t in out]) if out else schema.empty_table()
 
     def read(self, after: Position | None = None, upto: Position | None = None) -> Iterator[Change]:
         """The changes of ``(after, upto]`` in log order."""

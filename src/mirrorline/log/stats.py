@@ -3,8 +3,10 @@ segment's metadata so that a unit's statistics are a sum over footers instead of
 
 Per table: how many changes, the first position of each kind of change (I, U, D, T, and K: an update that changes
 the key, counted under K and not U), the last position of any change, every TRUNCATE's position, how many updates
-change the key and how many of those mark columns unchanged. Compile takes the table order (first kept change), the
-TRUNCATE positions and whether key changes need splitting from these. Pure: Arrow in, values out.
+change the key and how many of those mark columns unchanged, and how many changes of any kind mark columns unchanged
+(``marks``; None, unknown, in segments written before it was kept). Compile takes the table order (first kept
+change), the TRUNCATE positions, whether key changes need splitting and whether the fold may leave the images out
+(no change marks columns) from these. Pure: Arrow in, values out.
 
 :func:`table_stats` takes rows in log order (as segments hold them: the first and last rows of a kind are its first
 and last positions); :func:`merge` sums the statistics of disjoint row sets, such as a stream's parts.
@@ -35,6 +37,7 @@ class TableStats:
     truncates: tuple[Position, ...] = ()
     key_changes: int = 0
     moves: int = 0  # key changes marking columns unchanged
+    marks: int | None = None  # changes marking columns unchanged (None: unknown, a segment from before it was kept)
 
     def meta(self) -> dict[str, Any]:
         return {
@@ -44,6 +47,7 @@ class TableStats:
             "truncates": [[p.lsn, p.seq] for p in self.truncates],
             "key_changes": self.key_changes,
             "moves": self.moves,
+            "marks": self.marks,
         }
 
     @classmethod
@@ -59,6 +63,7 @@ class TableStats:
             truncates=tuple(Position(*p) for p in m.get("truncates") or ()),
             key_changes=int(m.get("key_changes") or 0),
             moves=int(m.get("moves") or 0),
+            marks=int(m["marks"]) if m.get("marks") is not None else None,
         )
 
     def combine(self, other: TableStats) -> TableStats:
@@ -71,6 +76,7 @@ class TableStats:
             truncates=tuple(sorted(self.truncates + other.truncates)),
             key_changes=self.key_changes + other.key_changes,
             moves=self.moves + other.moves,
+            marks=self.marks + other.marks if self.marks is not None and other.marks is not None else None,
         )
 
     def first_kept(self, kept: frozenset[str]) -> Position | None:
@@ -102,7 +108,8 @@ def table_stats(t: pa.Table) -> Stats:
             olds = old.take(pa.array(idx)).to_pylist()
             key_change[idx[[k != o for k, o in zip(keys, olds, strict=True)]]] = True
     marks = pc.fill_null(pc.greater(pc.list_value_length(t.column("unchanged")), 0), False)
-    moves = np.logical_and(key_change, marks.to_numpy(zero_copy_only=False))
+    marked = marks.to_numpy(zero_copy_only=False)
+    moves = np.logical_and(key_change, marked)
     kind = pc.if_else(pa.array(key_change), "K", op)
     g = pa.table(
         {
@@ -110,9 +117,12 @@ def table_stats(t: pa.Table) -> Stats:
             "kind": kind,
             "i": pa.array(np.arange(n, dtype=np.int64)),
             "mv": pa.array(moves.astype(np.int64)),
+            "mk": pa.array(marked.astype(np.int64)),
         }
     )
-    agg = g.group_by(["table", "kind"]).aggregate([("i", "min"), ("i", "max"), ("i", "count"), ("mv", "sum")])
+    agg = g.group_by(["table", "kind"]).aggregate(
+        [("i", "min"), ("i", "max"), ("i", "count"), ("mv", "sum"), ("mk", "sum")]
+    )
     lsn = t.column("lsn").to_numpy()
     seq = t.column("seq").to_numpy()
 
@@ -121,8 +131,9 @@ def table_stats(t: pa.Table) -> Stats:
 
     acc: dict[str, dict[str, Any]] = {}
     for r in agg.to_pylist():
-        a = acc.setdefault(r["table"], {"count": 0, "first": {}, "last": -1, "key_changes": 0, "moves": 0})
+        a = acc.setdefault(r["table"], {"count": 0, "first": {}, "last": -1, "key_changes": 0, "moves": 0, "marks": 0})
         a["count"] += r["i_count"]
+        a["marks"] += r["mk_sum"]
         a["first"][r["kind"]] = pos(r["i_min"])
         a["last"] = max(a["last"], r["i_max"])
         if r["kind"] == "K":
@@ -142,6 +153,7 @@ def table_stats(t: pa.Table) -> Stats:
             truncates=tuple(truncs.get(name, ())),
             key_changes=a["key_changes"],
             moves=a["moves"],
+            marks=a["marks"],
         )
         for name, a in acc.items()
     }
