@@ -434,7 +434,7 @@ class Applier:
         statistics (segment footers) rather than a job."""
         from pyspark.sql import functions as F
 
-        from mirrorline.compile import inserts
+        from mirrorline.compile import inserts, updates
         from mirrorline.compile.small import qualifies, shared, unit_rows
         from mirrorline.compile.spark import compile_changes
         from mirrorline.log.segments import ROW_GROUP_ROWS
@@ -463,6 +463,14 @@ class Applier:
             if batch is not None:
                 return batch
             log.info("unit %s..%s: a key is inserted twice; compiling it the general way", start, end)
+        on_driver = sum(s.count for s in stats.values()) <= self.driver_unit
+        if on_driver and updates.qualifies(stats, self.actions or None, bags):
+            batch = updates.compile_updates(frame, stats, start, end, lambda at: self.log.read_at(at, ["new"]))
+            if batch is not None:
+                return batch
+            log.info(
+                "unit %s..%s: a key's changes are not an insert and updates; compiling it the general way", start, end
+            )
         return compile_changes(
             frame,
             actions=self.actions or None,
@@ -470,7 +478,7 @@ class Applier:
             end=end,
             stats=stats,
             bags=bags,
-            to_driver=not self._save_units and sum(s.count for s in stats.values()) <= self.driver_unit,
+            to_driver=not self._save_units and on_driver,
         )
 
     def _bags(self, tables: list[str], end: Position) -> dict[str, tuple[str, ...]]:

@@ -1,0 +1,151 @@
+"""Units that only insert and update: net rows from one hash aggregate, their images attached on the driver (issue 11).
+
+Catching up tables that are updated (pgbench's, an update-heavy load) gives units in which every table has only
+inserts and updates: the log's statistics of the unit (segment footers) show no delete, TRUNCATE or key change, and
+no change that marks columns unchanged. Under the rules (:mod:`mirrorline.compile.reference`, all of I, U and D
+replicated) the only valid sequences of I and U on one key are an optional I followed by U's (I cannot follow I or
+U), and their net change is one row at the key's last change: I when the key's first change is its I, else U, with
+the image of that last change (nothing marks columns, so nothing needs completing from earlier ones).
+
+So such a unit compiles on Spark without the fold: one shuffle of the changes' small columns (the images are not
+read) into a *hash* aggregate per (table, key) of long integers only: how many I, the first position, the first I's
+position, the last position. Positions are packed into one long, ``(lsn - the unit's first lsn) << 24 | seq``; a
+change that does not fit (a transaction of more than 16M changes, a unit spanning more than 512 GiB of WAL) counts as
+a key that is not simple. The net rows come back through Arrow; the driver then reads the images at their positions
+(:meth:`~mirrorline.log.ChangeLog.read_at`: only the row groups holding some) and attaches them (:func:`attach`).
+
+When some key's changes are not an optional I and U's (an invalid sequence, which the general path names) or do not
+fit, :func:`compile_updates` returns None and the unit is compiled the general way
+(:func:`mirrorline.compile.spark.compile_changes`).
+
+What it saves (bench/apply.py, update-heavy, 1M changes to 200,000 net rows, JIT-warm, on 2 cores): the general
+path's shuffle of the images, sort and fold, 3.0 to 3.4 s, become the aggregate, about 1.2 s, and the driver's read of
+the images it needs, about 0.3 s.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from mirrorline.compile.batch import NET_ARROW, NetBatch
+from mirrorline.compile.reference import ALL_ACTIONS, Actions
+from mirrorline.errors import LogError
+from mirrorline.log.stats import Stats
+from mirrorline.position import Position
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+SEQ_BITS = 24  # a packed position: (lsn - base) << SEQ_BITS | seq
+LSN_BITS = 63 - SEQ_BITS
+
+
+def qualifies(stats: Stats, actions: Actions | None = None, bags: Mapping[str, object] | None = None) -> bool:
+    """Does the unit with these statistics (of the tables it replicates) hold only inserts and updates that mark no
+    columns unchanged, of tables that replicate every kind and have a key?"""
+    if not stats:
+        return False
+    for table, s in stats.items():
+        acts = (actions or {}).get(table)
+        if acts is not None and frozenset(a.upper() for a in acts) != ALL_ACTIONS:
+            return False
+        if not set(s.first) <= {"I", "U"} or s.truncates or s.key_changes or s.marks != 0 or table in (bags or {}):
+            return False
+    return True
+
+
+def compile_updates(
+    changes: DataFrame,
+    stats: Stats,
+    start: Position,
+    end: Position,
+    read: Callable[[pa.Table], pa.Table],
+) -> NetBatch | None:
+    """Compile ``(start, end]`` of ``changes`` (log layout; :func:`qualifies` holds for ``stats``, its
+    statistics); ``read`` reads the log's rows at the positions given (a table of ``lsn``, ``seq``) with their
+    ``new``. None when some key's changes are not an optional I followed by U's: compile the unit the general way."""
+    from pyspark.sql import functions as F
+
+    from mirrorline.log.spark import range_filter
+
+    base = min(p.lsn for s in stats.values() for p in s.first.values())
+    cond = range_filter(start, end)
+    rows = changes.where(cond) if cond is not None else changes
+    off = F.col("lsn") - F.lit(base)
+    fits = (off >= 0) & (off < F.lit(1 << LSN_BITS)) & (F.col("seq") >= 0) & (F.col("seq") < F.lit(1 << SEQ_BITS))
+    pos = F.when(fits, F.shiftleft(off, SEQ_BITS) + F.col("seq"))
+    agg = rows.groupBy("table", "key").agg(
+        F.count_if(F.col("op") == "I").alias("ni"),
+        F.count_if(~(fits & F.col("op").isin("I", "U"))).alias("odd"),
+        F.min(pos).alias("first"),
+        F.min(F.when(F.col("op") == "I", pos)).alias("first_i"),
+        F.max(pos).alias("last"),
+    )
+    simple = (F.col("odd") == 0) & ((F.col("ni") == 0) | ((F.col("ni") == 1) & (F.col("first_i") == F.col("first"))))
+    got = agg.select(
+        "table", "key", F.coalesce(simple, F.lit(False)).alias("simple"), (F.col("ni") == 1).alias("ins"), "last"
+    ).toArrow()
+    assert isinstance(got, pa.Table)
+    if not pc.all(got["simple"]).as_py():
+        return None
+    last = got["last"].to_numpy()
+    net = pa.table(
+        {
+            "table": got["table"],
+            "kind": pc.if_else(got["ins"], "I", "U"),
+            "key": got["key"],
+            "new": pa.nulls(got.num_rows, NET_ARROW.field("new").type),
+            "unchanged": pa.ListArray.from_arrays(
+                pa.array(np.zeros(got.num_rows + 1, np.int32)), pa.array([], pa.string())
+            ),
+            "lsn": pa.array(base + (last >> SEQ_BITS)),
+            "seq": pa.array(last & ((1 << SEQ_BITS) - 1)),
+            "moved_from": pa.nulls(got.num_rows, NET_ARROW.field("moved_from").type),
+        }
+    )
+    order = [t for _, t in sorted((min(s.first.values()), t) for t, s in stats.items())]
+    return NetBatch(
+        start=start,
+        end=end,
+        tables=order,
+        rows=attach(net, read).cast(NET_ARROW),
+        changes=sum(s.count for s in stats.values()),
+        net_rows=net.num_rows,
+    )
+
+
+def attach(net: pa.Table, read: Callable[[pa.Table], pa.Table]) -> pa.Table:
+    """``net`` (net rows without their ``new``) with the ``new`` of the change at each I and U row's position, which
+    ``read`` reads (positions in, rows with ``lsn``, ``seq`` and ``new`` out). Raises :class:`LogError` when a
+    position is missing there or found twice: the rows Spark folded and the rows the driver read differ."""
+    want = np.flatnonzero(pc.is_in(net["kind"], pa.array(["I", "U"])).to_numpy(zero_copy_only=False))
+    at = pa.table(
+        {
+            "lsn": net["lsn"].take(pa.array(want)),
+            "seq": net["seq"].take(pa.array(want)),
+            "_ni": pa.array(want, pa.int64()),
+        }
+    )
+    images = read(at.select(["lsn", "seq"]))
+    have = pa.table(
+        {"lsn": images["lsn"], "seq": images["seq"], "_ii": pa.array(np.arange(images.num_rows, dtype=np.int64))}
+    )
+    found = at.join(have, ["lsn", "seq"], join_type="inner")
+    rows = found["_ni"].to_numpy()
+    seen = np.zeros(net.num_rows, dtype=bool)
+    seen[rows] = True
+    if found.num_rows != len(want) or int(seen.sum()) != len(want):
+        raise LogError(
+            f"Spark found {len(want)} net rows with an image and the driver read {found.num_rows} images at "
+            "their positions",
+            hint="the log changed while it was read: check that only one capture writes to it, then run again",
+        )
+    index = np.full(net.num_rows, -1, dtype=np.int64)
+    index[rows] = found["_ii"].to_numpy()
+    new = images["new"].take(pa.array(index, mask=index < 0))
+    return net.set_column(net.schema.get_field_index("new"), "new", new)
