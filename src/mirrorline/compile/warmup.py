@@ -30,14 +30,14 @@ log = logging.getLogger(__name__)
 WARM_UP_ROWS = 60_000
 
 
-def synthetic_unit(spark: Any, rows: int = WARM_UP_ROWS) -> Any:
-    """A valid unit of ``rows`` changes in the log layout: keys of four ops each (I, U, U, then D or U), spread over
-    three tables, at increasing positions."""
+def synthetic_unit(spark: Any, rows: int = WARM_UP_ROWS, deletes: bool = True) -> Any:
+    """A valid unit of ``rows`` changes in the log layout: keys of four ops each (I, U, U, then D or U; without
+    ``deletes`` always U), spread over three tables, at increasing positions."""
     from pyspark.sql import functions as F
 
     k = F.floor(F.col("id") / 4)
     j = F.col("id") % 4
-    op = F.when(j == 0, "I").when((j == 3) & (k % 2 == 0), "D").otherwise("U")
+    op = F.when(j == 0, "I").when((j == 3) & (k % 2 == 0) & F.lit(deletes), "D").otherwise("U")
     new = F.create_map(
         F.lit("id"),
         k.cast("string"),
@@ -90,10 +90,12 @@ def warm_up(spark: Any, rows: int = WARM_UP_ROWS) -> float:
                 raise RuntimeError(f"warm-up unit compiled to {net and net.num_rows} net rows, expected {expected}")
         finally:
             batch.release()
+        _warm_updates(spark, rows, work + "-updates")
         # ... and as larger ones: through Parquet, read by Python tasks and the driver
         batch = compile_changes(changes)
     finally:
         shutil.rmtree(work, ignore_errors=True)
+        shutil.rmtree(work + "-updates", ignore_errors=True)
     try:
         got = batch.frame().mapInArrow(_count, "n BIGINT").agg(F.sum("n")).collect()[0][0]
         if got is None or int(got) != expected:
@@ -102,6 +104,33 @@ def warm_up(spark: Any, rows: int = WARM_UP_ROWS) -> float:
     finally:
         batch.release()
     return time.monotonic() - t0
+
+
+def _warm_updates(spark: Any, rows: int, work: str) -> None:
+    """A unit of inserts and updates only, as :mod:`mirrorline.compile.updates` compiles it (its images read back
+    from the unit's Parquet on the driver)."""
+    import pyarrow.parquet as pq
+
+    from mirrorline.compile.updates import compile_updates, qualifies
+    from mirrorline.log.rows import SPARK_DDL
+    from mirrorline.log.stats import table_stats
+    from mirrorline.position import Position
+
+    synthetic_unit(spark, rows, deletes=False).write.mode("overwrite").parquet(work)
+    changes = spark.read.schema(SPARK_DDL).parquet(work)
+    small = pq.read_table(work, columns=["lsn", "seq", "table", "op", "key", "old_key", "unchanged"])
+    stats = table_stats(small.sort_by([("lsn", "ascending"), ("seq", "ascending")]))
+    if not qualifies(stats):
+        raise RuntimeError("warm-up unit of inserts and updates does not qualify for compile.updates")
+    batch = compile_updates(
+        changes,
+        stats,
+        Position(0, 0),
+        Position(rows, 0),
+        lambda _at: pq.read_table(work, columns=["lsn", "seq", "new"]),
+    )
+    if batch is None or batch.net_rows != rows // 4:
+        raise RuntimeError(f"warm-up unit of inserts and updates compiled to {batch and batch.net_rows} net rows")
 
 
 SMALL_WARM_UP_ROWS = 4_000
