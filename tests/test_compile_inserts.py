@@ -5,32 +5,22 @@ its targets exactly."""
 from __future__ import annotations
 
 import random
-import sqlite3
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from large_units import A, B, ab_rows, one_unit_pipeline, spy_route
+from mirrorline.compile import inserts
 from mirrorline.compile.inserts import compile_inserts, qualifies
 from mirrorline.compile.spark import changes_frame, collect_result, compile_changes
 from mirrorline.compile.store import UnitStore
-from mirrorline.config import parse
 from mirrorline.errors import ApplyError, InvalidSequenceError
 from mirrorline.log import LogWriter
 from mirrorline.log.rows import changes_to_table
 from mirrorline.log.stats import table_stats
-from mirrorline.model import Change, Column, Op, TableSchema
-from mirrorline.pipeline import Applier
+from mirrorline.model import Change, Op
 from mirrorline.position import ZERO, Position
-
-A = TableSchema(
-    "public.a", (Column("id", "bigint", nullable=False), Column("v", "text"), Column("w", "integer")), ("id",)
-)
-B = TableSchema(
-    "public.b",
-    (Column("k1", "text", nullable=False), Column("k2", "integer", nullable=False), Column("note", "text")),
-    ("k1", "k2"),
-)
 
 
 def _inserts(seed: int, n: int) -> list[Change]:
@@ -128,47 +118,17 @@ def _log(tmp_path: Path, changes: list[Change], per_txn: int = 100) -> None:
             w.add_transaction(1000 + i, 1, changes[i : i + per_txn])
 
 
-def _pipeline(tmp_path: Path, **urls: str) -> Applier:
-    targets = {n: {"url": u} for n, u in (urls or {"t": f"sqlite:///{tmp_path / 't.db'}"}).items()}
-    conf = parse(
-        {
-            "source": {"dsn": "postgresql://nobody@127.0.0.1:1/x"},
-            "log": {"path": str(tmp_path / "log")},
-            "targets": targets,
-        },
-        tmp_path / "m.toml",
-    )
-    a = Applier(conf)
-    a.small_unit, a.catch_up_changes = 100, 500  # 1,000 changes behind: one large unit
-    return a
-
-
-def _spy(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
-    """Record whether each call of compile_inserts gave a batch (it still does the real work)."""
-    from mirrorline.compile import inserts
-
-    calls: list[bool] = []
-    real = inserts.compile_inserts
-
-    def spy(*args: Any, **kwargs: Any) -> Any:
-        out = real(*args, **kwargs)
-        calls.append(out is not None)
-        return out
-
-    monkeypatch.setattr(inserts, "compile_inserts", spy)
-    return calls
-
-
 @pytest.mark.spark
 def test_a_pipeline_applies_an_inserts_only_unit_exactly(
     tmp_path: Path, spark: Any, pg: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import duckdb
 
     changes = _inserts(4, 1000)
     _log(tmp_path, changes)
-    calls = _spy(monkeypatch)
-    a = _pipeline(tmp_path, s=f"sqlite:///{tmp_path / 't.db'}", d=f"duckdb:///{tmp_path / 't.duckdb'}", p=pg.url)
+    calls = spy_route(monkeypatch, inserts, "compile_inserts")
+    a = one_unit_pipeline(
+        tmp_path, s=f"sqlite:///{tmp_path / 't.db'}", d=f"duckdb:///{tmp_path / 't.duckdb'}", p=pg.url
+    )
     a._spark = spark
     reports = a.catch_up()
     a.close()
@@ -179,14 +139,7 @@ def test_a_pipeline_applies_an_inserts_only_unit_exactly(
         if c.table == "public.a" and c.new
     )
     want_b = sorted((c.new["k1"], int(c.new["k2"]), c.new["note"]) for c in changes if c.table == "public.b" and c.new)
-    qa, qb = "SELECT id, v, w FROM a ORDER BY id", "SELECT k1, k2, note FROM b ORDER BY k1, k2"
-    db = sqlite3.connect(tmp_path / "t.db")
-    assert (db.execute(qa).fetchall(), db.execute(qb).fetchall()) == (want_a, want_b)
-    db.close()
-    dd = duckdb.connect(str(tmp_path / "t.duckdb"))
-    assert (dd.execute(qa).fetchall(), dd.execute(qb).fetchall()) == (want_a, want_b)
-    dd.close()
-    assert (pg.execute(qa), pg.execute(qb)) == (want_a, want_b)
+    assert ab_rows(tmp_path, pg) == dict.fromkeys(("sqlite", "duckdb", "pg"), (want_a, want_b))
 
 
 @pytest.mark.spark
@@ -198,7 +151,7 @@ def test_inserts_copied_straight_into_a_table_that_holds_one_of_them_stop_naming
     clash = next(c for c in reversed(changes) if c.table == "public.a")
     pg.execute("CREATE TABLE a (id bigint PRIMARY KEY, v text, w integer)")
     pg.execute(f"INSERT INTO a VALUES ({clash.new['id']}, 'already here', NULL)")
-    a = _pipeline(tmp_path, p=pg.url)
+    a = one_unit_pipeline(tmp_path, p=pg.url)
     a._spark = spark
     with pytest.raises(ApplyError) as e:
         a.catch_up()
@@ -216,8 +169,8 @@ def test_a_pipeline_stops_on_a_key_inserted_twice_and_keeps_its_position(
     first = next(c for c in changes if c.table == "public.a")
     changes.append(Change(ZERO, 0, 1, "public.a", Op.INSERT, first.key, first.new))
     _log(tmp_path, changes, per_txn=1001)
-    calls = _spy(monkeypatch)
-    a = _pipeline(tmp_path)
+    calls = spy_route(monkeypatch, inserts, "compile_inserts")
+    a = one_unit_pipeline(tmp_path)
     a._spark = spark
     with pytest.raises(InvalidSequenceError) as e:
         a.catch_up()

@@ -5,33 +5,23 @@ updates, goes the general way."""
 from __future__ import annotations
 
 import random
-import sqlite3
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pytest
 
+from large_units import A, B, ab_rows, one_unit_pipeline, spy_route
+from mirrorline.compile import updates
 from mirrorline.compile.spark import changes_frame, collect_result, compile_changes
 from mirrorline.compile.updates import SEQ_BITS, compile_updates, qualifies
-from mirrorline.config import parse
 from mirrorline.errors import InvalidSequenceError, LogError
 from mirrorline.log import ChangeLog, LogWriter
 from mirrorline.log.rows import changes_to_table
 from mirrorline.log.spark import read_spark
 from mirrorline.log.stats import table_stats
-from mirrorline.model import Change, Column, Op, TableSchema
-from mirrorline.pipeline import Applier
+from mirrorline.model import Change, Op
 from mirrorline.position import ZERO, Position
-
-A = TableSchema(
-    "public.a", (Column("id", "bigint", nullable=False), Column("v", "text"), Column("w", "integer")), ("id",)
-)
-B = TableSchema(
-    "public.b",
-    (Column("k1", "text", nullable=False), Column("k2", "integer", nullable=False), Column("note", "text")),
-    ("k1", "k2"),
-)
 
 
 def _a(i: int, rnd: random.Random) -> dict[str, str | None]:
@@ -168,46 +158,17 @@ def test_images_read_on_the_driver_must_be_those_spark_found(spark: Any, tmp_pat
     assert "the driver read" in str(e.value) and "only one capture" in (e.value.hint or "")
 
 
-def _pipeline(tmp_path: Path, **urls: str) -> Applier:
-    conf = parse(
-        {
-            "source": {"dsn": "postgresql://nobody@127.0.0.1:1/x"},
-            "log": {"path": str(tmp_path / "log")},
-            "targets": {n: {"url": u} for n, u in urls.items()},
-        },
-        tmp_path / "m.toml",
-    )
-    a = Applier(conf)
-    a.small_unit, a.catch_up_changes = 100, 490  # 1,000 changes behind: one large unit
-    return a
-
-
-def _spy(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
-    """Record whether each call of compile_updates gave a batch (it still does the real work)."""
-    from mirrorline.compile import updates
-
-    calls: list[bool] = []
-    real = updates.compile_updates
-
-    def spy(*args: Any, **kwargs: Any) -> Any:
-        out = real(*args, **kwargs)
-        calls.append(out is not None)
-        return out
-
-    monkeypatch.setattr(updates, "compile_updates", spy)
-    return calls
-
-
 @pytest.mark.spark
 def test_a_pipeline_applies_an_insert_and_update_unit_exactly(
     tmp_path: Path, spark: Any, pg: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import duckdb
 
     changes = _changes(7, 1000, present=False)
     _log(tmp_path / "log", changes)
-    calls = _spy(monkeypatch)
-    a = _pipeline(tmp_path, s=f"sqlite:///{tmp_path / 't.db'}", d=f"duckdb:///{tmp_path / 't.duckdb'}", p=pg.url)
+    calls = spy_route(monkeypatch, updates, "compile_updates")
+    a = one_unit_pipeline(
+        tmp_path, 490, s=f"sqlite:///{tmp_path / 't.db'}", d=f"duckdb:///{tmp_path / 't.duckdb'}", p=pg.url
+    )
     a._spark = spark
     reports = a.catch_up()
     a.close()
@@ -222,14 +183,7 @@ def test_a_pipeline_applies_an_insert_and_update_unit_exactly(
         if t == "public.a"
     )
     want_b = sorted((n["k1"], int(n["k2"] or 0), n["note"]) for (t, _), n in final.items() if t == "public.b")
-    qa, qb = "SELECT id, v, w FROM a ORDER BY id", "SELECT k1, k2, note FROM b ORDER BY k1, k2"
-    db = sqlite3.connect(tmp_path / "t.db")
-    assert (db.execute(qa).fetchall(), db.execute(qb).fetchall()) == (want_a, want_b)
-    db.close()
-    dd = duckdb.connect(str(tmp_path / "t.duckdb"))
-    assert (dd.execute(qa).fetchall(), dd.execute(qb).fetchall()) == (want_a, want_b)
-    dd.close()
-    assert (pg.execute(qa), pg.execute(qb)) == (want_a, want_b)
+    assert ab_rows(tmp_path, pg) == dict.fromkeys(("sqlite", "duckdb", "pg"), (want_a, want_b))
 
 
 @pytest.mark.spark
@@ -240,8 +194,8 @@ def test_a_pipeline_stops_on_an_insert_after_an_update_and_keeps_its_position(
     late = next(c for c in changes if c.op is Op.INSERT)
     changes.append(Change(ZERO, 0, 1, late.table, Op.INSERT, late.key, late.new))
     _log(tmp_path / "log", changes, per_txn=1001)
-    calls = _spy(monkeypatch)
-    a = _pipeline(tmp_path, t=f"sqlite:///{tmp_path / 't.db'}")
+    calls = spy_route(monkeypatch, updates, "compile_updates")
+    a = one_unit_pipeline(tmp_path, 490, t=f"sqlite:///{tmp_path / 't.db'}")
     a._spark = spark
     with pytest.raises(InvalidSequenceError) as e:
         a.catch_up()

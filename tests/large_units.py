@@ -1,0 +1,76 @@
+"""Helpers for the tests of the large-unit routes (compile.inserts, compile.updates): two tables, a pipeline that
+catches a log of about 1,000 changes up in one large unit, the rows the tables hold in each target, and a spy on a
+route's compile function."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mirrorline.config import parse
+from mirrorline.model import Column, TableSchema
+from mirrorline.pipeline import Applier
+
+# two tables: a one-column key, and a two-column key
+A = TableSchema(
+    "public.a", (Column("id", "bigint", nullable=False), Column("v", "text"), Column("w", "integer")), ("id",)
+)
+B = TableSchema(
+    "public.b",
+    (Column("k1", "text", nullable=False), Column("k2", "integer", nullable=False), Column("note", "text")),
+    ("k1", "k2"),
+)
+
+
+def one_unit_pipeline(tmp_path: Path, catch_up_changes: int = 500, **urls: str) -> Applier:
+    """A pipeline on the log at ``tmp_path / "log"`` (targets: ``urls``, else one SQLite file) whose units are large
+    once ``catch_up_changes`` changes are behind (the log advances by whole transactions: at most that many)."""
+    targets = {n: {"url": u} for n, u in (urls or {"t": f"sqlite:///{tmp_path / 't.db'}"}).items()}
+    conf = parse(
+        {
+            "source": {"dsn": "postgresql://nobody@127.0.0.1:1/x"},
+            "log": {"path": str(tmp_path / "log")},
+            "targets": targets,
+        },
+        tmp_path / "m.toml",
+    )
+    a = Applier(conf)
+    a.small_unit, a.catch_up_changes = 100, catch_up_changes
+    return a
+
+
+def spy_route(monkeypatch: pytest.MonkeyPatch, module: Any, name: str) -> list[bool]:
+    """Record whether each call of ``module.name`` (a route's compile) gave a batch; it still does the real work."""
+    calls: list[bool] = []
+    real = getattr(module, name)
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        out = real(*args, **kwargs)
+        calls.append(out is not None)
+        return out
+
+    monkeypatch.setattr(module, name, spy)
+    return calls
+
+
+def ab_rows(tmp_path: Path, pg: Any) -> dict[str, tuple[list[Any], list[Any]]]:
+    """The rows of tables ``a`` (id, v, w) and ``b`` (k1, k2, note), in key order, in each of the targets of
+    :func:`one_unit_pipeline` ``(tmp_path, s=<tmp_path/t.db>, d=<tmp_path/t.duckdb>, p=pg.url)``."""
+    import sqlite3
+
+    import duckdb
+
+    qa, qb = "SELECT id, v, w FROM a ORDER BY id", "SELECT k1, k2, note FROM b ORDER BY k1, k2"
+    db = sqlite3.connect(tmp_path / "t.db")
+    dd = duckdb.connect(str(tmp_path / "t.duckdb"))
+    try:
+        return {
+            "sqlite": (db.execute(qa).fetchall(), db.execute(qb).fetchall()),
+            "duckdb": (dd.execute(qa).fetchall(), dd.execute(qb).fetchall()),
+            "pg": (pg.execute(qa), pg.execute(qb)),
+        }
+    finally:
+        db.close()
+        dd.close()
