@@ -7,7 +7,8 @@ For each workload, on the same WAL:
 - (b) ``mirrorline``: the same changes already captured in the change log (capture is not timed here: see
   bench/capture.py), applied by a pipeline that is already running: Spark started (its start-up time reported
   separately as ``spark_startup_s``) and warmed up by a synthetic unit of 60,000 changes through the general fold
-  and Arrow (:func:`mirrorline.compile.warmup.warm_up`, reported as ``mirrorline_warm_up_s``; ``mirrorline run``
+  and Arrow, and one of inserts and updates only through their own route
+  (:func:`mirrorline.compile.warmup.warm_up`, reported as ``mirrorline_warm_up_s``; ``mirrorline run``
   itself warms only the small-unit plan at start, then its live units warm the rest); timed: compile + apply until
   the target's applied position is the log's end.
 - (b2) ``mirrorline_jit_warm``: (b) again on a copy of the log into a second empty target, in the same process: a
