@@ -238,18 +238,26 @@ from mirrorline.position import Position
 
 spark = get_spark(conf={"spark.driver.maxResultSize": "1m"})
 changes = [
-    Change(pos=Position(i + 1, 0), commit_ts=0, xid=i + 1, table="public.t", op=Op.INSERT, key=(str(i),),
-           new={"id": str(i), "pad": "x" * 200})
+    Change(pos=Position(i + 1, 0), commit_ts=0, xid=i + 1, table="public.t", op=Op.INSERT, key=(str(i).zfill(80),),
+           new={"id": str(i).zfill(80), "pad": "x" * 200})
     for i in range(20_000)
 ]
 batch = compile_changes(changes_frame(spark, changes), to_driver=True)
-print(json.dumps({"on_driver": batch.on_driver, "net": batch.frame().count()}))
+# the inserts-and-updates route: its aggregate's rows (keys of 80 characters) are more than 1 MiB too
+from mirrorline.compile.updates import compile_updates
+from mirrorline.log.rows import changes_to_table
+from mirrorline.log.stats import table_stats
+from mirrorline.position import ZERO
+stats = table_stats(changes_to_table(changes))
+upd = compile_updates(changes_frame(spark, changes), stats, ZERO, Position(20_000, 0), lambda at: at)
+print(json.dumps({"on_driver": batch.on_driver, "net": batch.frame().count(), "updates": upd is not None}))
 """
 
 
 def test_to_driver_falls_back_to_parquet_past_the_driver_result_limit(tmp_path: Path) -> None:
     """Net rows larger than ``spark.driver.maxResultSize`` (here 1 MiB, in a Spark of its own) are not an error:
-    the unit is compiled through Parquet, with a warning naming the setting."""
+    the unit is compiled through Parquet, with a warning naming the setting; the inserts-and-updates route leaves
+    such a unit to the general path."""
     import os
     import subprocess
     import sys
@@ -259,8 +267,9 @@ def test_to_driver_falls_back_to_parquet_past_the_driver_result_limit(tmp_path: 
         [sys.executable, "-c", _RESULT_LIMIT_SCRIPT], capture_output=True, text=True, timeout=300, env=env
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.strip().splitlines()[-1] == '{"on_driver": false, "net": 20000}'
+    assert done.stdout.strip().splitlines()[-1] == '{"on_driver": false, "net": 20000, "updates": false}'
     assert "spark.driver.maxResultSize" in done.stderr and "compiled through Parquet instead" in done.stderr
+    assert "compiled the general way instead" in done.stderr
 
 
 def test_invalid_unit_leaves_no_scratch_files(spark: Any) -> None:

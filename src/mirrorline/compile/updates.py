@@ -26,6 +26,7 @@ groups) about 0.13 s, attaching them about 0.06 s. bench/apply.py's update-heavy
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
@@ -42,6 +43,8 @@ from mirrorline.position import Position
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
+log = logging.getLogger(__name__)
+RESULT_LIMIT = "spark.driver.maxResultSize"
 SEQ_BITS = 24  # a packed position: (lsn - base) << SEQ_BITS | seq
 LSN_BITS = 63 - SEQ_BITS
 
@@ -69,7 +72,8 @@ def compile_updates(
 ) -> NetBatch | None:
     """Compile ``(start, end]`` of ``changes`` (log layout; :func:`qualifies` holds for ``stats``, its
     statistics); ``read`` reads the log's rows at the positions given (a table of ``lsn``, ``seq``) with their
-    ``new``. None when some key's changes are not an optional I followed by U's: compile the unit the general way."""
+    ``new``. None when some key's changes are not an optional I followed by U's, or the net rows are more than
+    ``spark.driver.maxResultSize`` lets the driver collect: compile the unit the general way."""
     from pyspark.sql import functions as F
 
     from mirrorline.log.spark import range_filter
@@ -88,9 +92,15 @@ def compile_updates(
         F.max(pos).alias("last"),
     )
     simple = (F.col("odd") == 0) & ((F.col("ni") == 0) | ((F.col("ni") == 1) & (F.col("first_i") == F.col("first"))))
-    got = agg.select(
-        "table", "key", F.coalesce(simple, F.lit(False)).alias("simple"), (F.col("ni") == 1).alias("ins"), "last"
-    ).toArrow()
+    try:
+        got = agg.select(
+            "table", "key", F.coalesce(simple, F.lit(False)).alias("simple"), (F.col("ni") == 1).alias("ins"), "last"
+        ).toArrow()
+    except Exception as e:
+        if RESULT_LIMIT not in str(e):
+            raise
+        log.warning("a unit's net rows exceed %s: compiled the general way instead", RESULT_LIMIT)
+        return None
     assert isinstance(got, pa.Table)
     if not pc.all(got["simple"]).as_py():
         return None
@@ -144,7 +154,8 @@ def attach(net: pa.Table, read: Callable[[pa.Table], pa.Table]) -> pa.Table:
         raise LogError(
             f"Spark found {len(want)} net rows with an image and the driver read {found.num_rows} images at "
             "their positions",
-            hint="the log changed while it was read: check that only one capture writes to it, then run again",
+            hint="the log changed while it was read: check that only one capture writes to it and that no segment "
+            "was changed or removed by hand, then run again",
         )
     index = np.full(net.num_rows, -1, dtype=np.int64)
     index[rows] = found["_ii"].to_numpy()

@@ -91,16 +91,26 @@ def _rows_at(s: SegmentInfo, want: pa.Table, cols: list[str]) -> Iterator[pa.Tab
         return
     try:
         with pq.ParquetFile(str(s.path)) as f:
-            hit = _hits(f.read(columns=["lsn", "seq"]), want)
-            start = 0
-            for g in range(f.num_row_groups):
-                n = f.metadata.row_group(g).num_rows
-                local = hit[(hit >= start) & (hit < start + n)] - start
-                if len(local):
-                    yield f.read_row_group(g, columns=cols).take(pa.array(local))
-                start += n
+            pos = f.read(columns=["lsn", "seq"])
+            sizes = [f.metadata.row_group(g).num_rows for g in range(f.num_row_groups)]
     except (OSError, pa.ArrowException) as e:
         raise damaged(s.path, e) from None
+    hit = _hits(pos, want)
+    groups, start = [], 0
+    for g, n in enumerate(sizes):
+        local = hit[(hit >= start) & (hit < start + n)] - start
+        if len(local):
+            groups.append((g, local))
+        start += n
+    if not groups:
+        return
+    try:
+        with pq.ParquetFile(str(s.path)) as f:
+            parts = [(f.read_row_group(g, columns=cols), local) for g, local in groups]
+    except (OSError, pa.ArrowException) as e:
+        raise damaged(s.path, e) from None
+    for t, local in parts:
+        yield t.take(pa.array(local))
 
 
 class ChangeLog:
@@ -328,7 +338,8 @@ class ChangeLog:
     def read_at(self, positions: pa.Table, columns: list[str]) -> pa.Table:
         """The rows at ``positions`` (a table of ``lsn`` and ``seq``), their ``columns`` beside ``lsn`` and
         ``seq``, in log order. Only the segments and row groups that hold some of them are read (beyond the small
-        position columns). A position with no change in the log is absent from the result."""
+        position columns); a stream segment (one large transaction) is read whole, a bounded batch at a time. A
+        position with no change in the log is absent from the result."""
         cols = list(dict.fromkeys(["lsn", "seq", *columns]))
         schema = pa.schema([ARROW_SCHEMA.field(c) for c in cols])
         lsn = positions.column("lsn").to_numpy()
