@@ -122,7 +122,6 @@ def _log(tmp_path: Path, changes: list[Change], per_txn: int = 100) -> None:
 def test_a_pipeline_applies_an_inserts_only_unit_exactly(
     tmp_path: Path, spark: Any, pg: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-
     changes = _inserts(4, 1000)
     _log(tmp_path, changes)
     calls = spy_route(monkeypatch, inserts, "compile_inserts")

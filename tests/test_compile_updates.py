@@ -5,6 +5,7 @@ updates, goes the general way."""
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -75,8 +76,6 @@ def test_which_units_qualify() -> None:
     moved = Change(Position(12, 0), 0, 1, "public.a", Op.UPDATE, ("2",), _a(2, rnd), old_key=("1",))
     for other in (marked, dele, trunc, moved):
         assert not qualifies(table_stats(changes_to_table([*ups, other])))
-    from dataclasses import replace
-
     assert not qualifies({"public.a": replace(stats["public.a"], marks=None)})  # a segment from before marks
 
 

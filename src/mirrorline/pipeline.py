@@ -469,7 +469,10 @@ class Applier:
             if batch is not None:
                 return batch
             log.info(
-                "unit %s..%s: a key's changes are not an insert and updates; compiling it the general way", start, end
+                "unit %s..%s: not compiled as inserts and updates (a key's changes are not an insert then updates, "
+                "or do not fit that route); compiling it the general way",
+                start,
+                end,
             )
         return compile_changes(
             frame,

@@ -83,11 +83,11 @@ def _hits(pos: pa.Table, want: pa.Table) -> np.ndarray:
 
 def _rows_at(s: SegmentInfo, want: pa.Table, cols: list[str]) -> Iterator[pa.Table]:
     """The rows of segment ``s`` at the positions ``want``: of a plain segment, only the row groups holding some."""
-    if s.stream:
-        for b in iter_batches(s, ROW_GROUP_ROWS, cols):
+    if s.stream:  # one transaction's parts, merged in log order a batch at a time
+        for b in iter_batches(s, ROW_GROUP_ROWS):
             hit = _hits(b, want)
             if len(hit):
-                yield b.take(pa.array(hit))
+                yield b.select(cols).take(pa.array(hit))
         return
     try:
         with pq.ParquetFile(str(s.path)) as f:

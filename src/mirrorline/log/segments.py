@@ -207,21 +207,18 @@ def stream_stats(folder: Path, parts: Iterable[str], lsn: int, batch_rows: int =
     return merge(found)
 
 
-def iter_batches(info: SegmentInfo, batch_rows: int = 8192, columns: list[str] | None = None) -> Iterator[pa.Table]:
-    """A segment's rows in log order, a bounded batch at a time (stream parts merged by seq); ``columns``: only
-    those (a stream's rows are read whole, then cut)."""
-    schema = ARROW_SCHEMA if columns is None else pa.schema([ARROW_SCHEMA.field(c) for c in columns])
+def iter_batches(info: SegmentInfo, batch_rows: int = 8192) -> Iterator[pa.Table]:
+    """A segment's rows in log order, a bounded batch at a time (stream parts merged by seq)."""
     if not info.stream:
         try:
             f = pq.ParquetFile(str(info.path))
-            for b in f.iter_batches(batch_size=batch_rows, columns=columns):
-                yield pa.Table.from_batches([b]).cast(schema)
+            for b in f.iter_batches(batch_size=batch_rows):
+                yield pa.Table.from_batches([b]).cast(ARROW_SCHEMA)
         except (OSError, pa.ArrowException) as e:
             raise damaged(info.path, e) from None
         return
     # A stream's parts each hold increasing seq; merging them by seq keeps memory to one batch per part.
-    for t in _merge_parts(info, batch_rows):
-        yield t if columns is None else t.select(columns)
+    yield from _merge_parts(info, batch_rows)
 
 
 def _part_batches(info: SegmentInfo, part: str, batch_rows: int) -> Iterator[pa.Table]:

@@ -5,8 +5,8 @@ Per table: how many changes, the first position of each kind of change (I, U, D,
 the key, counted under K and not U), the last position of any change, every TRUNCATE's position, how many updates
 change the key and how many of those mark columns unchanged, and how many changes of any kind mark columns unchanged
 (``marks``; None, unknown, in segments written before it was kept). Compile takes the table order (first kept
-change), the TRUNCATE positions, whether key changes need splitting and whether the fold may leave the images out
-(no change marks columns) from these. Pure: Arrow in, values out.
+change), the TRUNCATE positions, whether key changes need splitting and whether a unit of inserts and updates may
+skip the fold (no change marks columns: :mod:`mirrorline.compile.updates`) from these. Pure: Arrow in, values out.
 
 :func:`table_stats` takes rows in log order (as segments hold them: the first and last rows of a kind are its first
 and last positions); :func:`merge` sums the statistics of disjoint row sets, such as a stream's parts.
