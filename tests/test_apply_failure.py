@@ -276,8 +276,9 @@ def test_inserts_copied_straight_into_the_table_take_the_failure_path(
     insert_rows = type(t.session()).insert_rows
 
     def counted(self: Any, table: str, columns: Any, data: Any) -> int:
-        copied.append(data.num_rows)
-        return insert_rows(self, table, columns, data)
+        chunks = list(data)
+        copied.append(sum(c.num_rows for c in chunks))
+        return insert_rows(self, table, columns, chunks)
 
     monkeypatch.setattr(type(t.session()), "insert_rows", counted)
     changes = [

@@ -59,3 +59,25 @@ def test_a_failing_warm_up_only_logs(caplog):
         w.wait(30)
     assert w.seconds is None
     assert "no Java here" in caplog.text
+
+
+def test_a_warm_up_says_how_long_spark_took_to_start_and_to_warm_up(spark):
+    """``run`` prints it (bench/live reads Spark's start from it); a failed warm-up says nothing of the kind."""
+    import time
+
+    def slow_start():
+        time.sleep(0.3)  # a Spark that takes its time to start
+        return spark
+
+    told: list[str] = []
+    w = WarmUp(slow_start, on_ready=told.append)
+    w.wait(120)
+    assert w.started_seconds is not None and w.started_seconds >= 0.3 and w.seconds is not None
+    assert told == [f"Spark ready: started in {w.started_seconds:.2f}s, warmed up in {w.seconds:.2f}s"]
+
+    def no_spark():
+        raise RuntimeError("no Java here")
+
+    told.clear()
+    WarmUp(no_spark, on_ready=told.append).wait(30)
+    assert told == []

@@ -87,6 +87,11 @@ class InvalidSequenceError(MirrorlineError):
         self.second_pos = second_pos
 
 
+class Unverified(MirrorlineError):
+    """A unit compiled by a route that assumed what its check then found false (``NetBatch.verify``): nothing of it
+    may be committed; compile it the general way, which handles or names what the route could not."""
+
+
 class TargetError(MirrorlineError):
     """A target could not be reached, cannot hold a type, or a change failed to apply there."""
 

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from mirrorline import stopped
 from mirrorline.config import Config
-from mirrorline.errors import ConfigError, MirrorlineError
+from mirrorline.errors import ConfigError, MirrorlineError, Unverified
 from mirrorline.model import Change, TableSchema
 from mirrorline.position import ZERO, Position
 
@@ -287,16 +287,17 @@ class Applier:
             start, end, batch.changes if n_changes < 0 else n_changes, group, compiled, compile_seconds, {}
         )
         schemas = self._schemas(batch.tables + [t for t in batch.truncated if t not in batch.tables], end, start)
+        next_unit = len(group) == len(self.targets) and not any(self._bounds(states[n]) for n in group) and end < limit
         try:
-            self._apply_group(
-                batch,
-                schemas,
-                group,
-                report,
-                next_unit=len(group) == len(self.targets)
-                and not any(self._bounds(states[n]) for n in group)
-                and end < limit,
-            )
+            try:
+                self._apply_group(batch, schemas, group, report, next_unit)
+            except Unverified as e:  # nothing of it was committed: the general path compiles it, or names its error
+                log.info("unit %s..%s: %s; compiling it the general way", start, end, e)
+                batch.release()
+                t0 = time.monotonic()
+                batch = self._compile_unit(start, end, general=True)
+                report.compile_seconds += time.monotonic() - t0
+                self._apply_group(batch, schemas, group, report, next_unit)
         finally:
             batch.release()
         log.info("unit %s..%s (%d changes) applied to %s", start, end, report.changes, ", ".join(group))
@@ -331,7 +332,11 @@ class Applier:
             t0 = time.monotonic()
             try:
                 report.results[n] = self.targets[n].apply(batch, schemas, changes)
-            except Exception as e:  # status reports the target stopped until it applies a unit again
+            except Exception as e:  # status reports the target stopped until it applies a unit again ...
+                try:
+                    batch.verify()
+                except Exception:  # ... unless the unit's compile failed (see NetBatch.verify): not the target's
+                    raise
                 stopped.record(self.config.log.path, n, e, str(batch.end))
                 self._stopped.add(n)
                 raise
@@ -426,12 +431,24 @@ class Applier:
         self._warmed()
         batch = self._compile_unit(start, end)
         if self._save_units:
-            batch = self._store.save(self.spark, batch)
+            batch = self._store.save(self.spark, self._verified(batch))
         return batch, True, time.monotonic() - t0
 
-    def _compile_unit(self, start: Position, end: Position) -> NetBatch:
+    def _verified(self, batch: NetBatch) -> NetBatch:
+        """``batch`` once its route's check holds (:meth:`NetBatch.verify`), else the unit compiled the general way:
+        for a unit kept in the log, where no apply checks it before it is used."""
+        try:
+            batch.verify()
+        except Unverified as e:
+            log.info("unit %s..%s: %s; compiling it the general way", batch.start, batch.end, e)
+            batch.release()
+            return self._compile_unit(batch.start, batch.end, general=True)
+        return batch
+
+    def _compile_unit(self, start: Position, end: Position, general: bool = False) -> NetBatch:
         """Compile ``(start, end]`` of the configured tables on Spark, the tables' metadata from the log's
-        statistics (segment footers) rather than a job."""
+        statistics (segment footers) rather than a job. ``general``: not by the inserts route (its check failed).
+        A unit of inserts comes back before its check ends: see :meth:`NetBatch.verify`."""
         from pyspark.sql import functions as F
 
         from mirrorline.compile import inserts, updates
@@ -450,8 +467,8 @@ class Applier:
         frame = read_spark(self.log, start, end, spark=self.spark)
         if self.config.tables:
             frame = frame.where(F.col("table").isin(list(self.config.tables)))
-        if inserts.qualifies(stats, self.actions or None):
-            batch = inserts.compile_inserts(
+        if not general and inserts.qualifies(stats, self.actions or None):
+            return inserts.compile_inserts(
                 frame,
                 stats,
                 self._schemas(sorted(stats), end, start),
@@ -460,9 +477,6 @@ class Applier:
                 self.log.read_arrow(start, end, batch_rows=ROW_GROUP_ROWS),
                 self.actions or None,
             )
-            if batch is not None:
-                return batch
-            log.info("unit %s..%s: a key is inserted twice; compiling it the general way", start, end)
         on_driver = sum(s.count for s in stats.values()) <= self.driver_unit
         if on_driver and updates.qualifies(stats, self.actions or None, bags):
             batch = updates.compile_updates(frame, stats, start, end, lambda at: self.log.read_at(at, ["new"]))
@@ -515,7 +529,7 @@ class Applier:
                 if end is None or end <= start:
                     break
                 self._warmed()
-                batch = self._store.save(self.spark, self._compile_unit(start, end))
+                batch = self._store.save(self.spark, self._verified(self._compile_unit(start, end)))
                 if on_unit:
                     on_unit(batch)
                 batch.release()
@@ -934,6 +948,7 @@ class Runner:
                 get_spark,
                 {t.name: t.actions for t in self.config.tables.values() if t.actions != frozenset("IDU")} or None,
                 known_bags(self.config) or None,
+                on_ready=self.on_message,
             )
             while not (self._ready.wait(0.1) or self._capture_done.is_set()):
                 pass

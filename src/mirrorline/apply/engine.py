@@ -46,6 +46,8 @@ from mirrorline.model import Change, TableSchema, quote_ident
 from mirrorline.position import Position
 
 if TYPE_CHECKING:
+    import pyarrow as pa
+
     from mirrorline.compile.batch import NetBatch
 
 _images = itertools.count(1)
@@ -484,6 +486,7 @@ class Target(ABC):
             log.debug("target %s: transaction open: unit %s..%s, %s", self.name, batch.start, batch.end, tables)
             for t in tables:
                 counts[t] = self._bulk_table(s, u, u.schemas[t])
+            batch.verify()  # what the unit's route assumed holds (see NetBatch.verify): else nothing commits
             write_state(s, tables, batch.end, unit)
             t0 = time.monotonic()
             s.commit()
@@ -493,6 +496,7 @@ class Target(ABC):
             with contextlib.suppress(Exception):
                 s.rollback()
             log.debug("target %s: transaction rolled back: unit %s..%s", self.name, batch.start, batch.end)
+            batch.verify()  # a unit its route compiled wrongly is compiled again, not taken to the failure path
             if not (isinstance(e, _Mismatch) or s.is_data_error(e)):
                 if not isinstance(e, s.db_errors):
                     raise
@@ -566,12 +570,14 @@ class Target(ABC):
                 raise _Mismatch(ts.table, "I", n, got)
             counts["I"] = n
             t0 = result.timed("insert", t0)
-        elif direct is not None and direct.num_rows:
-            got = s.insert_rows(ts.table, ts.column_names, direct)
-            if got != direct.num_rows:
-                raise _Mismatch(ts.table, "I", direct.num_rows, got)
-            counts["I"] = got
-            t0 = result.timed("insert", t0)
+        elif direct is not None:
+            chunks = _Counted(direct)
+            if chunks.any():  # loaded as they come: an inserts-only unit's rows are still being read
+                got = s.insert_rows(ts.table, ts.column_names, chunks)
+                if got != chunks.rows:
+                    raise _Mismatch(ts.table, "I", chunks.rows, got)
+                counts["I"] = got
+                t0 = result.timed("insert", t0)
         stager.finish(s, ts.table)
         result.timed("stage", t0)
         return counts
@@ -661,6 +667,33 @@ class Target(ABC):
             raise _Mismatch(ts.table, "U", n, touched)
 
     # -- failure path ----------------------------------------------------------------------------------------------
+
+
+class _Counted:
+    """Chunks of rows passed on as they come (empty ones left out), counting the rows."""
+
+    def __init__(self, chunks: Iterator[pa.Table]) -> None:
+        self._chunks = chunks
+        self._first: pa.Table | None = None
+        self.rows = 0
+
+    def any(self) -> bool:
+        """Is there a row at all? (Reads up to the first chunk with rows.)"""
+        for c in self._chunks:
+            if c.num_rows:
+                self._first = c
+                return True
+        return False
+
+    def __iter__(self) -> Iterator[pa.Table]:
+        if self._first is not None:
+            first, self._first = self._first, None
+            self.rows += first.num_rows
+            yield first
+        for c in self._chunks:
+            if c.num_rows:
+                self.rows += c.num_rows
+                yield c
 
 
 def check_unknown_types(dialect: Dialect, schemas: Iterable[TableSchema], known: Callable[[str], bool]) -> None:

@@ -17,7 +17,7 @@ import contextlib
 import io
 import select
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -86,6 +86,30 @@ def to_csv(data: pa.Table) -> io.BytesIO:
     return buf
 
 
+class _CsvChunks(io.RawIOBase):
+    """A stream of the chunks' CSV (:func:`to_csv`), each made when COPY has read the one before: a chunk still
+    being produced is waited for; an error producing one is raised to COPY's reader (the COPY fails)."""
+
+    def __init__(self, chunks: Iterable[pa.Table]) -> None:
+        self._chunks = iter(chunks)
+        self._buf = memoryview(b"")
+        self._pos = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, size: int = -1) -> bytes:
+        while self._pos >= len(self._buf):
+            chunk = next(self._chunks, None)
+            if chunk is None:
+                return b""
+            self._buf, self._pos = to_csv(chunk).getbuffer(), 0
+        end = len(self._buf) if size is None or size < 0 else self._pos + size
+        out = bytes(self._buf[self._pos : end])
+        self._pos += len(out)
+        return out
+
+
 def connect(dsn: str) -> Any:
     try:
         return psycopg2.connect(dsn)
@@ -138,8 +162,9 @@ class PgSession(Session):
         self.execute(self.dialect.create_worktable(name, columns))
         copy_in(self.cur, name, columns, data)
 
-    def insert_rows(self, table: str, columns: Sequence[str], data: pa.Table) -> int:
-        copy_in(self.cur, self.dialect.table(table), columns, data)
+    def insert_rows(self, table: str, columns: Sequence[str], data: Iterable[pa.Table]) -> int:
+        """One COPY, fed each chunk's CSV as the chunk comes."""
+        self.cur.copy_expert(copy_csv_sql(self.dialect.table(table), columns), _CsvChunks(data), size=1 << 20)
         return int(self.cur.rowcount)
 
     def load_chunk(self, ts: TableSchema, path: str | Path, header: bool = True) -> int:

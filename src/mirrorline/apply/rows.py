@@ -64,11 +64,12 @@ def flatten(net: pa.Table, s: TableSchema, kind: str) -> pa.Table:
     return key_order(flat, s, [key_col(i) for i in range(len(s.key))] if kind in ("D", "U") else list(s.key))
 
 
-def direct_from_inserts(ins: Inserts, s: TableSchema) -> pa.Table:
-    """An inserts-only unit's rows of one table as the table's own columns in key order (:func:`direct_inserts`)."""
-    n = ins.rows.num_rows
-    have = set(ins.rows.column_names)
-    cols = {c: ins.rows[c] if c in have else pa.nulls(n, pa.string()) for c in s.column_names}
+def direct_from_inserts(rows: pa.Table, s: TableSchema) -> pa.Table:
+    """Rows of an inserts-only unit's table (:class:`Inserts`, whole or a chunk) as the table's own columns in key
+    order (:func:`direct_inserts`)."""
+    n = rows.num_rows
+    have = set(rows.column_names)
+    cols = {c: rows[c] if c in have else pa.nulls(n, pa.string()) for c in s.column_names}
     return key_order(pa.table({c: _as_string(v) for c, v in cols.items()}), s, list(s.key))
 
 

@@ -4,7 +4,7 @@ of a worktable from Arrow, catalog lookups. Each target module implements it."""
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -70,9 +70,10 @@ class Session(ABC):
     def load(self, name: str, columns: Sequence[str], data: pa.Table) -> None:
         """Create the temp worktable ``name`` (text columns) and bulk-load ``data`` into it."""
 
-    def insert_rows(self, table: str, columns: Sequence[str], data: pa.Table) -> int:
-        """Bulk-load text rows straight into the target table (engines whose bulk path converts text to the
-        column's type as a cast would: :attr:`Target.direct_inserts`). Returns the number of rows loaded."""
+    def insert_rows(self, table: str, columns: Sequence[str], data: Iterable[pa.Table]) -> int:
+        """Bulk-load text rows, in chunks loaded as they come, straight into the target table (engines whose bulk
+        path converts text to the column's type as a cast would: :attr:`Target.direct_inserts`). Returns the number
+        of rows loaded."""
         raise NotImplementedError(f"{type(self).__name__} has no direct bulk insert")
 
     def bulk_begin(self) -> None:

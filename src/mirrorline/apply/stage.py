@@ -7,7 +7,7 @@ from __future__ import annotations
 import itertools
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -34,11 +34,12 @@ class Stager(ABC):
         """The worktable rows of ``ts``'s net rows of ``kind`` on the driver, when this stager has them there."""
         return None
 
-    def direct(self, ts: TableSchema) -> pa.Table | None:
-        """``ts``'s net inserts as the table's own columns in key order, ready to load straight into it, when they
-        are on the driver and complete (none marks columns to take from the target); else None."""
+    def direct(self, ts: TableSchema) -> Iterator[pa.Table] | None:
+        """``ts``'s net inserts as the table's own columns, ready to load straight into it, in chunks (each in key
+        order), when they are on the driver and complete (none marks columns to take from the target); else None."""
         rows = self.rows(ts, "I")
-        return work_rows.direct_inserts(rows, ts) if rows is not None else None
+        direct = work_rows.direct_inserts(rows, ts) if rows is not None else None
+        return iter([direct]) if direct is not None else None
 
     @abstractmethod
     def finish(self, s: Session, table: str) -> None:
@@ -103,11 +104,11 @@ class ArrowStager(Stager):
     def rows(self, ts: TableSchema, kind: str) -> pa.Table | None:
         return self._of(ts, kind)
 
-    def direct(self, ts: TableSchema) -> pa.Table | None:
+    def direct(self, ts: TableSchema) -> Iterator[pa.Table] | None:
         inserts = self.batch.inserts
-        if inserts is not None:  # an inserts-only unit: its flat rows as they are, no worktable layout
+        if inserts is not None:  # an inserts-only unit: its flat rows as they are read, no worktable layout
             ins = inserts.get(ts.table)
-            return work_rows.direct_from_inserts(ins, ts) if ins is not None else ts_empty(ts)
+            return (work_rows.direct_from_inserts(c, ts) for c in ins.chunks()) if ins is not None else iter([])
         return super().direct(ts)
 
     def stage(self, s: Session, ts: TableSchema, kind: str) -> tuple[str, int] | None:
@@ -134,11 +135,6 @@ class _LazyInserts:
 
     def build(self) -> pa.Table:
         return work_rows.from_inserts(self.ins, self.ts)
-
-
-def ts_empty(ts: TableSchema) -> pa.Table:
-    """No rows, the table's columns as text."""
-    return pa.table({c: pa.array([], pa.string()) for c in ts.column_names})
 
 
 def generic_columns(ts: TableSchema) -> list[str]:

@@ -27,12 +27,15 @@ its own key.
 
 A unit in which every table only inserts (:mod:`mirrorline.compile.inserts`) holds its net rows on the driver already
 flattened, per table (:class:`Inserts`): the same rows as kind I with ``unchanged`` empty and ``moved_from`` null.
+Such a unit is handed to apply while its rows are still being read (:class:`Feed`) and before Spark has checked that
+no key repeats: apply loads them as they come, and calls :meth:`NetBatch.verify` before it commits anything.
+:class:`~mirrorline.errors.Unverified` then means the unit must be compiled the general way.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -68,14 +71,82 @@ NET_ARROW = pa.schema(
 POSITION_COLUMNS = ("_ml_lsn", "_ml_seq")  # the position of each row of an Inserts table
 
 
-@dataclass(frozen=True)
+class Feed:
+    """Tables produced one after another by a background reader, read as they come (:meth:`chunks`, by any number
+    of readers) or whole (:meth:`table`). The reader's error, if it fails, is raised to every reader once the chunks
+    before it are read."""
+
+    def __init__(self, schema: pa.Schema) -> None:
+        self.schema = schema
+        self._chunks: list[pa.Table] = []
+        self._cond = threading.Condition()
+        self._done = False
+        self._error: BaseException | None = None
+
+    def put(self, chunk: pa.Table) -> None:
+        with self._cond:
+            self._chunks.append(chunk)
+            self._cond.notify_all()
+
+    def close(self, error: BaseException | None = None) -> None:
+        """No more chunks: the reader ended (with ``error``, when it failed)."""
+        with self._cond:
+            self._done, self._error = True, error
+            self._cond.notify_all()
+
+    def chunks(self) -> Iterator[pa.Table]:
+        i = 0
+        while True:
+            with self._cond:
+                while i >= len(self._chunks) and not self._done:
+                    self._cond.wait()
+                if i < len(self._chunks):
+                    chunk = self._chunks[i]
+                elif self._error is not None:
+                    raise self._error
+                else:
+                    return
+            i += 1
+            yield chunk
+
+    def table(self) -> pa.Table:
+        parts = list(self.chunks())
+        return pa.concat_tables(parts) if parts else self.schema.empty_table()
+
+    def rows(self) -> int:
+        """How many rows were produced, once the reader has ended (its error raised)."""
+        return sum(c.num_rows for c in self.chunks())
+
+
 class Inserts:
     """One table's net rows when they are all inserts of complete images: one text column per column of the table
     (its values as PostgreSQL's text, null for NULL), then the position of each row (int64 columns named
-    :data:`POSITION_COLUMNS`); ``key`` names the key columns. Rows in no particular order."""
+    :data:`POSITION_COLUMNS`); ``key`` names the key columns. Rows in no particular order. Given whole (``rows``) or
+    as a :class:`Feed` still being read, whose chunks :meth:`chunks` gives as they come (``rows`` waits for them
+    all)."""
 
-    rows: pa.Table
-    key: tuple[str, ...]
+    def __init__(self, rows: pa.Table | None, key: tuple[str, ...], feed: Feed | None = None) -> None:
+        if rows is None and feed is None:
+            raise ValueError("Inserts needs its rows or a feed of them")
+        self._rows = rows
+        self.key = key
+        self.feed = feed
+        self._lock = threading.Lock()
+
+    @property
+    def rows(self) -> pa.Table:
+        with self._lock:
+            if self._rows is None:
+                assert self.feed is not None
+                self._rows = self.feed.table()
+            return self._rows
+
+    def chunks(self) -> Iterator[pa.Table]:
+        """The rows in chunks, each as soon as it is read."""
+        if self._rows is not None or self.feed is None:
+            yield self.rows
+        else:
+            yield from self.feed.chunks()
 
     @property
     def columns(self) -> list[str]:
@@ -142,8 +213,14 @@ class NetBatch:
     rows: pa.Table | None = field(default=None, repr=False)  # the net rows on the driver, when compiled there
     inserts: dict[str, Inserts] | None = field(default=None, repr=False)  # an inserts-only unit's rows, flat
     net_rows: int | None = None  # how many net rows (D, U, I) ``net`` holds, when known
+    # what must hold before any of the unit is committed (raises Unverified, or the reader's error), and a wait for
+    # the background work the route left running (release() waits for it): see compile/inserts.py
+    check: Callable[[], None] | None = field(default=None, repr=False)
+    settle: Callable[[], None] | None = field(default=None, repr=False)
     _derived: dict[Hashable, _Once] = field(default_factory=dict, init=False, repr=False, compare=False)
     _derived_lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False, compare=False)
+    _verified: list[BaseException | None] = field(default_factory=list, init=False, repr=False, compare=False)
+    _verify_lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.net is None and self.rows is None and self.inserts is None:
@@ -206,8 +283,28 @@ class NetBatch:
                 once = self._derived[key] = _Once()
         return once.get(make)
 
+    def verify(self) -> None:
+        """Wait for the unit's check, if its route left one running (``check``); raise what it found (the same for
+        every caller): :class:`~mirrorline.errors.Unverified` when the unit must be compiled the general way.
+        Called by apply before it commits any of the unit."""
+        if self.check is None:
+            return
+        with self._verify_lock:
+            if not self._verified:
+                try:
+                    self.check()
+                    self._verified.append(None)
+                except BaseException as e:
+                    self._verified.append(e)
+            error = self._verified[0]
+        if error is not None:
+            raise error
+
     def release(self) -> None:
-        """Free the net rows' cache or scratch files once every target has applied them (``net`` is unusable after)."""
+        """Free the net rows' cache or scratch files once every target has applied them (``net`` is unusable after).
+        Waits for the background work the unit's route left running."""
+        if self.settle is not None:
+            self.settle()
         with self._derived_lock:
             self._derived.clear()
         if self.cached is not None:

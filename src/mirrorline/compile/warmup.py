@@ -19,7 +19,7 @@ import logging
 import shutil
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pyarrow as pa
@@ -207,8 +207,13 @@ class WarmUp:
     front only moved their cost, session 4 measured). A failure is only logged: the first real unit meets the same
     cause and reports it properly."""
 
-    def __init__(self, get_spark: Any, actions: Any = None, bags: Any = None) -> None:
+    def __init__(
+        self, get_spark: Any, actions: Any = None, bags: Any = None, on_ready: Callable[[str], None] | None = None
+    ) -> None:
+        """``on_ready``: told, once the warm-up ended well, how long Spark took to start and to warm up."""
         self.seconds: float | None = None
+        self.started_seconds: float | None = None  # how long get_spark() took here
+        self._on_ready = on_ready
         self._get_spark = get_spark
         self._actions = actions
         self._bags = bags  # the pipeline's tables without a key (its small-unit plan is built for them)
@@ -218,8 +223,15 @@ class WarmUp:
 
     def _main(self) -> None:
         try:
-            self.seconds = warm_small(self._get_spark(), self._actions, (False,), self._bags)
-            log.info("Spark warmed up in %.1fs", self.seconds)
+            t0 = time.monotonic()
+            spark = self._get_spark()
+            self.started_seconds = time.monotonic() - t0
+            self.seconds = warm_small(spark, self._actions, (False,), self._bags)
+            message = f"Spark ready: started in {self.started_seconds:.2f}s, warmed up in {self.seconds:.2f}s"
+            if self._on_ready is not None:
+                self._on_ready(message)
+            else:
+                log.info("%s", message)
         except Exception as e:
             log.warning("Spark warm-up failed (the first unit will run cold): %s", e)
         finally:
