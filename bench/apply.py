@@ -31,6 +31,9 @@ transactions of 1,000. Prints one JSON line: seconds of each, changes/s, and the
 mirrorline catches up than PostgreSQL's own) and b/c (how far from the physical limit), and the same for (b2).
 ``--runs N`` runs it N times, each in a new process, and prints the medians (ratios taken per run, then their
 median) with each run's main figures under ``each``: (a) varies by a second or more from run to run here.
+``mirrorline_compile_s`` is the time until a unit was handed to apply: an inserts-only unit is handed over at once,
+its Spark check and the driver's read of its rows running on while PostgreSQL loads them (compile/inserts.py), so
+its (b) holds that work and its compile figure does not.
 
     .venv/bin/python bench/apply.py [--changes 1000000] [--workloads update_heavy,insert_only] [--runs 1] [--layouts]
 """
