@@ -133,3 +133,31 @@ def test_units_share_one_connection_and_one_the_server_ended_is_replaced(
     t.apply(batch(spark, [net("public.items", "D", [0])], P(0x20), P(0x40)), SCHEMAS)
     assert fetch(t, "public.items", ["id", "qty"]) == [(1, 5), (2, 2)] and t.applied_position() == P(0x40)
     assert sql(t, "SELECT pg_backend_pid()")[0][0] != pid
+
+
+def test_rows_copied_as_they_come_an_error_making_one_is_raised_as_itself(pg: Any) -> None:
+    """``insert_rows`` feeds one COPY chunk by chunk; a chunk that cannot be made (here: its producer raises) fails
+    the COPY, which psycopg2 reports as a cancelled statement: the producer's own error is what is raised, and
+    nothing is loaded."""
+    import pyarrow as pa
+
+    from mirrorline.apply.postgresql import PgSession
+
+    pg.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")
+    s = PgSession(pg.dsn)
+    try:
+
+        def chunks() -> Any:
+            yield pa.table({"id": ["1", "2"], "v": ["a", None]})
+            raise ValueError("the second chunk cannot be made")
+
+        s.begin()
+        with pytest.raises(ValueError, match="second chunk"):
+            s.insert_rows("public.t", ["id", "v"], chunks())
+        s.rollback()
+        s.begin()
+        assert s.insert_rows("public.t", ["id", "v"], iter([pa.table({"id": ["3"], "v": ["c"]})])) == 1
+        s.commit()
+    finally:
+        s.disconnect()
+    assert pg.execute("SELECT id, v FROM t") == [(3, "c")]

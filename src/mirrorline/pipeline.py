@@ -443,6 +443,9 @@ class Applier:
             log.info("unit %s..%s: %s; compiling it the general way", batch.start, batch.end, e)
             batch.release()
             return self._compile_unit(batch.start, batch.end, general=True)
+        except BaseException:
+            batch.release()
+            raise
         return batch
 
     def _compile_unit(self, start: Position, end: Position, general: bool = False) -> NetBatch:

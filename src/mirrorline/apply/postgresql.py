@@ -94,16 +94,21 @@ class _CsvChunks(io.RawIOBase):
         self._chunks = iter(chunks)
         self._buf = memoryview(b"")
         self._pos = 0
+        self.error: BaseException | None = None  # what making a chunk raised (psycopg2 does not pass it on)
 
     def readable(self) -> bool:
         return True
 
     def read(self, size: int = -1) -> bytes:
         while self._pos >= len(self._buf):
-            chunk = next(self._chunks, None)
-            if chunk is None:
-                return b""
-            self._buf, self._pos = to_csv(chunk).getbuffer(), 0
+            try:
+                chunk = next(self._chunks, None)
+                if chunk is None:
+                    return b""
+                self._buf, self._pos = to_csv(chunk).getbuffer(), 0
+            except BaseException as e:
+                self.error = e
+                raise
         end = len(self._buf) if size is None or size < 0 else self._pos + size
         out = bytes(self._buf[self._pos : end])
         self._pos += len(out)
@@ -163,8 +168,15 @@ class PgSession(Session):
         copy_in(self.cur, name, columns, data)
 
     def insert_rows(self, table: str, columns: Sequence[str], data: Iterable[pa.Table]) -> int:
-        """One COPY, fed each chunk's CSV as the chunk comes."""
-        self.cur.copy_expert(copy_csv_sql(self.dialect.table(table), columns), _CsvChunks(data), size=1 << 20)
+        """One COPY, fed each chunk's CSV as the chunk comes. An error making a chunk fails the COPY (psycopg2
+        reports it as a cancelled statement) and is raised as itself."""
+        stream = _CsvChunks(data)
+        try:
+            self.cur.copy_expert(copy_csv_sql(self.dialect.table(table), columns), stream, size=1 << 20)
+        except psycopg2.Error:
+            if stream.error is not None:
+                raise stream.error from None
+            raise
         return int(self.cur.rowcount)
 
     def load_chunk(self, ts: TableSchema, path: str | Path, header: bool = True) -> int:

@@ -107,10 +107,9 @@ def compile_inserts(
     order = [t for _, t in sorted((stats[t].first["I"], t) for t in tables)]
     cond = range_filter(start, end)
     feeds = {t: Feed(_layout(s)) for t, s in tables.items()}
+    hashes = _hashes(changes.where(cond) if cond is not None else changes, tables)  # (a plan error: no thread yet)
     reader = _background(lambda: _read(tables, feeds, images), "mirrorline-inserts-read")
-    job = _background(
-        _hashes(changes.where(cond) if cond is not None else changes, tables).toArrow, "mirrorline-inserts"
-    )
+    job = _background(hashes.toArrow, "mirrorline-inserts")
 
     def check() -> None:
         reader.result()  # the driver's read error, if any, is the one to report
