@@ -292,10 +292,8 @@ class Applier:
             try:
                 self._apply_group(batch, schemas, group, report, next_unit)
             except Unverified as e:  # nothing of it was committed: the general path compiles it, or names its error
-                log.info("unit %s..%s: %s; compiling it the general way", start, end, e)
-                batch.release()
                 t0 = time.monotonic()
-                batch = self._compile_unit(start, end, general=True)
+                batch = self._compile_general(batch, e)
                 report.compile_seconds += time.monotonic() - t0
                 self._apply_group(batch, schemas, group, report, next_unit)
         finally:
@@ -333,10 +331,7 @@ class Applier:
             try:
                 report.results[n] = self.targets[n].apply(batch, schemas, changes)
             except Exception as e:  # status reports the target stopped until it applies a unit again ...
-                try:
-                    batch.verify()
-                except Exception:  # ... unless the unit's compile failed (see NetBatch.verify): not the target's
-                    raise
+                batch.verify()  # ... unless the unit's compile failed (NetBatch.verify raises that): not the target's
                 stopped.record(self.config.log.path, n, e, str(batch.end))
                 self._stopped.add(n)
                 raise
@@ -440,13 +435,17 @@ class Applier:
         try:
             batch.verify()
         except Unverified as e:
-            log.info("unit %s..%s: %s; compiling it the general way", batch.start, batch.end, e)
-            batch.release()
-            return self._compile_unit(batch.start, batch.end, general=True)
+            return self._compile_general(batch, e)
         except BaseException:
             batch.release()
             raise
         return batch
+
+    def _compile_general(self, batch: NetBatch, why: Unverified) -> NetBatch:
+        """The unit of ``batch``, whose route's check failed (``why``), compiled the general way; ``batch`` released."""
+        log.info("unit %s..%s: %s; compiling it the general way", batch.start, batch.end, why)
+        batch.release()
+        return self._compile_unit(batch.start, batch.end, general=True)
 
     def _compile_unit(self, start: Position, end: Position, general: bool = False) -> NetBatch:
         """Compile ``(start, end]`` of the configured tables on Spark, the tables' metadata from the log's
