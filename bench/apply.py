@@ -13,7 +13,9 @@ For each workload, on the same WAL:
   the target's applied position is the log's end.
 - (b2) ``mirrorline_jit_warm``: (b) again on a copy of the log into a second empty target, in the same process: a
   pipeline that has been running for a while, whose JVM has compiled units of this size before (the first large unit
-  after start-up pays several seconds of JIT compilation that the warm-up does not cover).
+  after start-up pays about a second of JIT compilation that the warm-up does not cover). A unit's plan holds nothing
+  of the unit's own (tests/test_compile_codegen.py), so any later unit of the same shape runs the classes the JIT
+  compiled for the first, not only the same unit again.
 - (c) ``copy``: the resulting net rows loaded by plain COPY into an empty table (the physical limit).
 - (f) ``floor``: the least the prescribed method can cost here, with no compile work at all: a Spark scan of the
   unit's changes from the log (``floor_scan_s``: every column to a no-op sink, JIT-warm, median of 3) plus the net
@@ -26,6 +28,9 @@ For each workload, on the same WAL:
   buckets (no shuffle): ``layout_fold_<layout>_<way>_s``, and ``a_over_layout_floor_<layout>_<way>`` = a / (that
   + ``floor_worktable_s``). See bench/layout_floor.py.
 
+``--unit-changes N`` catches up in units of at most N changes (``[apply] max_changes``; default: one unit), and
+``mirrorline_unit_compile_s`` gives each unit's compile seconds: the first unit pays the JIT, the later ones not.
+
 Workloads: ``update_heavy``: N/5 inserts then 4N/5 updates over the same keys; ``insert_only``: N inserts. Both in
 transactions of 1,000. Prints one JSON line: seconds of each, changes/s, and the ratios a/b (how many times faster
 mirrorline catches up than PostgreSQL's own) and b/c (how far from the physical limit), and the same for (b2).
@@ -36,6 +41,7 @@ its Spark check and the driver's read of its rows running on while PostgreSQL lo
 its (b) holds that work and its compile figure does not.
 
     .venv/bin/python bench/apply.py [--changes 1000000] [--workloads update_heavy,insert_only] [--runs 1] [--layouts]
+                                    [--unit-changes N]
 """
 
 from __future__ import annotations
@@ -108,15 +114,15 @@ def wait_confirmed(source: PgCluster, db: str, slot: str, end_lsn: int, timeout:
     raise TimeoutError(f"subscription did not catch up within {timeout}s")
 
 
-def catch_up(applier: Applier) -> tuple[float, float, int]:
+def catch_up(applier: Applier) -> tuple[float, list[float]]:
     """Seconds to catch the target up (the pipeline running: Spark started, connection open, state table ready),
-    of which compile, and how many units."""
+    and each unit's compile seconds."""
     applier.targets["pg"].applied_positions()
     t0 = time.monotonic()
     reports = applier.catch_up()
     seconds = time.monotonic() - t0
     applier.close()
-    return seconds, sum(r.compile_seconds for r in reports), len(reports)
+    return seconds, [round(r.compile_seconds, 3) for r in reports]
 
 
 def scan_seconds(log_path: Path) -> float:
@@ -151,8 +157,14 @@ def worktable_seconds(dsn: str, rows: io.BytesIO) -> float:
 
 
 def one(
-    kind: str, changes: int, source: PgCluster, target: PgCluster, work: Path, layouts: bool = False
-) -> dict[str, float]:
+    kind: str,
+    changes: int,
+    source: PgCluster,
+    target: PgCluster,
+    work: Path,
+    layouts: bool = False,
+    unit_changes: int | None = None,
+) -> dict[str, Any]:
     db = f"src_{kind}"
     source.create_database(db)
     source.execute(DDL, db)
@@ -172,7 +184,7 @@ def one(
             {
                 "source": {"dsn": source.dsn(db), "slot": f"ml_{kind}"},
                 "log": {"path": str(work / log)},
-                "apply": {"max_changes": changes * 2, "latency": "1s"},
+                "apply": {"max_changes": unit_changes or changes * 2, "latency": "1s"},
                 "tables": {"public.bench": {}},
                 "targets": {"pg": {"url": target.url(tdb)}},
             },
@@ -202,14 +214,14 @@ def one(
     say(f"{kind}: (b) mirrorline catching up from the log")
     applier = Applier(conf, spark=get_spark())
     warm = warm_up(applier.spark)  # stands for a pipeline that has been running a while
-    b, compile_s, units = catch_up(applier)
+    b, compiles = catch_up(applier)
     want = source.execute("SELECT count(*), sum(v) FROM bench", db)[0]
     for tdb in (f"ml_{kind}",):
         got = target.execute("SELECT count(*), sum(v) FROM bench", tdb)[0]
         assert got == want, f"mirrorline target differs: {got} != {want}"
 
     say(f"{kind}: (b2) again, into another target, now that the JVM has compiled units this size")
-    b2, compile2_s, _ = catch_up(Applier(conf2, spark=get_spark()))
+    b2, compiles2 = catch_up(Applier(conf2, spark=get_spark()))
     got = target.execute("SELECT count(*), sum(v) FROM bench", f"mlw_{kind}")[0]
     assert got == want, f"mirrorline target differs: {got} != {want}"
 
@@ -250,11 +262,13 @@ def one(
         "net_rows": int(want[0]),
         "pg_logical_s": round(a, 3),
         "mirrorline_s": round(b, 3),
-        "mirrorline_compile_s": round(compile_s, 3),
-        "mirrorline_units": units,
+        "mirrorline_compile_s": round(sum(compiles), 3),
+        "mirrorline_units": len(compiles),
+        "mirrorline_unit_compile_s": compiles,
         "mirrorline_warm_up_s": round(warm, 2),
         "mirrorline_jit_warm_s": round(b2, 3),
-        "mirrorline_jit_warm_compile_s": round(compile2_s, 3),
+        "mirrorline_jit_warm_compile_s": round(sum(compiles2), 3),
+        "mirrorline_jit_warm_unit_compile_s": compiles2,
         "copy_s": round(c, 3),
         "floor_scan_s": round(scan, 3),
         "floor_worktable_s": round(worktable, 3),
@@ -270,7 +284,9 @@ def one(
     }
 
 
-def repeated(runs: int, changes: int, workloads: str, layouts: bool = False) -> dict[str, Any]:
+def repeated(
+    runs: int, changes: int, workloads: str, layouts: bool = False, unit_changes: int | None = None
+) -> dict[str, Any]:
     """The benchmark run ``runs`` times, each in a process of its own (a new JVM, so that (b) is the first large
     unit after start-up every time) with clusters of its own: the median of every figure, ratios taken per run."""
     import statistics
@@ -281,7 +297,8 @@ def repeated(runs: int, changes: int, workloads: str, layouts: bool = False) -> 
         say(f"run {i + 1} of {runs}")
         done = subprocess.run(
             [sys.executable, __file__, "--changes", str(changes), "--workloads", workloads]
-            + (["--layouts"] if layouts else []),
+            + (["--layouts"] if layouts else [])
+            + (["--unit-changes", str(unit_changes)] if unit_changes else []),
             stdout=subprocess.PIPE,
             text=True,
             check=True,
@@ -290,10 +307,20 @@ def repeated(runs: int, changes: int, workloads: str, layouts: bool = False) -> 
     merged: dict[str, Any] = {"runs": runs, "spark_startup_s": statistics.median(o["spark_startup_s"] for o in outs)}
     for kind in workloads.split(","):
         fields = outs[0][kind]
-        merged[kind] = {k: round(statistics.median(o[kind][k] for o in outs), 3) for k in fields}
+        merged[kind] = {
+            k: round(statistics.median(o[kind][k] for o in outs), 3) for k in fields if not isinstance(fields[k], list)
+        }
         merged[kind]["each"] = {
             k: [o[kind][k] for o in outs]
-            for k in ("pg_logical_s", "mirrorline_s", "mirrorline_jit_warm_s", "a_over_b", "a_over_b2")
+            for k in (
+                "pg_logical_s",
+                "mirrorline_s",
+                "mirrorline_jit_warm_s",
+                "a_over_b",
+                "a_over_b2",
+                "mirrorline_unit_compile_s",
+                "mirrorline_jit_warm_unit_compile_s",
+            )
         }
     return merged
 
@@ -310,9 +337,15 @@ def main() -> None:
         action="store_true",
         help="update-heavy: also time the bare fold in other log layouts (bench/layout_floor.py)",
     )
+    p.add_argument(
+        "--unit-changes",
+        type=int,
+        default=None,
+        help="catch up in units of at most this many changes (default: the workload in one unit)",
+    )
     args = p.parse_args()
     if args.runs > 1:
-        print(json.dumps(repeated(args.runs, args.changes, args.workloads, args.layouts)))
+        print(json.dumps(repeated(args.runs, args.changes, args.workloads, args.layouts, args.unit_changes)))
         return
     t0 = time.monotonic()
     spark = get_spark()
@@ -320,7 +353,15 @@ def main() -> None:
     out: dict[str, object] = {"spark_startup_s": round(startup_seconds() or (time.monotonic() - t0), 2)}
     with tempfile.TemporaryDirectory(prefix="mirrorline-bench-") as tmp, PgCluster() as source, PgCluster() as target:
         for kind in args.workloads.split(","):
-            out[kind] = one(kind, args.changes, source, target, Path(tmp), args.layouts and kind == "update_heavy")
+            out[kind] = one(
+                kind,
+                args.changes,
+                source,
+                target,
+                Path(tmp),
+                args.layouts and kind == "update_heavy",
+                args.unit_changes,
+            )
     print(json.dumps(out))
 
 

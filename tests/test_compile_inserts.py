@@ -19,6 +19,7 @@ from mirrorline.compile.store import UnitStore
 from mirrorline.errors import ApplyError, InvalidSequenceError, LogError, Unverified
 from mirrorline.log import ChangeLog, LogWriter
 from mirrorline.log.rows import changes_to_table
+from mirrorline.log.spark import range_filter
 from mirrorline.log.stats import table_stats
 from mirrorline.model import Change, Op
 from mirrorline.position import ZERO, Position
@@ -71,7 +72,7 @@ def test_the_net_rows_are_the_general_paths(spark: Any, seed: int, tmp_path: Pat
     for actions in (None, {"public.b": "UD"}):
         want = compile_changes(changes_frame(spark, changes), actions=actions, start=start, end=end)
         got = compile_inserts(
-            changes_frame(spark, changes),
+            changes_frame(spark, changes).where(range_filter(start, end)),  # the unit's rows, as read_spark gives
             table_stats(changes_to_table(inside)),
             {"public.a": A, "public.b": B},
             start,
@@ -83,6 +84,7 @@ def test_the_net_rows_are_the_general_paths(spark: Any, seed: int, tmp_path: Pat
         assert (got.start, got.end, got.changes) == (start, end, len(inside))
         assert got.counts() == want.counts()
         w, g = collect_result(want), collect_result(got)
+        got.verify()
         assert (g.tables, g.rows()) == (w.tables, w.rows())
         assert len(g.tables) == (1 if actions else 2) and sum(len(g.nets[t].of("I")) for t in g.tables) > 0
         stored = collect_result(UnitStore(tmp_path / f"s{actions is None}").save(spark, got))  # as `compile` keeps it

@@ -466,7 +466,7 @@ class Applier:
         if qualifies(stats, self.small_unit):
             rows = unit_rows(self.config.tables, self.log.read_arrow(start, end))
             return shared(self.spark, self.actions or None, bags).compile(rows, stats, start, end)
-        frame = read_spark(self.log, start, end, spark=self.spark)
+        frame = read_spark(self.log, start, end, spark=self.spark)  # the unit's rows only: no route filters them again
         if self.config.tables:
             frame = frame.where(F.col("table").isin(list(self.config.tables)))
         if not general and inserts.qualifies(stats, self.actions or None):
@@ -498,6 +498,7 @@ class Applier:
             stats=stats,
             bags=bags,
             to_driver=not self._save_units and on_driver,
+            in_range=True,
         )
 
     def _bags(self, tables: list[str], end: Position) -> dict[str, tuple[str, ...]]:

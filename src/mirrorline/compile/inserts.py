@@ -91,8 +91,10 @@ def compile_inserts(
     images: Iterable[pa.Table],
     actions: Actions | None = None,
 ) -> NetBatch:
-    """Compile ``(start, end]`` of ``changes`` (log layout; :func:`qualifies` holds for ``stats``, its statistics),
-    the tables' schemas at ``end`` given; ``images``: the same rows read on the driver
+    """Compile the unit ``(start, end]`` whose changes are ``changes`` (log layout, those of the unit only, as
+    :func:`~mirrorline.log.spark.read_spark` gives them, so that the plan holds no literal of the unit's and its
+    generated code serves every unit; :func:`qualifies` holds for ``stats``, their statistics), the tables' schemas
+    at ``end`` given; ``images``: the same rows read on the driver
     (:meth:`~mirrorline.log.ChangeLog.read_arrow`), whose images become the net rows once Spark has found every
     (table, key) once.
 
@@ -101,13 +103,10 @@ def compile_inserts(
     :meth:`~mirrorline.compile.batch.NetBatch.verify` waits for both and raises
     :class:`~mirrorline.errors.Unverified` when a (table, key) hash repeats (compile the unit the general way),
     the driver's read error if it failed, or a :class:`LogError` when the two read different rows."""
-    from mirrorline.log.spark import range_filter
-
     tables = {t: schemas[t] for t in stats if _keeps_inserts(actions, t)}
     order = [t for _, t in sorted((stats[t].first["I"], t) for t in tables)]
-    cond = range_filter(start, end)
     feeds = {t: Feed(_layout(s)) for t, s in tables.items()}
-    hashes = _hashes(changes.where(cond) if cond is not None else changes, tables)  # (a plan error: no thread yet)
+    hashes = _hashes(changes, tables)  # (a plan error: no thread yet)
     reader = _background(lambda: _read(tables, feeds, images), "mirrorline-inserts-read")
     job = _background(hashes.toArrow, "mirrorline-inserts")
 

@@ -292,9 +292,11 @@ def _plan(
         if truncs
         else F.lit(0)
     )
-    # a column both sent and marked unchanged (not something pgoutput does) counts as sent
+    # a column both sent and marked unchanged (not something pgoutput does) counts as sent. (In SQL: a Python
+    # lambda's variable gets a new name in each plan, x_1, x_2..., which Spark writes into the generated code, so
+    # that every unit's code would be new to Spark's code cache.)
     unchanged = F.when(F.size("unchanged") == 0, F.col("unchanged")).otherwise(
-        F.filter("unchanged", lambda c: ~F.map_contains_key(F.coalesce("new", F.create_map()), c))
+        F.expr("filter(unchanged, u_col -> NOT map_contains_key(coalesce(new, map()), u_col))")
     )
     ops = ops.select(
         "table",
@@ -467,10 +469,14 @@ def compile_changes(
     stats: Stats | None = None,
     bags: Bags | None = None,
     to_driver: bool = False,
+    in_range: bool = False,
 ) -> NetBatch:
     """Compile the changes (log row layout, :data:`mirrorline.log.rows.SPARK_DDL`) of one unit of work.
 
-    ``start`` (exclusive) and ``end`` (inclusive) bound the unit when given; ``actions`` maps tables to the kinds
+    ``start`` (exclusive) and ``end`` (inclusive) bound the unit when given; ``in_range``: ``changes`` hold only
+    the unit's rows already (:func:`~mirrorline.log.spark.read_spark` filters a unit that ends inside a segment), so
+    they are not filtered again: the plan then holds no literal of the unit's, and Spark reuses its generated classes,
+    JIT-compiled, from unit to unit. ``actions`` maps tables to the kinds
     they replicate (default all). Raises :class:`InvalidSequenceError` for the earliest invalid op sequence.
     ``stats``: the log's statistics of exactly these changes (:meth:`mirrorline.log.ChangeLog.stats` over the same
     range, restricted to the same tables); they replace the job that would otherwise compute the tables' metadata.
@@ -487,7 +493,7 @@ def compile_changes(
     net rows larger than ``spark.driver.maxResultSize`` lets the driver collect, are written as Parquet all the same.
     """
     spark = changes.sparkSession
-    plan = _plan(changes, actions, start, end, stats, bags=bags)
+    plan = _plan(changes, actions, None if in_range else start, None if in_range else end, stats, bags=bags)
     if to_driver and out is None and not plan.moves:
         collected = _collected(plan, start, end)
         if collected is not None:
