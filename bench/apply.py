@@ -29,7 +29,8 @@ For each workload, on the same WAL:
   + ``floor_worktable_s``). See bench/layout_floor.py.
 
 ``--unit-changes N`` catches up in units of at most N changes (``[apply] max_changes``; default: one unit), and
-``mirrorline_unit_compile_s`` gives each unit's compile seconds: the first unit pays the JIT, the later ones not.
+``mirrorline_unit_compile_s`` gives each unit's compile seconds (a unit after the first is compiled while the one
+before it is applied, the two sharing the cores).
 
 Workloads: ``update_heavy``: N/5 inserts then 4N/5 updates over the same keys; ``insert_only``: N inserts. Both in
 transactions of 1,000. Prints one JSON line: seconds of each, changes/s, and the ratios a/b (how many times faster
