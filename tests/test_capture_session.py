@@ -277,7 +277,11 @@ def test_keepalives_are_answered_while_idle(pg_cluster_factory: Any, tmp_path: P
     cfg = load(conf_file)
     out = tmp_path / "capture.log"
     proc = mirrorline_process("capture", "-v", "-c", str(conf_file), log_file=out)
-    pid_sql = "SELECT active_pid FROM pg_replication_slots WHERE slot_name = 'mirrorline' AND active"
+    # the slot held by a walsender (while the slot is created, the creating backend holds it: not a walsender)
+    pid_sql = (
+        "SELECT s.active_pid FROM pg_replication_slots s JOIN pg_stat_replication r ON r.pid = s.active_pid "
+        "WHERE s.slot_name = 'mirrorline'"
+    )
     try:
         deadline = time.monotonic() + 60
         while not cluster.execute(pid_sql):  # streaming: the slot is held by its walsender
