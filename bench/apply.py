@@ -115,15 +115,19 @@ def wait_confirmed(source: PgCluster, db: str, slot: str, end_lsn: int, timeout:
     raise TimeoutError(f"subscription did not catch up within {timeout}s")
 
 
-def catch_up(applier: Applier) -> tuple[float, list[float]]:
+def catch_up(applier: Applier) -> tuple[float, list[float], list[dict[str, float]]]:
     """Seconds to catch the target up (the pipeline running: Spark started, connection open, state table ready),
-    and each unit's compile seconds."""
+    each unit's compile seconds, and each unit's apply seconds by phase (ApplyResult.phases, with ``all``)."""
     applier.targets["pg"].applied_positions()
     t0 = time.monotonic()
     reports = applier.catch_up()
     seconds = time.monotonic() - t0
     applier.close()
-    return seconds, [round(r.compile_seconds, 3) for r in reports]
+    phases = [
+        {"all": round(r.apply_seconds["pg"], 3), **{k: round(v, 3) for k, v in r.results["pg"].phases.items()}}
+        for r in reports
+    ]
+    return seconds, [round(r.compile_seconds, 3) for r in reports], phases
 
 
 def scan_seconds(log_path: Path) -> float:
@@ -215,14 +219,14 @@ def one(
     say(f"{kind}: (b) mirrorline catching up from the log")
     applier = Applier(conf, spark=get_spark())
     warm = warm_up(applier.spark)  # stands for a pipeline that has been running a while
-    b, compiles = catch_up(applier)
+    b, compiles, applies = catch_up(applier)
     want = source.execute("SELECT count(*), sum(v) FROM bench", db)[0]
     for tdb in (f"ml_{kind}",):
         got = target.execute("SELECT count(*), sum(v) FROM bench", tdb)[0]
         assert got == want, f"mirrorline target differs: {got} != {want}"
 
     say(f"{kind}: (b2) again, into another target, now that the JVM has compiled units this size")
-    b2, compiles2 = catch_up(Applier(conf2, spark=get_spark()))
+    b2, compiles2, applies2 = catch_up(Applier(conf2, spark=get_spark()))
     got = target.execute("SELECT count(*), sum(v) FROM bench", f"mlw_{kind}")[0]
     assert got == want, f"mirrorline target differs: {got} != {want}"
 
@@ -266,10 +270,12 @@ def one(
         "mirrorline_compile_s": round(sum(compiles), 3),
         "mirrorline_units": len(compiles),
         "mirrorline_unit_compile_s": compiles,
+        "mirrorline_unit_apply_s": applies,
         "mirrorline_warm_up_s": round(warm, 2),
         "mirrorline_jit_warm_s": round(b2, 3),
         "mirrorline_jit_warm_compile_s": round(sum(compiles2), 3),
         "mirrorline_jit_warm_unit_compile_s": compiles2,
+        "mirrorline_jit_warm_unit_apply_s": applies2,
         "copy_s": round(c, 3),
         "floor_scan_s": round(scan, 3),
         "floor_worktable_s": round(worktable, 3),

@@ -74,3 +74,58 @@ def ab_rows(tmp_path: Path, pg: Any) -> dict[str, tuple[list[Any], list[Any]]]:
     finally:
         db.close()
         dd.close()
+
+
+_KILLED_RUN = """
+import sys
+from pathlib import Path
+
+sys.path.insert(0, sys.argv[3])
+from large_units import one_unit_pipeline
+
+a = one_unit_pipeline(Path(sys.argv[1]), p=sys.argv[2])
+a.catch_up()
+"""
+
+
+def kill_while_copying(tmp_path: Path, pg: Any, table: str) -> None:
+    """Run :func:`one_unit_pipeline` ``(tmp_path, p=pg.url)``'s catch-up in a process of its own and SIGKILL it
+    while PostgreSQL copies rows into ``table`` (its COPY seen in ``pg_stat_activity``); return once the server has
+    ended the dead session's COPY."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import psycopg2
+
+    script = tmp_path / "run.py"
+    script.write_text(_KILLED_RUN)
+    tests_dir = str(Path(__file__).parent)
+    proc = subprocess.Popen([sys.executable, str(script), str(tmp_path), pg.url, tests_dir], start_new_session=True)
+    watch = psycopg2.connect(pg.dsn)
+    watch.autocommit = True
+    cur = watch.cursor()
+
+    def copying() -> bool:
+        cur.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND state = 'active' "
+            "AND query LIKE %s",
+            (f'COPY "public"."{table}" %',),
+        )
+        return bool(cur.fetchone()[0])
+
+    try:
+        deadline = time.monotonic() + 180
+        while not copying():
+            assert proc.poll() is None, "the run ended before its COPY was seen"
+            assert time.monotonic() < deadline, "no COPY seen"
+            time.sleep(0.005)
+        os.killpg(proc.pid, signal.SIGKILL)
+    finally:
+        proc.wait(60)
+    deadline = time.monotonic() + 30
+    while copying() and time.monotonic() < deadline:  # the server ends the dead session's COPY
+        time.sleep(0.1)
+    watch.close()

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from large_units import A, B, ab_rows, one_unit_pipeline, spy_route
+from large_units import A, B, ab_rows, kill_while_copying, one_unit_pipeline, spy_route
 from mirrorline import stopped
 from mirrorline.compile import inserts
 from mirrorline.compile.inserts import compile_inserts, qualifies
@@ -371,18 +371,6 @@ def test_a_feed_gives_each_reader_its_chunks_as_they_come_then_the_readers_error
         failed.rows()
 
 
-_KILLED_RUN = """
-import sys
-from pathlib import Path
-
-sys.path.insert(0, sys.argv[3])
-from large_units import one_unit_pipeline
-
-a = one_unit_pipeline(Path(sys.argv[1]), p=sys.argv[2])
-a.catch_up()
-"""
-
-
 @pytest.mark.spark
 def test_killed_while_postgresql_copies_an_inserts_only_unit_then_run_again(
     tmp_path: Path, spark: Any, pg: Any
@@ -390,12 +378,6 @@ def test_killed_while_postgresql_copies_an_inserts_only_unit_then_run_again(
     """SIGKILL while the unit's rows stream into COPY (seen in ``pg_stat_activity``), its check perhaps still
     running: nothing of the unit is committed (or, had the kill come after the commit, all of it); a new process
     then applies it exactly."""
-    import os
-    import signal
-    import subprocess
-    import sys
-    import time
-
     changes = _inserts(12, 100_000)
     with LogWriter(tmp_path / "log", segment_changes=50_000) as w:
         w.record_schema(A)
@@ -403,36 +385,7 @@ def test_killed_while_postgresql_copies_an_inserts_only_unit_then_run_again(
         for i in range(0, len(changes), 1000):
             w.add_transaction(1000 + i, 1, changes[i : i + 1000])
     pg.execute("CREATE TABLE a (id bigint PRIMARY KEY, v text, w integer)")
-    script = tmp_path / "run.py"
-    script.write_text(_KILLED_RUN)
-    tests_dir = str(Path(__file__).parent)
-    proc = subprocess.Popen([sys.executable, str(script), str(tmp_path), pg.url, tests_dir], start_new_session=True)
-    import psycopg2
-
-    watch = psycopg2.connect(pg.dsn)
-    watch.autocommit = True
-    cur = watch.cursor()
-
-    def copying() -> bool:
-        cur.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND state = 'active' "
-            """AND query LIKE 'COPY "public"."a" %'"""
-        )
-        return bool(cur.fetchone()[0])
-
-    try:
-        deadline = time.monotonic() + 180
-        while not copying():
-            assert proc.poll() is None, "the run ended before its COPY was seen"
-            assert time.monotonic() < deadline, "no COPY seen"
-            time.sleep(0.005)
-        os.killpg(proc.pid, signal.SIGKILL)
-    finally:
-        proc.wait(60)
-    deadline = time.monotonic() + 30
-    while copying() and time.monotonic() < deadline:  # the server ends the dead session's COPY
-        time.sleep(0.1)
-    watch.close()
+    kill_while_copying(tmp_path, pg, "a")
     a = one_unit_pipeline(tmp_path, p=pg.url)
     a._spark = spark
     want_a = sorted(

@@ -249,7 +249,7 @@ from mirrorline.log.rows import changes_to_table
 from mirrorline.log.stats import table_stats
 from mirrorline.position import ZERO
 stats = table_stats(changes_to_table(changes))
-upd = compile_updates(changes_frame(spark, changes), stats, ZERO, Position(20_000, 0), lambda at: at)
+upd = compile_updates(changes_frame(spark, changes), stats, ZERO, Position(20_000, 0), lambda at: [at])
 print(json.dumps({"on_driver": batch.on_driver, "net": batch.frame().count(), "updates": upd is not None}))
 """
 

@@ -12,11 +12,11 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from large_units import A, B, ab_rows, one_unit_pipeline, spy_route
+from large_units import A, B, ab_rows, kill_while_copying, one_unit_pipeline, spy_route
 from mirrorline.compile import updates
 from mirrorline.compile.spark import changes_frame, collect_result, compile_changes
 from mirrorline.compile.updates import SEQ_BITS, compile_updates, qualifies
-from mirrorline.errors import InvalidSequenceError, LogError
+from mirrorline.errors import ApplyError, InvalidSequenceError, LogError
 from mirrorline.log import ChangeLog, LogWriter
 from mirrorline.log.rows import changes_to_table
 from mirrorline.log.spark import read_spark
@@ -89,7 +89,7 @@ def test_the_net_rows_are_the_general_paths(spark: Any, seed: int, tmp_path: Pat
         stats = log.stats(start, end)
         assert qualifies(stats) and {"I", "U"} <= set(stats["public.a"].first)
         got = compile_updates(
-            read_spark(log, start, end, spark=spark), stats, start, end, lambda at: log.read_at(at, ["new"])
+            read_spark(log, start, end, spark=spark), stats, start, end, lambda at: log.iter_at(at, ["new"])
         )
         want = compile_changes(read_spark(log, start, end, spark=spark), start=start, end=end, stats=stats)
         assert got is not None and got.rows is not None
@@ -116,7 +116,7 @@ def test_a_key_whose_changes_are_not_an_insert_and_updates_goes_the_general_way(
     stats = table_stats(changes_to_table(changes))
     assert qualifies(stats)
 
-    def no_read(_at: pa.Table) -> pa.Table:
+    def no_read(_at: pa.Table) -> list[pa.Table]:
         raise AssertionError("nothing is read for a unit that goes the general way")
 
     end = Position(200, 0)
@@ -137,7 +137,7 @@ def test_positions_that_do_not_pack_go_the_general_way(spark: Any) -> None:
         ]
         stats = table_stats(changes_to_table(changes))
         assert qualifies(stats)
-        got = compile_updates(changes_frame(spark, changes), stats, ZERO, far, lambda at: pa.table({}))
+        got = compile_updates(changes_frame(spark, changes), stats, ZERO, far, lambda at: [])
         assert got is None
         net = compile_changes(changes_frame(spark, changes), end=far, to_driver=True).rows
         assert net is not None
@@ -152,7 +152,7 @@ def test_images_read_on_the_driver_must_be_those_spark_found(spark: Any, tmp_pat
     stats = log.stats()
     with pytest.raises(LogError) as e:
         compile_updates(
-            read_spark(log, spark=spark), stats, ZERO, log.durable(), lambda at: log.read_at(at.slice(1), ["new"])
+            read_spark(log, spark=spark), stats, ZERO, log.durable(), lambda at: log.iter_at(at.slice(1), ["new"])
         )
     assert "the driver read" in str(e.value) and "only one capture" in (e.value.hint or "")
 
@@ -202,3 +202,163 @@ def test_a_pipeline_stops_on_an_insert_after_an_update_and_keeps_its_position(
     assert (e.value.table, e.value.key) == (late.table, late.key) and ": I at " in str(e.value)
     assert a.positions()["t"] == ZERO
     a.close()
+
+
+def _schemas() -> dict[str, Any]:
+    return {"public.a": A, "public.b": B}
+
+
+@pytest.mark.spark
+def test_a_unit_of_new_keys_is_given_to_apply_while_its_images_are_read(spark: Any, tmp_path: Path) -> None:
+    """Every net row an insert (each key's first change in the unit is its insert): the batch holds each table's
+    rows as a feed of the images read at the keys' last positions, the general path's net rows; a unit with some
+    keys only updated has its rows attached, as before."""
+    for present, streamed in ((False, True), (True, False)):
+        log = _log(tmp_path / f"log{present}", _changes(9, 400, present=present))
+        end = log.durable()
+        stats = log.stats(ZERO, end)
+        chunks: list[int] = []
+
+        def read(at: pa.Table, log: ChangeLog = log, chunks: list[int] = chunks) -> Any:
+            for c in log.iter_at(at, ["table", "new"]):
+                chunks.append(c.num_rows)
+                yield c
+
+        got = compile_updates(read_spark(log, spark=spark), stats, ZERO, end, read, _schemas())
+        assert got is not None and (got.inserts is not None) == streamed and (got.rows is None) == streamed
+        got.verify()
+        want = compile_changes(read_spark(log, spark=spark), end=end, stats=stats)
+        w, g = collect_result(want), collect_result(got)
+        assert (g.tables, g.rows()) == (w.tables, w.rows()) and got.net_rows == len(g.rows())
+        assert len(chunks) > 1  # read a row group at a time
+        want.release()
+        got.release()
+
+
+@pytest.mark.spark
+def test_images_streamed_into_apply_must_be_those_spark_found(spark: Any, tmp_path: Path, pg: Any) -> None:
+    """A streamed unit's rows are checked before apply commits: one image missing (a log changed under a reader)
+    and nothing commits, the position stays; read again as it is, the unit applies exactly."""
+    changes = _changes(10, 600, present=False)
+    _log(tmp_path / "log", changes)
+    real = ChangeLog.iter_at
+
+    def short(self: ChangeLog, at: pa.Table, columns: list[str]) -> Any:
+        return real(self, at.slice(1), columns)
+
+    a = one_unit_pipeline(tmp_path, 490, p=pg.url)
+    a._spark = spark
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(ChangeLog, "iter_at", short)
+        with pytest.raises(LogError) as e:
+            a.catch_up()
+    assert "the driver read" in str(e.value) and "only one capture" in (e.value.hint or "")
+    assert a.positions()["p"] == ZERO
+    assert pg.execute("SELECT count(*) FROM a") == [(0,)]
+    assert [r.changes for r in a.catch_up()] == [600]
+    a.close()
+    assert ab_rows_pg(pg) == _final(changes)
+
+
+@pytest.mark.spark
+def test_a_failed_read_of_a_streamed_unit_is_the_error_reported(spark: Any, tmp_path: Path, pg: Any) -> None:
+    changes = _changes(11, 600, present=False)
+    _log(tmp_path / "log", changes)
+    real = ChangeLog.iter_at
+
+    def damaged(self: ChangeLog, *args: Any) -> Any:
+        chunks = real(self, *args)
+        yield next(chunks)
+        raise LogError("change log segment x is damaged: junk", hint="restore it from a backup")
+
+    a = one_unit_pipeline(tmp_path, 490, p=pg.url)
+    a._spark = spark
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(ChangeLog, "iter_at", damaged)
+        with pytest.raises(LogError, match="segment x is damaged"):
+            a.catch_up()
+    assert a.positions()["p"] == ZERO
+    assert pg.execute("SELECT count(*) FROM a") == [(0,)]
+    a.close()
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize("on_error", ["stop", "reject"])
+def test_streamed_inserts_into_a_table_that_holds_one_of_them(
+    spark: Any, tmp_path: Path, pg: Any, on_error: str
+) -> None:
+    """The COPY straight into the table fails on a key the target holds already: the failure path names the change
+    (stop: nothing commits, the position stays) or rejects it and applies the rest."""
+    changes = _changes(12, 600, present=False)
+    _log(tmp_path / "log", changes)
+    final = _final(changes)
+    clash = final[0][0]
+    pg.execute("CREATE TABLE a (id bigint PRIMARY KEY, v text, w integer)")
+    pg.execute(f"INSERT INTO a VALUES ({clash[0]}, 'already here', NULL)")
+    a = one_unit_pipeline(tmp_path, 490, p=pg.url)
+    a.targets["p"].on_error = on_error
+    a._spark = spark
+    if on_error == "stop":
+        with pytest.raises(ApplyError) as e:
+            a.catch_up()
+        assert "public.a" in str(e.value) and f"'{clash[0]}'" in str(e.value)
+        assert a.positions()["p"] == ZERO
+        assert pg.execute("SELECT count(*) FROM a") == [(1,)]
+    else:
+        reports = a.catch_up()
+        assert [r.results["p"].rejects for r in reports] == [1]  # the insert; the key's updates then apply
+        assert a.positions()["p"] == ChangeLog(tmp_path / "log").durable()
+        assert ab_rows_pg(pg) == final
+    a.close()
+
+
+def _final(changes: list[Change]) -> tuple[list[Any], list[Any]]:
+    """Tables a and b as the changes leave them (rows of :func:`ab_rows_pg`)."""
+    last: dict[tuple[str, tuple[str, ...]], dict[str, str | None]] = {}
+    for c in changes:
+        assert c.new is not None
+        last[(c.table, c.key)] = c.new
+    want_a = sorted(
+        (int(n["id"] or 0), n["v"], None if n["w"] is None else int(n["w"]))
+        for (t, _), n in last.items()
+        if t == "public.a"
+    )
+    want_b = sorted((n["k1"], int(n["k2"] or 0), n["note"]) for (t, _), n in last.items() if t == "public.b")
+    return want_a, want_b
+
+
+def ab_rows_pg(pg: Any) -> tuple[list[Any], list[Any]]:
+    return (
+        pg.execute("SELECT id, v, w FROM a ORDER BY id"),
+        pg.execute("SELECT k1, k2, note FROM b ORDER BY k1, k2"),
+    )
+
+
+@pytest.mark.spark
+def test_killed_while_postgresql_copies_a_streamed_unit_then_run_again(
+    tmp_path: Path, spark: Any, pg: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SIGKILL while a unit of inserts and updates streams its images into COPY: nothing of it is committed (or, had
+    the kill come after the commit, all of it); a new process then applies it exactly."""
+    rnd = random.Random(13)
+    keys = 40_000
+    changes = [Change(ZERO, 0, 1, "public.a", Op.INSERT, (str(i),), _a(i, rnd)) for i in range(keys)]
+    for i in rnd.sample(range(keys), keys) + rnd.sample(range(keys), keys // 2):
+        changes.append(Change(ZERO, 0, 1, "public.a", Op.UPDATE, (str(i),), _a(i, rnd)))
+    with LogWriter(tmp_path / "log", segment_changes=50_000) as w:
+        w.record_schema(A)
+        for i in range(0, len(changes), 1000):
+            w.add_transaction(1000 + i, 1, changes[i : i + 1000])
+    pg.execute("CREATE TABLE a (id bigint PRIMARY KEY, v text, w integer)")
+    kill_while_copying(tmp_path, pg, "a")
+    want = _final(changes)[0]
+    rows = pg.execute("SELECT count(*) FROM a")[0][0]
+    a = one_unit_pipeline(tmp_path, p=pg.url)
+    a._spark = spark
+    end = ChangeLog(tmp_path / "log").durable()
+    assert (a.positions()["p"], rows) in ((ZERO, 0), (end, len(want)))
+    calls = spy_route(monkeypatch, updates, "compile_updates")
+    a.catch_up()
+    assert a.positions()["p"] == end and calls == ([True] if rows == 0 else [])  # (the streamed route, again)
+    a.close()
+    assert pg.execute("SELECT id, v, w FROM a ORDER BY id") == want

@@ -481,7 +481,14 @@ class Applier:
             )
         on_driver = sum(s.count for s in stats.values()) <= self.driver_unit
         if on_driver and updates.qualifies(stats, self.actions or None, bags):
-            batch = updates.compile_updates(frame, stats, start, end, lambda at: self.log.read_at(at, ["new"]))
+            batch = updates.compile_updates(
+                frame,
+                stats,
+                start,
+                end,
+                lambda at: self.log.iter_at(at, ["table", "new"]),
+                self._schemas(sorted(stats), end, start),
+            )
             if batch is not None:
                 return batch
             log.info(

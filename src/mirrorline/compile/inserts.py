@@ -105,10 +105,10 @@ def compile_inserts(
     the driver's read error if it failed, or a :class:`LogError` when the two read different rows."""
     tables = {t: schemas[t] for t in stats if _keeps_inserts(actions, t)}
     order = [t for _, t in sorted((stats[t].first["I"], t) for t in tables)]
-    feeds = {t: Feed(_layout(s)) for t, s in tables.items()}
+    feeds = {t: Feed(inserts_layout(s)) for t, s in tables.items()}
     hashes = _hashes(changes, tables)  # (a plan error: no thread yet)
-    reader = _background(lambda: _read(tables, feeds, images), "mirrorline-inserts-read")
-    job = _background(hashes.toArrow, "mirrorline-inserts")
+    reader = background(lambda: read_into(tables, feeds, images), "mirrorline-inserts-read")
+    job = background(hashes.toArrow, "mirrorline-inserts")
 
     def check() -> None:
         reader.result()  # the driver's read error, if any, is the one to report
@@ -145,14 +145,15 @@ def compile_inserts(
     )
 
 
-def _layout(s: TableSchema) -> pa.Schema:
+def inserts_layout(s: TableSchema) -> pa.Schema:
     """An :class:`Inserts` table's columns for ``s``: its columns as text, then the position."""
     return pa.schema([(c, pa.string()) for c in s.column_names] + [(c, pa.int64()) for c in POSITION_COLUMNS])
 
 
-def _read(tables: Mapping[str, TableSchema], feeds: Mapping[str, Feed], images: Iterable[pa.Table]) -> None:
-    """Each batch of the unit's rows read on the driver, its images as the tables' columns, into the tables' feeds
-    (closed at the end, with the error if the read fails)."""
+def read_into(tables: Mapping[str, TableSchema], feeds: Mapping[str, Feed], images: Iterable[pa.Table]) -> None:
+    """Each batch of rows read on the driver (of the log layout: ``table``, ``new``, ``lsn`` and ``seq`` at least),
+    its images as the tables' columns, into the tables' feeds (closed at the end, with the error if the read
+    fails)."""
     error: BaseException | None = None
     try:
         for batch in images:
@@ -171,7 +172,7 @@ def _read(tables: Mapping[str, TableSchema], feeds: Mapping[str, Feed], images: 
             f.close(error)
 
 
-def _background(fn: Callable[[], T], name: str) -> Future[T]:
+def background(fn: Callable[[], T], name: str) -> Future[T]:
     """``fn()`` in a thread of its own (a daemon: a process that stops does not wait for it)."""
     fut: Future[T] = Future()
 

@@ -12,8 +12,17 @@ read) into a *hash* aggregate per (table, key) of long integers only: how many I
 position, the last position. Positions are packed into one long, ``(lsn mod 2^39) << 24 | seq``: a unit whose lsns
 differ above their low 39 bits (it crosses a multiple of 512 GiB of WAL) goes the general way, and a change that
 does not fit (a transaction of more than 16M changes) counts as a key that is not simple. The net rows come back
-through Arrow; the driver then reads the images at their positions (:meth:`~mirrorline.log.ChangeLog.read_at`: only
+through Arrow; the driver then reads the images at their positions (:meth:`~mirrorline.log.ChangeLog.iter_at`: only
 the row groups holding some) and attaches them (:func:`attach`).
+
+When every net row is an insert (each key's first change in the unit is its insert: catching up rows that were
+inserted and then updated), the unit is given to apply as an inserts-only unit is (:mod:`mirrorline.compile.inserts`)
+as soon as Spark's job ends: each table's rows a :class:`~mirrorline.compile.batch.Feed` of the images read so far, a
+row group's at a time, which PostgreSQL loads by one COPY straight into the table while the driver reads the rest;
+the batch's check, before apply commits, is that the driver read one image at each position. Measured on the
+1M-change unit below, whose 200,000 net rows are all inserts, loaded into an empty PostgreSQL table by the driver
+alone: reading, attaching, flattening and loading them one after the other took 0.64 to 0.75 s; streamed, 0.39 to
+0.47 s.
 
 The plan holds no literal that changes from unit to unit (``changes`` are the unit's rows already, read by
 :func:`~mirrorline.log.spark.read_spark`, which filters only a unit that ends inside a segment), so Spark generates
@@ -37,17 +46,20 @@ groups) about 0.13 s, attaching them about 0.06 s. bench/apply.py's update-heavy
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import wait as wait_futures
 from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from mirrorline.compile.batch import NET_ARROW, NetBatch
+from mirrorline.compile.batch import NET_ARROW, Feed, Inserts, NetBatch
+from mirrorline.compile.inserts import background, inserts_layout, read_into
 from mirrorline.compile.reference import ALL_ACTIONS, Actions
 from mirrorline.errors import LogError
 from mirrorline.log.stats import Stats
+from mirrorline.model import TableSchema
 from mirrorline.position import Position
 
 if TYPE_CHECKING:
@@ -78,14 +90,18 @@ def compile_updates(
     stats: Stats,
     start: Position,
     end: Position,
-    read: Callable[[pa.Table], pa.Table],
+    read: Callable[[pa.Table], Iterable[pa.Table]],
+    schemas: Mapping[str, TableSchema] | None = None,
 ) -> NetBatch | None:
     """Compile the unit ``(start, end]`` whose changes are ``changes`` (log layout, those of the unit only, as
     :func:`~mirrorline.log.spark.read_spark` gives them; :func:`qualifies` holds for ``stats``, their
     statistics); ``read`` reads the log's rows at the positions given (a table of ``lsn``, ``seq``) with their
-    ``new``. None when some key's changes are not an optional I followed by U's, their positions do not pack, or
-    the net rows are more than ``spark.driver.maxResultSize`` lets the driver collect: compile the unit the general
-    way."""
+    ``table`` and ``new``, in chunks as they are read (:meth:`~mirrorline.log.ChangeLog.iter_at`). None when some
+    key's changes are not an optional I followed by U's, their positions do not pack, or the net rows are more than
+    ``spark.driver.maxResultSize`` lets the driver collect: compile the unit the general way.
+
+    When every net row is an insert and the tables' schemas at ``end`` are given, the batch is returned as soon as
+    Spark's job ends, its rows read on in the background (:func:`_stream_inserts`); else with its rows attached."""
     from pyspark.sql import functions as F
 
     window = min(p.lsn for s in stats.values() for p in s.first.values()) >> LSN_BITS
@@ -114,7 +130,13 @@ def compile_updates(
     assert isinstance(got, pa.Table)
     if not pc.all(got["simple"]).as_py():
         return None
-    last = got["last"].to_numpy()
+    order = [t for _, t in sorted((min(s.first.values()), t) for t, s in stats.items())]
+    count = sum(s.count for s in stats.values())
+    if schemas is not None and got.num_rows and pc.all(got["ins"]).as_py():
+        positions = _unpack(window, got["last"].to_numpy())
+        tables = {t: schemas[t] for t in order}
+        return _stream_inserts(positions, tables, start, end, read, count)
+    last = _unpack(window, got["last"].to_numpy())
     net = pa.table(
         {
             "table": got["table"],
@@ -124,19 +146,78 @@ def compile_updates(
             "unchanged": pa.ListArray.from_arrays(
                 pa.array(np.zeros(got.num_rows + 1, np.int32)), pa.array([], pa.string())
             ),
-            "lsn": pa.array((window << LSN_BITS) | (last >> SEQ_BITS)),
-            "seq": pa.array(last & ((1 << SEQ_BITS) - 1)),
+            "lsn": last["lsn"],
+            "seq": last["seq"],
             "moved_from": pa.nulls(got.num_rows, NET_ARROW.field("moved_from").type),
         }
     )
-    order = [t for _, t in sorted((min(s.first.values()), t) for t, s in stats.items())]
     return NetBatch(
         start=start,
         end=end,
         tables=order,
-        rows=attach(net, read).cast(NET_ARROW),
-        changes=sum(s.count for s in stats.values()),
+        rows=attach(net, lambda at: _concat(read(at))).cast(NET_ARROW),
+        changes=count,
         net_rows=net.num_rows,
+    )
+
+
+def _unpack(window: int, packed: np.ndarray) -> pa.Table:
+    """Packed positions (see :data:`SEQ_BITS`) of the 2^39-byte window ``window`` of WAL as ``lsn``, ``seq``."""
+    return pa.table(
+        {"lsn": pa.array((window << LSN_BITS) | (packed >> SEQ_BITS)), "seq": pa.array(packed & ((1 << SEQ_BITS) - 1))}
+    )
+
+
+def _concat(chunks: Iterable[pa.Table]) -> pa.Table:
+    parts = list(chunks)
+    return (
+        pa.concat_tables(parts)
+        if parts
+        else pa.table({"lsn": pa.array([], pa.int64()), "seq": pa.array([], pa.int64())})
+    )
+
+
+def _stream_inserts(
+    positions: pa.Table,
+    tables: Mapping[str, TableSchema],
+    start: Position,
+    end: Position,
+    read: Callable[[pa.Table], Iterable[pa.Table]],
+    count: int,
+) -> NetBatch:
+    """The unit whose net rows are all inserts, at ``positions`` (the last change of each key: its image is the
+    row's), as an inserts-only unit is given to apply (:mod:`mirrorline.compile.inserts`): each table's rows a
+    :class:`~mirrorline.compile.batch.Feed` of the images read so far, loaded as they come (on PostgreSQL, one COPY
+    straight into the table), while the driver reads the rest. The batch's check (apply calls it before it commits)
+    raises the read's error, or a :class:`LogError` when the driver read other than one row at each position."""
+    feeds = {t: Feed(inserts_layout(s)) for t, s in tables.items()}
+    reader = background(lambda: read_into(tables, feeds, read(positions)), "mirrorline-updates-read")
+
+    def check() -> None:
+        reader.result()
+        got = sum(f.rows() for f in feeds.values())
+        if got != positions.num_rows:
+            raise LogError(
+                f"Spark found {positions.num_rows} net rows of {start}..{end} and the driver read {got} images at "
+                "their positions",
+                hint="the log changed while it was read: check that only one capture writes to it and that no "
+                "segment was changed or removed by hand, then run again",
+                start=str(start),
+                end=str(end),
+            )
+
+    def settle() -> None:
+        wait_futures([reader])
+
+    return NetBatch(
+        start=start,
+        end=end,
+        tables=list(tables),
+        inserts={t: Inserts(None, tuple(s.key), feeds[t]) for t, s in tables.items()},
+        changes=count,
+        net_rows=positions.num_rows,
+        check=check,
+        settle=settle,
     )
 
 

@@ -104,12 +104,12 @@ def _rows_at(s: SegmentInfo, want: pa.Table, cols: list[str]) -> Iterator[pa.Tab
         start += n
     if not groups:
         return
-    try:
-        with pq.ParquetFile(str(s.path)) as f:
-            parts = [(f.read_row_group(g, columns=cols), local) for g, local in groups]
-    except (OSError, pa.ArrowException) as e:
-        raise damaged(s.path, e) from None
-    for t, local in parts:
+    for g, local in groups:  # one row group at a time, each as soon as it is read
+        try:
+            with pq.ParquetFile(str(s.path)) as f:
+                t = f.read_row_group(g, columns=cols)
+        except (OSError, pa.ArrowException) as e:
+            raise damaged(s.path, e) from None
         yield t.take(pa.array(local))
 
 
@@ -337,9 +337,16 @@ class ChangeLog:
 
     def read_at(self, positions: pa.Table, columns: list[str]) -> pa.Table:
         """The rows at ``positions`` (a table of ``lsn`` and ``seq``), their ``columns`` beside ``lsn`` and
-        ``seq``, in log order. Only the segments and row groups that hold some of them are read (beyond the small
-        position columns); a stream segment (one large transaction) is read whole, a bounded batch at a time. A
-        position with no change in the log is absent from the result."""
+        ``seq``, in log order (:meth:`iter_at`, all at once)."""
+        cols = list(dict.fromkeys(["lsn", "seq", *columns]))
+        out = list(self.iter_at(positions, columns))
+        return pa.concat_tables(out) if out else pa.schema([ARROW_SCHEMA.field(c) for c in cols]).empty_table()
+
+    def iter_at(self, positions: pa.Table, columns: list[str]) -> Iterator[pa.Table]:
+        """The rows at ``positions`` (a table of ``lsn`` and ``seq``), their ``columns`` beside ``lsn`` and
+        ``seq``, in log order, a row group's at a time as it is read. Only the segments and row groups that hold
+        some of them are read (beyond the small position columns); a stream segment (one large transaction) is read
+        whole, a bounded batch at a time. A position with no change in the log is absent from the result."""
         cols = list(dict.fromkeys(["lsn", "seq", *columns]))
         schema = pa.schema([ARROW_SCHEMA.field(c) for c in cols])
         lsn = positions.column("lsn").to_numpy()
@@ -347,15 +354,14 @@ class ChangeLog:
         order = np.lexsort((seq, lsn))
         lsn, seq = lsn[order], seq[order]
         if not len(lsn):
-            return schema.empty_table()
-        out: list[pa.Table] = []
+            return
         for s in self.select(None, Position(int(lsn[-1]), int(seq[-1]))):
             lo, hi = _index(lsn, seq, s.first, "left"), _index(lsn, seq, s.last, "right")
             if lo == hi:
                 continue
             want = pa.table({"lsn": pa.array(lsn[lo:hi]), "seq": pa.array(seq[lo:hi])})
-            out.extend(_rows_at(s, want, cols))
-        return pa.concat_tables([t.cast(schema) for t in out]) if out else schema.empty_table()
+            for t in _rows_at(s, want, cols):
+                yield t.cast(schema)
 
     def read(self, after: Position | None = None, upto: Position | None = None) -> Iterator[Change]:
         """The changes of ``(after, upto]`` in log order."""
