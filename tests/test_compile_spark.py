@@ -236,14 +236,14 @@ from mirrorline.compile.spark import changes_frame, compile_changes
 from mirrorline.model import Change, Op
 from mirrorline.position import Position
 
-spark = get_spark(conf={"spark.driver.maxResultSize": "1m"})
+spark = get_spark(conf={"spark.driver.maxResultSize": "100k"})
 changes = [
     Change(pos=Position(i + 1, 0), commit_ts=0, xid=i + 1, table="public.t", op=Op.INSERT, key=(str(i).zfill(80),),
            new={"id": str(i).zfill(80), "pad": "x" * 200})
     for i in range(20_000)
 ]
 batch = compile_changes(changes_frame(spark, changes), to_driver=True)
-# the inserts-and-updates route: its aggregate's rows (keys of 80 characters) are more than 1 MiB too
+# the inserts-and-updates route: its aggregate's rows (a position and two flags each) are more than 100 KiB too
 from mirrorline.compile.updates import compile_updates
 from mirrorline.log.rows import changes_to_table
 from mirrorline.log.stats import table_stats
@@ -255,7 +255,7 @@ print(json.dumps({"on_driver": batch.on_driver, "net": batch.frame().count(), "u
 
 
 def test_to_driver_falls_back_to_parquet_past_the_driver_result_limit(tmp_path: Path) -> None:
-    """Net rows larger than ``spark.driver.maxResultSize`` (here 1 MiB, in a Spark of its own) are not an error:
+    """Net rows larger than ``spark.driver.maxResultSize`` (here 100 KiB, in a Spark of its own) are not an error:
     the unit is compiled through Parquet, with a warning naming the setting; the inserts-and-updates route leaves
     such a unit to the general path."""
     import os

@@ -89,7 +89,11 @@ def test_the_net_rows_are_the_general_paths(spark: Any, seed: int, tmp_path: Pat
         stats = log.stats(start, end)
         assert qualifies(stats) and {"I", "U"} <= set(stats["public.a"].first)
         got = compile_updates(
-            read_spark(log, start, end, spark=spark), stats, start, end, lambda at: log.iter_at(at, ["new"])
+            read_spark(log, start, end, spark=spark),
+            stats,
+            start,
+            end,
+            lambda at: log.iter_at(at, ["table", "key", "new"]),
         )
         want = compile_changes(read_spark(log, start, end, spark=spark), start=start, end=end, stats=stats)
         assert got is not None and got.rows is not None
@@ -152,7 +156,11 @@ def test_images_read_on_the_driver_must_be_those_spark_found(spark: Any, tmp_pat
     stats = log.stats()
     with pytest.raises(LogError) as e:
         compile_updates(
-            read_spark(log, spark=spark), stats, ZERO, log.durable(), lambda at: log.iter_at(at.slice(1), ["new"])
+            read_spark(log, spark=spark),
+            stats,
+            ZERO,
+            log.durable(),
+            lambda at: log.iter_at(at.slice(1), ["table", "key", "new"]),
         )
     assert "the driver read" in str(e.value) and "only one capture" in (e.value.hint or "")
 
@@ -220,7 +228,7 @@ def test_a_unit_of_new_keys_is_given_to_apply_while_its_images_are_read(spark: A
         chunks: list[int] = []
 
         def read(at: pa.Table, log: ChangeLog = log, chunks: list[int] = chunks) -> Any:
-            for c in log.iter_at(at, ["table", "new"]):
+            for c in log.iter_at(at, ["table", "key", "new"]):
                 chunks.append(c.num_rows)
                 yield c
 

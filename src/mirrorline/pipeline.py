@@ -486,7 +486,7 @@ class Applier:
                 stats,
                 start,
                 end,
-                lambda at: self.log.iter_at(at, ["table", "new"]),
+                lambda at: self.log.iter_at(at, ["table", "key", "new"]),
                 self._schemas(sorted(stats), end, start),
             )
             if batch is not None:

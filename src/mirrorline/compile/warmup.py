@@ -128,7 +128,7 @@ def _warm_updates(spark: Any, rows: int, work: str) -> None:
         stats,
         Position(0, 0),
         Position(rows, 0),
-        lambda _at: [pq.read_table(work, columns=["lsn", "seq", "new"])],
+        lambda _at: [pq.read_table(work, columns=["lsn", "seq", "table", "key", "new"])],
     )
     if batch is None or batch.net_rows != rows // 4:
         raise RuntimeError(f"warm-up unit of inserts and updates compiled to {batch and batch.net_rows} net rows")
