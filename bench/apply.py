@@ -30,7 +30,8 @@ For each workload, on the same WAL:
 
 ``--unit-changes N`` catches up in units of at most N changes (``[apply] max_changes``; default: one unit), and
 ``mirrorline_unit_compile_s`` gives each unit's compile seconds (a unit after the first is compiled while the one
-before it is applied, the two sharing the cores).
+before it is applied, the two sharing the cores); ``mirrorline_unit_apply_s`` each unit's apply seconds (``all``)
+and their phases (``ApplyResult.phases``: ``stage``, ``insert``, ``update``, ``commit``, ...), the same for (b2).
 
 Workloads: ``update_heavy``: N/5 inserts then 4N/5 updates over the same keys; ``insert_only``: N inserts. Both in
 transactions of 1,000. Prints one JSON line: seconds of each, changes/s, and the ratios a/b (how many times faster
