@@ -7,10 +7,11 @@ For each workload, on the same WAL:
 - (b) ``mirrorline``: the same changes already captured in the change log (capture is not timed here: see
   bench/capture.py), applied by a pipeline that is already running: Spark started (its start-up time reported
   separately as ``spark_startup_s``) and warmed up by a synthetic unit of 60,000 changes through the general fold
-  and Arrow, and one of inserts and updates only through their own route
+  and Arrow, and one of 300,000 inserts and updates through their own route
   (:func:`mirrorline.compile.warmup.warm_up`, reported as ``mirrorline_warm_up_s``; ``mirrorline run``
-  itself warms only the small-unit plan at start, then its live units warm the rest); timed: compile + apply until
-  the target's applied position is the log's end.
+  itself warms the small-unit plan at start, its live units warm the rest, and the second, ``warm_large``, runs
+  in the background once it has had no unit for 10 s); timed: compile + apply until the target's applied position
+  is the log's end.
 - (b2) ``mirrorline_jit_warm``: (b) again on a copy of the log into a second empty target, in the same process: a
   pipeline that has been running for a while, whose JVM has compiled units of this size before (the first large unit
   after start-up pays about a second of JIT compilation that the warm-up does not cover). A unit's plan holds nothing

@@ -9,7 +9,7 @@ import pytest
 
 from mirrorline.compile import reference
 from mirrorline.compile.spark import collect_result, compile_changes
-from mirrorline.compile.warmup import WarmUp, synthetic_rows, synthetic_unit, warm_small, warm_up
+from mirrorline.compile.warmup import WarmUp, large_unit, synthetic_rows, synthetic_unit, warm_small, warm_up
 from mirrorline.log.rows import table_to_changes
 
 pytestmark = pytest.mark.spark
@@ -81,3 +81,131 @@ def test_a_warm_up_says_how_long_spark_took_to_start_and_to_warm_up(spark):
     told.clear()
     WarmUp(no_spark, on_ready=told.append).wait(30)
     assert told == []
+
+
+def test_large_warm_up_unit_is_a_catch_up_of_updated_rows():
+    """Each key inserted, then updated once in another order: the fold's net rows are one insert per key with the
+    key's last image."""
+    unit = large_unit(300)
+    changes = list(table_to_changes(unit))
+    assert len(changes) == 600 and [c.op.value for c in changes] == ["I"] * 300 + ["U"] * 300
+    assert [c.pos for c in changes] == sorted(c.pos for c in changes)
+    want = reference.fold(changes)
+    (net,) = want.nets.values()
+    last = {c.key: c.new for c in changes}
+    assert not net.updates and not net.deletes and {k: r.new for k, r in net.inserts.items()} == last
+
+
+_LARGE_SCRIPT = """
+import json, sys
+from pathlib import Path
+sys.path.insert(0, sys.argv[2])
+from large_units import A
+from mirrorline.compile.updates import compile_updates
+from mirrorline.compile.warmup import warm_large
+from mirrorline.log import ChangeLog, LogWriter
+from mirrorline.log.spark import read_spark
+from mirrorline.model import Change, Op
+from mirrorline.position import ZERO
+from mirrorline.sparkenv import get_spark
+
+spark = get_spark()
+def classes():
+    return spark._jvm.org.apache.spark.metrics.source.CodegenMetrics.METRIC_COMPILATION_TIME().getCount()
+before = classes()
+warm_large(spark, 20_000)
+warmed = classes() - before
+def change(op, k, v):
+    return Change(ZERO, 0, 1, "public.a", op, (str(k),), {"id": str(k), "v": v, "w": None})
+changes = [change(Op.INSERT, k, "x") for k in range(3000)] + [change(Op.UPDATE, k, "y") for k in range(3000)]
+with LogWriter(Path(sys.argv[1]), segment_changes=2000) as w:
+    w.record_schema(A)
+    for i in range(0, len(changes), 100):
+        w.add_transaction(1000 + i, 1, changes[i : i + 100])
+log = ChangeLog(sys.argv[1])
+before = classes()
+batch = compile_updates(read_spark(log, spark=spark), log.stats(), ZERO, log.durable(),
+                        lambda at: log.iter_at(at, ["table", "key", "new"]))
+print(json.dumps({"warm_up": warmed, "unit": classes() - before, "net": batch.net_rows}))
+"""
+
+
+def test_warm_large_compiles_the_code_a_large_unit_of_inserts_and_updates_runs(tmp_path):
+    """In a fresh Spark: the large warm-up generates and compiles the route's classes, and a real unit of the log
+    then compiles none of its own (what the JIT compiled for the warm-up serves it)."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    args = [sys.executable, "-c", _LARGE_SCRIPT, str(tmp_path / "log"), str(Path(__file__).parent)]
+    done = subprocess.run(args, capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    assert got["warm_up"] > 0 and got["unit"] == 0 and got["net"] == 3000
+
+
+def _idle_pipeline(tmp_path, spark):
+    from large_units import A, one_unit_pipeline
+    from mirrorline.log import LogWriter
+    from mirrorline.model import Change, Op
+    from mirrorline.position import ZERO
+
+    with LogWriter(tmp_path / "log") as w:
+        w.record_schema(A)
+        w.add_transaction(
+            1000, 1, [Change(ZERO, 0, 1, "public.a", Op.INSERT, ("1",), {"id": "1", "v": "x", "w": None})]
+        )
+    a = one_unit_pipeline(tmp_path)
+    a._spark = spark
+    a.idle_warm_up = 0.5
+    return a
+
+
+def _follow_until(a, done, timeout=120.0):
+    import threading
+    import time
+
+    stop = threading.Event()
+    thread = threading.Thread(target=a.follow, args=(stop,), kwargs={"poll": 0.02})
+    thread.start()
+    deadline = time.monotonic() + timeout
+    while not done() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(1.0)  # (idle on: no second warm-up)
+    stop.set()
+    thread.join()
+    a.close()
+
+
+def test_an_idle_pipeline_warms_up_for_large_units_once(tmp_path, spark, caplog):
+    """``follow``, once it has had no unit for ``idle_warm_up`` seconds (after applying the log's unit), runs the
+    large warm-up in the background, once; ``close`` waits for it."""
+    from mirrorline.log import ChangeLog
+
+    a = _idle_pipeline(tmp_path, spark)
+    with caplog.at_level(logging.INFO, logger="mirrorline.pipeline"):
+        _follow_until(a, lambda: "warmed up for large units" in caplog.text)
+    assert caplog.text.count("warmed up for large units in") == 1
+    assert a.positions()["t"] == ChangeLog(tmp_path / "log").durable()
+
+
+def test_a_failing_idle_warm_up_only_logs(tmp_path, spark, caplog, monkeypatch):
+    from mirrorline.compile import warmup
+    from mirrorline.log import ChangeLog
+
+    pools = []
+
+    def failing(spark_, *args):
+        pools.append(spark_.sparkContext.getLocalProperty("spark.scheduler.pool"))
+        raise RuntimeError("no room left in the scratch folder")
+
+    monkeypatch.setattr(warmup, "warm_large", failing)
+    a = _idle_pipeline(tmp_path, spark)
+    with caplog.at_level(logging.WARNING, logger="mirrorline.pipeline"):
+        _follow_until(a, lambda: bool(pools))
+    assert pools == ["warm-up"]  # its own scheduler pool; once
+    assert "warming up for large units failed" in caplog.text and "no room left" in caplog.text
+    assert a.positions()["t"] == ChangeLog(tmp_path / "log").durable()

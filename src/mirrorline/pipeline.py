@@ -62,6 +62,9 @@ class Applier:
     # path's many stages starve (bench/live, session 11: at 200,000 a 209k-change unit compiled in 42 s and applied in
     # 29 s while pgbench saturated the cores; units of 50,000 took 4 to 6 s), so only a large backlog takes it.
     catch_up_changes = 1_000_000
+    # follow() warms the large-unit route up (compile/warmup.py: warm_large) once, in the background, when no unit
+    # has been applied for this many seconds (a local Spark only; 0: never)
+    idle_warm_up = 10.0
 
     def __init__(
         self,
@@ -141,6 +144,7 @@ class Applier:
         self._admit_lock = threading.Lock()
         self._joining: set[str] = set()  # added targets still catching up with the others
         self._turn = False
+        self._large_warm_up: threading.Thread | None = None  # see idle_warm_up
 
     def start_warm_up(self) -> None:
         """Warm Spark up in the background now; the first compile waits for it."""
@@ -164,6 +168,8 @@ class Applier:
     def close(self) -> None:
         for thread in self._upkeep.values():
             thread.join()  # a compaction is one commit per table: let the one running finish
+        if self._large_warm_up is not None and self._large_warm_up.ident is not None:
+            self._large_warm_up.join()  # (a few seconds at most)
         if self._ahead is not None:
             self._ahead[0].release()
             self._ahead = None
@@ -670,10 +676,11 @@ class Applier:
         until: Callable[[], bool] | None = None,
     ) -> None:
         """Apply continuously until ``stop`` is set (or ``until()`` holds), closing units by latency or size."""
-        last_prune = time.monotonic()
+        last_prune = last_unit = time.monotonic()
         while not stop.is_set():
             r = self.step(wait_latency=True)
             if r is not None:
+                last_unit = time.monotonic()
                 if on_unit:
                     on_unit(r)
                 continue
@@ -683,7 +690,32 @@ class Applier:
                 self.prune()
                 last_prune = time.monotonic()
             self.upkeep()
+            if time.monotonic() - last_unit >= self.idle_warm_up > 0:
+                self.warm_large_when_idle()
             stop.wait(poll)
+
+    def warm_large_when_idle(self) -> None:
+        """Warm the route of large units of inserts and updates up (:func:`~mirrorline.compile.warmup.warm_large`)
+        in a thread of its own and a scheduler pool of its own, once per pipeline, on a local Spark: the first large
+        unit of a later backlog then runs code the JIT has compiled (``bench/apply.py``'s first large unit). A
+        failure is only logged: that unit meets the same cause and reports it properly."""
+        if self._large_warm_up is not None:
+            return
+        if not str(self.spark.sparkContext.master).startswith("local"):  # (its scratch files are the driver's)
+            self._large_warm_up = threading.Thread()  # not started: never
+            return
+
+        def main() -> None:
+            from mirrorline.compile.warmup import warm_large
+
+            try:
+                self.spark.sparkContext.setLocalProperty("spark.scheduler.pool", "warm-up")
+                log.info("warmed up for large units in %.1f s (idle)", warm_large(self.spark))
+            except Exception as e:
+                log.warning("warming up for large units failed (the first large unit will run cold): %s", e)
+
+        self._large_warm_up = threading.Thread(target=main, name="mirrorline-warm-up-large", daemon=True)
+        self._large_warm_up.start()
 
     def upkeep(self) -> None:
         """Start the storage upkeep of each target whose ``compact_every`` has passed (a Delta target compacts its
