@@ -71,6 +71,11 @@ log = logging.getLogger(__name__)
 RESULT_LIMIT = "spark.driver.maxResultSize"
 SEQ_BITS = 24  # a packed position: (lsn mod 2^LSN_BITS) << SEQ_BITS | seq
 LSN_BITS = 63 - SEQ_BITS
+# the hint of the error when the rows Spark folded and the rows the driver read at their positions differ
+_LOG_CHANGED = (
+    "the log changed while it was read: check that only one capture writes to it and that no segment was changed "
+    "or removed by hand, then run again"
+)
 
 
 def qualifies(stats: Stats, actions: Actions | None = None, bags: Mapping[str, object] | None = None) -> bool:
@@ -186,8 +191,7 @@ def _stream_inserts(
             raise LogError(
                 f"Spark found {positions.num_rows} net rows of {start}..{end} and the driver read {got} images at "
                 "their positions",
-                hint="the log changed while it was read: check that only one capture writes to it and that no "
-                "segment was changed or removed by hand, then run again",
+                hint=_LOG_CHANGED,
                 start=str(start),
                 end=str(end),
             )
@@ -227,8 +231,7 @@ def attach(net: pa.Table, read: Callable[[pa.Table], Iterable[pa.Table]]) -> pa.
     if found.num_rows != n or int(seen.sum()) != n:
         raise LogError(
             f"Spark found {n} net rows with an image and the driver read {found.num_rows} images at their positions",
-            hint="the log changed while it was read: check that only one capture writes to it and that no segment "
-            "was changed or removed by hand, then run again",
+            hint=_LOG_CHANGED,
         )
     rows = images.take(found["_ii"])
     return pa.table(
