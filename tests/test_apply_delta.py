@@ -456,14 +456,22 @@ def test_bad_values_in_keys_are_set_aside_once_with_the_rest_applied(spark: Any,
     assert s2.applied_position() == P(1) and fetch(s2, "public.items", ["id"]) == [(1,)]
 
 
-def test_a_column_dropped_at_the_source_is_null_in_later_writes(spark: Any, request: Any, tmp_path: Path) -> None:
+@pytest.mark.parametrize("keep", [False, True])
+def test_a_column_dropped_at_the_source(spark: Any, request: Any, tmp_path: Path, keep: bool) -> None:
+    """Dropped from the Delta table (its rows written again without it, the table's position kept); with
+    ``dropped_columns = "keep"`` kept, NULL in later writes."""
     t = delta(request, tmp_path)
+    t.table_policy = lambda table: (keep, True)
     t.apply(batch(spark, [items(1)], P(0), P(1)), SCHEMAS)  # the Delta table has note
     narrower = TableSchema("public.items", ITEMS.columns[:3], key=("id",), version=2)
     rows = [net("public.items", "I", [7], {"id": 7, "name": "n7", "qty": 70})]
     t.apply(batch(spark, rows, P(1), P(2)), {"public.items": narrower})  # append
+    cols = COLS if keep else COLS[:3]
+    tail = (None,) * keep
+    assert sorted(fetch(t, "public.items", cols)) == [(1, "n1", 10, *tail), (7, "n7", 70, *tail)]
+    assert t.applied_position() == P(2)
     t.apply(batch(spark, rows, P(2), P(3), truncated={"public.items": P(3)}), {"public.items": narrower})  # overwrite
-    assert fetch(t, "public.items", COLS) == [(7, "n7", 70, None)]
+    assert fetch(t, "public.items", cols) == [(7, "n7", 70, *tail)]
 
 
 def test_a_public_table_whose_name_holds_a_dot_has_a_folder_of_its_own(

@@ -224,7 +224,16 @@ def test_plan_tells_a_rename_from_a_drop_and_an_add() -> None:
     assert [(s.kind, s.old, s.column.name) for s in steps] == [("rename", "a", "a2")]
     replaced = _schema(Column("b", "text", attnum=3), Column("a2", "integer", attnum=4), version=2)
     steps = plan(old, replaced, ["id", "a", "b"], target="t")
-    assert [(s.kind, s.old or s.column.name) for s in steps] == [("add", "a2"), ("drop", "a")]
+    assert [(s.kind, s.old or s.column.name) for s in steps] == [("drop", "a"), ("add", "a2")]
+    # one statement dropping b and adding a new b: the old b goes first, the new one is added empty
+    again = _schema(Column("a", "integer", attnum=2), Column("b", "text", attnum=4), version=2)
+    steps = plan(old, again, ["id", "a", "b"], target="t")
+    assert [(s.kind, s.old or s.column.name) for s in steps] == [("drop", "b"), ("add", "b")]
+    # a kind that alters indexed columns only by building the table again: one rebuild, each column from its origin
+    (rebuilt,) = plan(old, again, ["id", "a", "b"], target="t", rebuild=True)
+    assert rebuilt.kind == "rebuild" and rebuilt.sources == (("id", "id"), ("a", "a"), ("b", None))
+    (rebuilt,) = plan(old, renamed, ["id", "a", "b"], target="t", rebuild=True)
+    assert rebuilt.sources == (("id", "id"), ("a2", "a"), ("b", "b"))
     assert [s.kind for s in plan(old, replaced, ["id", "a", "b"], target="t", keep_dropped=True)] == ["add"]
     # already done (a crash after the change committed): nothing left to do
     assert plan(old, renamed, ["id", "a2", "b"], target="t") == []

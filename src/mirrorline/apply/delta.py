@@ -39,10 +39,12 @@ import pyarrow.compute as pc
 from mirrorline.apply import types as type_map
 from mirrorline.apply.chunks import read_chunk
 from mirrorline.apply.engine import Target, TargetRead, _Unit, deal
+from mirrorline.apply.reshape import Step, as_rebuild, plan, stop
 from mirrorline.apply.session import Session
 from mirrorline.apply.sql import MASK_COL, MASK_SEP, key_col, lit, moved_col, parse_mask
 from mirrorline.apply.sqlite import SqliteDialect, SqliteSession
-from mirrorline.apply.state import AppliedState
+from mirrorline.apply.state import AppliedState, write_shape
+from mirrorline.apply.state import ensure as ensure_state
 from mirrorline.apply.state import now as now_stamp
 from mirrorline.apply.state import parse as parse_state
 from mirrorline.apply.state import read as read_state
@@ -416,7 +418,7 @@ class DeltaTarget(Target):
         for folder, dt in self.tables().items():
             table = _table_of(folder)
             tables[table] = max(tables.get(table, ZERO), table_position(dt, self.name))
-        return AppliedState(base.unit_end, tables)
+        return AppliedState(base.unit_end, tables, base.shapes, base.shape_docs)
 
     @contextlib.contextmanager
     def consistent_read(self) -> Iterator[TargetRead]:
@@ -426,13 +428,85 @@ class DeltaTarget(Target):
 
     # -- schema ----------------------------------------------------------------------------------------------------
     def follow_schema(self, schemas: Sequence[TableSchema], state: AppliedState) -> list[str]:
-        """Delta tables gain added columns only (issue 14 covers the SQL targets)."""
-        return self.ensure_schema(schemas)
+        """Before a unit: each table's Delta schema taken from the shape it has (recorded with the target's state)
+        to the unit's. Columns added without a value for the existing rows are added to the table's schema; any
+        other change (drop, rename, type, key, an added column whose existing rows hold a default) rewrites the table
+        in one commit that keeps its position. The shape is recorded after the table's commit: a crash in between
+        makes the rewrite again, which finds it made."""
+        done: list[str] = []
+        for ts in schemas:
+            recorded = state.shapes.get(ts.table)
+            shape = state.shape_docs.get(ts.table)
+            if shape is None and recorded and self.schema_version is not None:
+                shape = self.schema_version(ts.table, recorded)
+            if shape is None and self.schema_at is not None:
+                shape = self.schema_at(ts.table, state.table(ts.table))
+            dt = self.delta_table(ts.table)
+            if dt is None or shape is None:
+                done += self.ensure_schema([ts], record=False)
+            else:
+                keep, follow = self.table_policy(ts.table)
+                have = [f.name for f in dt.schema().fields]
+                steps = plan(shape, ts, have, target=self.name, keep_dropped=keep, follow=follow, rebuild=True)
+                if any(st.kind != "add" or st.column.missing_value is not None for st in steps):
+                    step = steps[0] if steps[0].kind == "rebuild" else as_rebuild(shape, ts, steps, have)
+                    self._rewrite(ts, step)
+                    done.append(f"{ts.table}: {step.describe()}")
+                    log.info("target %s: schema change committed: %s", self.name, done[-1])
+                elif steps:
+                    done += self.ensure_schema([ts], record=False)
+            if recorded != ts.version or shape != ts:
+                with self.transaction() as s:
+                    ensure_state(s)
+                    write_shape(s, ts, ts.version)
+        return done
+
+    def _rewrite(self, ts: TableSchema, step: Step) -> None:
+        """Write the table again as ``step`` (a rebuild) says: its columns renamed, dropped, converted to their new
+        types, new ones filled with the value existing rows hold; one commit, the table's position kept."""
+        from deltalake import write_deltalake
+
+        assert step.shape is not None
+        sources = dict(step.sources)
+        want = self.dialect.arrow_schema(step.shape)
+        with self._lock(ts.table):
+            dt = self.delta_table(ts.table)
+            assert dt is not None
+            data = dt.to_pyarrow_table()
+            cols = []
+            con = duck_connection()
+            try:
+                for c, f in zip(step.shape.columns, want, strict=True):
+                    src = sources.get(c.name)
+                    if src is not None:
+                        try:
+                            cols.append(data[src].cast(f.type))
+                        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
+                            raise stop(
+                                ts,
+                                self.name,
+                                f"{step.describe()}, and the table's values do not fit it: {_first_line(e)}",
+                            ) from e
+                    elif c.missing_value is not None:
+                        one = con.execute(f"SELECT {self.dialect.convert(lit(c.missing_value), ts, c)}").fetchone()
+                        value = one[0] if one else None
+                        cols.append(pa.array([value] * data.num_rows, f.type))
+                    else:
+                        cols.append(pa.nulls(data.num_rows, f.type))
+            finally:
+                con.close()
+            props = commit_properties(self.name, table_position(dt, self.name))
+            with self._writing(ts.table, table_position(dt, self.name), redo=False):
+                write_deltalake(
+                    dt, pa.table(cols, schema=want), mode="overwrite", schema_mode="overwrite", commit_properties=props
+                )
 
     def recreate(self, schemas: Iterable[TableSchema]) -> None:
         self.ensure_schema(schemas)
 
-    def ensure_schema(self, schemas: Iterable[TableSchema]) -> list[str]:
+    def ensure_schema(self, schemas: Iterable[TableSchema], record: bool = True) -> list[str]:
+        """Create missing tables and add missing columns (a snapshot's shape, or a unit's columns added), and, with
+        ``record``, record each as the shape its table has (what a snapshot loaded)."""
         from deltalake import DeltaTable
         from deltalake.schema import Field
 
@@ -457,6 +531,11 @@ class DeltaTarget(Target):
                 if new:
                     dt.alter.add_columns([Field.from_arrow(f) for f in new])
                     done.extend(f"added {ts.table}.{f.name}" for f in new)
+        if record:
+            with self.transaction() as s:
+                ensure_state(s)
+                for ts in schemas:
+                    write_shape(s, ts, 0)
         return done
 
     # -- writes ----------------------------------------------------------------------------------------------------
@@ -872,26 +951,26 @@ class _Plan:
         """The MERGE's source rows (rejected rows left out)."""
         ts, nk = self.ts, len(self.ts.key)
         cols = list(ts.column_names)
-        value_cols = [c for c in cols if c not in ts.key]
         wk = [key_col(i) for i in range(nk)]
         dkey = self._typed_key("w", wk)
 
         def conv(alias: str, c: str) -> str:
             return DELTA.convert(f"{alias}.{quote_ident(c)}", ts, ts.column(c))
 
-        null_values = [f"NULL AS {quote_ident(c)}" for c in value_cols]
         not_in = {k: f"_ml_row NOT IN ({_ids(v)})" for k, v in self.rejected.items()}
         replaced = (
             f"EXISTS (SELECT 1 FROM w_i i WHERE i._ml_row NOT IN ({_ids(self.rejected['i'])}) AND "
             + " AND ".join(f"{conv('i', k)} IS NOT DISTINCT FROM {e}" for k, e in zip(ts.key, dkey, strict=True))
             + ")"
         )
-        keys_as = [f"{e} AS {quote_ident(k)}" for k, e in zip(ts.key, dkey, strict=True)]
+        # UNION ALL matches columns by position: every part lists them in the table's order, the key where it is
+        keys_as = {k: f"{e} AS {quote_ident(k)}" for k, e in zip(ts.key, dkey, strict=True)}
+        deleted = [keys_as.get(c) or f"NULL AS {quote_ident(c)}" for c in cols]
+        updated = [keys_as.get(c) or f"{conv('w', c)} AS {quote_ident(c)}" for c in cols]
         parts = [
-            f"SELECT {', '.join(keys_as + null_values)}, 'D' AS {OP_COL}, '' AS {MASK_COL} FROM w_d w "
+            f"SELECT {', '.join(deleted)}, 'D' AS {OP_COL}, '' AS {MASK_COL} FROM w_d w "
             f"WHERE {not_in['d']} AND NOT {replaced}",
-            f"SELECT {', '.join(keys_as + [conv('w', c) + ' AS ' + quote_ident(c) for c in value_cols])}, "
-            f"'U' AS {OP_COL}, w.{MASK_COL} AS {MASK_COL} FROM w_u w WHERE {not_in['u']}",
+            f"SELECT {', '.join(updated)}, 'U' AS {OP_COL}, w.{MASK_COL} AS {MASK_COL} FROM w_u w WHERE {not_in['u']}",
         ]
         op = f"CASE WHEN {self._deleted} THEN 'R' ELSE 'I' END AS {OP_COL}"
         plain = [conv("w", c) + " AS " + quote_ident(c) for c in cols]

@@ -34,6 +34,8 @@ _views = itertools.count(1)
 class DuckdbDialect(Dialect):
     name = "duckdb"
     default_schema = "main"
+    rebuilds_to_alter = True  # "Cannot change the type of this column: an index depends on it!", even in a rebuild's
+    # transaction after DROP INDEX
     text_type = "VARCHAR"
 
     def type_info(self, table: str, col: Column) -> type_map.TypeInfo:

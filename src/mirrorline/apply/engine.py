@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from mirrorline.apply import rows as work_rows
-from mirrorline.apply.reshape import plan, stop
+from mirrorline.apply.reshape import as_rebuild, plan, stop
 from mirrorline.apply.serial import reapply
 from mirrorline.apply.session import Session
 from mirrorline.apply.sql import Dialect, key_col, parse_mask
@@ -300,12 +300,14 @@ class Target(ABC):
 
     # -- schema ----------------------------------------------------------------------------------------------------
     def ensure_schema(self, schemas: Iterable[TableSchema]) -> list[str]:
-        """Create missing tables and columns from the logged schemas; every type is checked before anything is
-        created. Returns what was done, one line each."""
+        """Create missing tables and columns from ``schemas`` (a snapshot's, read from the source's catalog), and
+        record each as the shape its table has at the target; every type is checked before anything is created.
+        Returns what was done, one line each."""
         schemas = list(schemas)
         done: list[str] = []
         with self.transaction() as s:
             self.check_types(s, schemas)
+            ensure_state(s)
             for ts in schemas:
                 have = s.table_columns(ts.table)
                 if have is None:
@@ -313,11 +315,13 @@ class Target(ABC):
                         s.execute(stmt)
                     done.append(f"created {ts.table}")
                     self._lossy_note(ts)
-                    continue
-                for c in ts.columns:
-                    if c.name not in have:
-                        s.execute(self.dialect.add_column(ts.table, c))
-                        done.append(f"added {ts.table}.{c.name}")
+                else:
+                    for c in ts.columns:
+                        if c.name not in have:
+                            s.execute(self.dialect.add_column(ts.table, c))
+                            done.append(f"added {ts.table}.{c.name}")
+                # the shape loaded, by content: the baseline the next schema change is followed from
+                write_shape(s, ts, 0)
         return done
 
     def recreate(self, schemas: Iterable[TableSchema]) -> None:
@@ -331,7 +335,7 @@ class Target(ABC):
                     s.execute(self.dialect.drop_table(self.dialect.table(ts.table)))
                 for stmt in self.dialect.create_table(ts):
                     s.execute(stmt)
-                write_shape(s, ts.table, 0)
+                write_shape(s, ts, 0)
 
     def follow_schema(self, schemas: Sequence[TableSchema], state: AppliedState) -> list[str]:
         """Before a unit: create missing tables, and make each table's shape at the target follow the unit's logged
@@ -353,8 +357,20 @@ class Target(ABC):
                 else:
                     old = self._followed(ts.table, recorded, state)
                     keep, follow = self.table_policy(ts.table)
-                    for step in plan(old, ts, have, target=self.name, keep_dropped=keep, follow=follow):
-                        stmts = self.dialect.reshape(ts.table, step, ts)
+                    steps = plan(
+                        old,
+                        ts,
+                        have,
+                        target=self.name,
+                        keep_dropped=keep,
+                        follow=follow,
+                        rebuild=self.dialect.rebuilds_to_alter,
+                    )
+                    made = [self.dialect.reshape(ts.table, step, ts) for step in steps]
+                    if old is not None and any(m is None for m in made):  # (a type this kind alters only so)
+                        steps = [as_rebuild(old, ts, steps, have)]
+                        made = [self.dialect.reshape(ts.table, steps[0], ts)]
+                    for step, stmts in zip(steps, made, strict=True):
                         if stmts is None:
                             raise stop(
                                 ts, self.name, f"{step.describe()}, which a {self.kind} target cannot make in place"
@@ -370,16 +386,20 @@ class Target(ABC):
                             raise stop(ts, self.name, what) from e
                         done.append(f"{ts.table}: {step.describe()}")
                         changed.append(done[-1])
-                if recorded != ts.version:  # (the state table exists after the first unit: not asked every unit)
-                    ensure_state(s)
-                    write_shape(s, ts.table, ts.version)
+                if recorded != ts.version or not _same_shape(state.shape_docs.get(ts.table), ts):
+                    ensure_state(s)  # (the state table exists after the first unit: not asked every unit)
+                    write_shape(s, ts, ts.version)
         for line in changed:
             log.info("target %s: schema change committed: %s", self.name, line)
         return done
 
     def _followed(self, table: str, recorded: int | None, state: AppliedState) -> TableSchema | None:
-        """The logged schema the target's table has the shape of: the version recorded with it, else (a table
-        loaded from the source's catalog, or by an older mirrorline) the version in force at its applied position."""
+        """The shape the target's table has: as recorded with it, by content (what the snapshot loaded, or the
+        version it last followed); else (a state written without it) the logged version recorded, else the version
+        in force at its applied position."""
+        doc = state.shape_docs.get(table)
+        if doc is not None:
+            return doc
         if recorded and self.schema_version is not None:
             return self.schema_version(table, recorded)
         if self.schema_at is not None:
@@ -694,6 +714,11 @@ class _Counted:
             if c.num_rows:
                 self.rows += c.num_rows
                 yield c
+
+
+def _same_shape(a: TableSchema | None, b: TableSchema) -> bool:
+    """Do two records of a table's shape describe the same table (its columns, types, key)?"""
+    return a is not None and a.columns == b.columns and a.key == b.key and a.bag == b.bag
 
 
 def check_unknown_types(dialect: Dialect, schemas: Iterable[TableSchema], known: Callable[[str], bool]) -> None:

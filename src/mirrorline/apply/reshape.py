@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from mirrorline.errors import ApplyError
 from mirrorline.model import Column, TableSchema
@@ -33,6 +33,10 @@ class Step:
     kind: str
     column: Column
     old: str = ""
+    # a rebuild's new shape (the unit's schema plus the columns the target keeps) and, per column, the column of the
+    # table today its values come from (None: a new column, its rows set to ``missing_value``)
+    shape: TableSchema | None = None
+    sources: tuple[tuple[str, str | None], ...] = ()
 
     def describe(self) -> str:
         c = self.column
@@ -45,7 +49,7 @@ class Step:
         if self.kind == "rekey":
             return f"key changed from ({self.old}) to ({c.name})"
         if self.kind == "rebuild":
-            return f"column(s) {self.old} dropped (the table built again without them)"
+            return f"{self.old} (the table built again)"
         return f"column {c.name} changed from {self.old} to {c.type_name}"
 
 
@@ -102,10 +106,12 @@ def plan(
     target: str,
     keep_dropped: bool = False,
     follow: bool = True,
+    rebuild: bool = False,
 ) -> list[Step]:
-    """The steps that take the target's table (its columns ``have``) from ``old`` (the version it follows; None:
-    unknown, so only columns it lacks are added) to ``new``. Raises :class:`SchemaChangeStop` for a change the
-    target does not follow."""
+    """The steps that take the target's table (its columns ``have``) from ``old`` (the shape it has; None: unknown,
+    so only columns it lacks are added) to ``new``. Raises :class:`SchemaChangeStop` for a change the target does not
+    follow. A table without a key (indexed on its columns), and every table with ``rebuild`` (a kind that cannot
+    alter a column an index depends on), is built again in one step for any change but added columns."""
     missing = [c for c in new.columns if c.name not in have]
     if old is None or old == new or (old.columns == new.columns and old.key == new.key and old.bag == new.bag):
         return [Step("add", c) for c in missing]
@@ -154,12 +160,7 @@ def plan(
     if keep_dropped:
         steps = [s for s in steps if s.kind != "drop"]
     renamed = {s.old: s.column.name for s in steps if s.kind == "rename"}
-    dropped = [s.old for s in steps if s.kind == "drop" and s.old in have]
-    if old.bag and new.bag and dropped:
-        # a table without a key is indexed on its columns, which some kinds refuse to drop a column from: built again
-        steps = [s for s in steps if s.kind != "drop"]
-        steps.append(Step("rebuild", Column(", ".join(dropped), ""), ", ".join(dropped)))
-    elif not (old.bag and new.bag) and (tuple(renamed.get(k, k) for k in old.key) != new.key or old.bag != new.bag):
+    if not (old.bag and new.bag) and (tuple(renamed.get(k, k) for k in old.key) != new.key or old.bag != new.bag):
         # the rows are matched by the new key from here on: the table is built again with it (its rows copied,
         # which fails, and stops, if they cannot be told apart by it)
         rekey = Step("rekey", Column(", ".join(new.key) if not new.bag else "every column", ""), _key_text(old))
@@ -173,19 +174,58 @@ def plan(
                 '"keep"): building it again with the new key would lose them',
             )
         steps.append(rekey)
-    # a column the target already reflects (the step was done before a crash) needs nothing
+    # drops first, then renames, then adds (``DROP b, ADD b`` in one statement is a new column b), then the rest;
+    # a step the target's columns already reflect (made before a crash, by an older mirrorline) needs nothing
+    order = {"drop": 0, "rename": 1, "add": 2}
+    steps.sort(key=lambda s: order.get(s.kind, 3))
+    cur = set(have)
     out = []
     for s in steps:
-        if s.kind == "add" and s.column.name in have:
-            continue
-        if s.kind in ("rename", "drop") and s.old not in have:
-            continue
+        if s.kind == "drop":
+            if s.old not in cur:
+                continue
+            cur.discard(s.old)
+        elif s.kind == "rename":
+            if s.old not in cur or s.column.name in cur:
+                continue
+            cur.discard(s.old)
+            cur.add(s.column.name)
+        elif s.kind == "add":
+            if s.column.name in cur:
+                continue
+            cur.add(s.column.name)
         out.append(s)
     # a column the target lacks that no step makes (a table created by an older version): added, before a rebuild
-    made = {s.column.name for s in out if s.kind in ("add", "rename")}
-    extra = [Step("add", c) for c in missing if c.name not in made and not any(s.old == c.name for s in out)]
-    at = next((i for i, s in enumerate(out) if s.kind in ("rekey", "rebuild")), len(out))
-    return out[:at] + extra + out[at:]
+    extra = [Step("add", c) for c in new.columns if c.name not in cur]
+    at = next((i for i, s in enumerate(out) if s.kind == "rekey"), len(out))
+    out = out[:at] + extra + out[at:]
+    if any(s.kind != "add" for s in out) and (rebuild or (old.bag and new.bag)):
+        return [as_rebuild(old, new, out, have)]
+    return out
+
+
+def as_rebuild(old: TableSchema, new: TableSchema, steps: Sequence[Step], have: Sequence[str]) -> Step:
+    """``steps`` (from :func:`plan`) made as one rebuild: a table of the new shape (plus the columns the target keeps
+    that the source dropped), each column filled from the one it was (renamed, retyped) or as a new column."""
+    origin: dict[str, str | None] = {h: h for h in have}
+    for s in steps:
+        if s.kind == "drop":
+            origin.pop(s.old, None)
+        elif s.kind == "rename":
+            origin[s.column.name] = origin.pop(s.old, s.old)
+        elif s.kind == "add":
+            origin[s.column.name] = None
+    names = set(new.column_names)
+    kept = tuple(o for o in old.columns if o.name in origin and o.name not in names and origin[o.name] is not None)
+    shape = replace(new, columns=new.columns + kept)
+    what = "; ".join(s.describe() for s in steps)
+    return Step(
+        "rebuild",
+        Column(", ".join(new.key) if not new.bag else "every column", ""),
+        what,
+        shape=shape,
+        sources=tuple((c.name, origin.get(c.name)) for c in shape.columns),
+    )
 
 
 def stop(new: TableSchema, target: str, what: str) -> SchemaChangeStop:

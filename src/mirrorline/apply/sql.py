@@ -71,6 +71,8 @@ class Dialect(ABC):
     # a snapshot's chunks are loaded by Spark tasks straight into the target, each committing its own and recording
     # it in mirrorline's chunks table (else the driver loads them all in one transaction)
     parallel_load: ClassVar[bool] = False
+    # changes a column an index depends on (drop, rename, retype) only by building the table again (DuckDB)
+    rebuilds_to_alter: ClassVar[bool] = False
     row_id: ClassVar[str] = "rowid"  # the engine's physical row address (a bag table's copies are told apart by it)
     prefix: str = OWN_PREFIX  # of mirrorline's own tables at the target (see own_name)
 
@@ -184,24 +186,42 @@ class Dialect(ABC):
                 conv = self.conv(value, self.type_info(table, c), table, c.name)
                 out.append(f"UPDATE {t} SET {quote_ident(c.name)} = {conv}")
             return out
-        if step.kind in ("rekey", "rebuild"):
+        if step.kind == "rekey":
             return self.rebuild(table, s)
+        if step.kind == "rebuild" and step.shape is not None:
+            return self.rebuild(table, step.shape, dict(step.sources))
         old = Column(c.name, step.old)
         if self.type_info(table, old).target_type == self.type_info(table, c).target_type:
             return []  # the target holds both types the same way
         return self.retype(table, c)
 
-    def rebuild(self, table: str, s: TableSchema) -> list[str]:
-        """Build the table again as ``s`` says (its key), its rows copied: create a new table, copy, drop the old
-        one, give the new one its name."""
+    def rebuild(self, table: str, s: TableSchema, sources: Mapping[str, str | None] | None = None) -> list[str]:
+        """Build the table again as ``s`` says (its columns, types, key), its rows copied: create a new table, copy,
+        drop the old one, give the new one its name, and its index the old one's name. ``sources``: the column of
+        today's table each column's values come from (None: a new column, set to its ``missing_value``); default:
+        the same name."""
         schema, name = split_table_name(table)
         work = replace(s, table=f"{schema}.{name}_mirrorline_rebuild")
-        cols = ", ".join(quote_ident(c.name) for c in s.columns)
+        cols, exprs = [], []
+        for c in s.columns:
+            src = sources.get(c.name) if sources is not None else c.name
+            cols.append(quote_ident(c.name))
+            if src is not None:
+                exprs.append(quote_ident(src))
+            elif c.missing_value is not None:
+                value = "'" + c.missing_value.replace("'", "''") + "'"
+                exprs.append(self.conv(value, self.type_info(table, c), table, c.name))
+            else:
+                exprs.append("NULL")
+        create = self.create_table(work)
+        index = [x for x in create if x.startswith("CREATE INDEX")]
         return [
-            *self.create_table(work),
-            f"INSERT INTO {self.table(work.table)} ({cols}) SELECT {cols} FROM {self.table(table)}",
+            *[x for x in create if not x.startswith("CREATE INDEX")],
+            f"INSERT INTO {self.table(work.table)} ({', '.join(cols)}) SELECT {', '.join(exprs)} "
+            f"FROM {self.table(table)}",
             f"DROP TABLE {self.table(table)}",
             self.rename_table(work.table, table),
+            *([x for x in self.create_table(s) if x.startswith("CREATE INDEX")] if index else []),
         ]
 
     def rename_table(self, old: str, new: str) -> str:
@@ -389,7 +409,7 @@ class Dialect(ABC):
         )
 
     def read_state(self) -> str:
-        return f"SELECT scope, lsn, seq, end_lsn, end_seq FROM {self.own(STATE_TABLE)}"
+        return f"SELECT scope, lsn, seq, end_lsn, end_seq, position FROM {self.own(STATE_TABLE)}"
 
     def upsert_state(self) -> str:
         p = self.param

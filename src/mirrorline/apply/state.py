@@ -8,6 +8,7 @@ reached. :class:`AppliedState` turns them into the position every change up to w
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -15,9 +16,13 @@ from typing import Any
 
 from mirrorline.apply.session import Session
 from mirrorline.apply.sql import GLOBAL_SCOPE, STATE_TABLE
+from mirrorline.log.schemas import schema_from_json, schema_to_json
+from mirrorline.model import TableSchema
 from mirrorline.position import ZERO, Position
 
-SHAPE_SCOPE = "#shape:"  # state rows holding a table's schema version (lsn), not a position
+# state rows holding a table's shape at the target: the logged schema version (lsn; 0: none) and, in the position
+# column, the shape itself as JSON (what the snapshot loaded, or the version the target last followed)
+SHAPE_SCOPE = "#shape:"
 
 
 @dataclass(frozen=True)
@@ -26,8 +31,10 @@ class AppliedState:
 
     unit_end: Position = ZERO
     tables: dict[str, Position] = field(default_factory=dict)
-    # the logged schema version each table's shape at the target follows (issue 14; absent: not known)
+    # the logged schema version each table's shape at the target follows (absent: not known)
     shapes: dict[str, int] = field(default_factory=dict)
+    # each table's shape at the target, by content (absent: recorded by a version that did not keep it)
+    shape_docs: dict[str, TableSchema] = field(default_factory=dict)
 
     @property
     def position(self) -> Position:
@@ -51,17 +58,21 @@ def ensure(s: Session) -> None:
 
 
 def parse(rows: Iterable[Sequence[Any]]) -> AppliedState:
-    """The state from the table's rows (``Dialect.read_state``: scope, lsn, seq, ...)."""
-    unit_end, tables, shapes = ZERO, {}, {}
-    for scope, lsn, seq, *_ in rows:
+    """The state from the table's rows (``Dialect.read_state``: scope, lsn, seq, end_lsn, end_seq, position)."""
+    unit_end, tables, shapes, docs = ZERO, {}, {}, {}
+    for scope, lsn, seq, *rest in rows:
         if scope == GLOBAL_SCOPE:
             unit_end = Position(int(lsn), int(seq))
         elif scope.startswith(SHAPE_SCOPE):
+            table = scope[len(SHAPE_SCOPE) :]
             if int(lsn):
-                shapes[scope[len(SHAPE_SCOPE) :]] = int(lsn)
+                shapes[table] = int(lsn)
+            doc = rest[2] if len(rest) > 2 else None
+            if doc and str(doc).startswith("{"):
+                docs[table] = schema_from_json(json.loads(doc))
         else:
             tables[scope] = Position(int(lsn), int(seq))
-    return AppliedState(unit_end, tables, shapes)
+    return AppliedState(unit_end, tables, shapes, docs)
 
 
 def read(s: Session) -> AppliedState:
@@ -78,10 +89,11 @@ def write(s: Session, tables: Iterable[str], end: Position, unit: bool) -> None:
         s.execute(s.dialect.upsert_state(), (scope, end.lsn, end.seq, end.lsn, end.seq, str(end), stamp))
 
 
-def write_shape(s: Session, table: str, version: int) -> None:
-    """Record that ``table``'s shape at the target follows the logged schema ``version`` (0: not known, as after a
-    reload from the source's catalog)."""
-    s.execute(s.dialect.upsert_state(), (SHAPE_SCOPE + table, version, 0, version, 0, f"schema {version}", now()))
+def write_shape(s: Session, shape: TableSchema, version: int) -> None:
+    """Record ``shape`` as the shape of its table at the target, following the logged schema ``version`` (0: none,
+    as after a load from the source's catalog, whose shape may be one the log never recorded)."""
+    doc = json.dumps(schema_to_json(shape), sort_keys=True)
+    s.execute(s.dialect.upsert_state(), (SHAPE_SCOPE + shape.table, version, 0, version, 0, doc, now()))
 
 
 def write_missing(s: Session, positions: dict[str, Position]) -> None:

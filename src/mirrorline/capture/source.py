@@ -121,7 +121,7 @@ FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
 WHERE n.nspname = %s AND c.relname = %s
 """
 _COLUMNS_SQL = """
-SELECT a.attname, a.atttypid, a.atttypmod, format_type(a.atttypid, a.atttypmod), a.attnotnull
+SELECT a.attname, a.atttypid, a.atttypmod, format_type(a.atttypid, a.atttypmod), a.attnotnull, a.attnum
 FROM pg_attribute a WHERE a.attrelid = %s AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = ''
 ORDER BY a.attnum
 """
@@ -172,7 +172,10 @@ def describe_tables(conn: Any, config: Config, replicated: Collection[str] = ())
                 key_name,
                 f"{name} is {kinds.get(relkind, 'not a table')}, which logical replication cannot publish",
             )
-        columns = tuple(Column(n, t, int(o), int(m), not nn) for n, o, m, t, nn in _fetch(conn, _COLUMNS_SQL, (oid,)))
+        columns = tuple(
+            Column(n, t, int(o), int(m), not nn, attnum=int(num))
+            for n, o, m, t, nn, num in _fetch(conn, _COLUMNS_SQL, (oid,))
+        )
         names = [c.name for c in columns]
         pk = tuple(pk or ())
         identity: tuple[str, ...] = {"d": pk, "i": tuple(ri or ()), "f": tuple(names), "n": ()}.get(ident, ())

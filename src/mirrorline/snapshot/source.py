@@ -156,7 +156,7 @@ def describe(conn: Any, config: Config) -> dict[str, TableStat]:
             bag = is_bag(st.columns, st.replica_identity, st.primary_key, st.identity, tcfg.key)
             from mirrorline.model import TableSchema
 
-            schema = TableSchema(name, st.columns, key, bag=bag)
+            schema = TableSchema(name, st.columns, key, bag=bag, relid=st.oid)
             idx, seq = order[name]
             out[name] = TableStat(schema, relkind, int(blocks), int(rows), seq, idx)
     except psycopg2.Error as e:
