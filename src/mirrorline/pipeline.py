@@ -49,8 +49,18 @@ class UnitReport:
     results: dict[str, ApplyResult] = field(default_factory=dict)
 
 
+@dataclass
+class _Failed:
+    """A target stopped by ``error``: tried again at ``retry_at`` (``time.monotonic()``)."""
+
+    retry_at: float
+    delay: float
+    error: Exception
+
+
 class Applier:
-    """Applies the change log to the configured targets (all, or the ones named)."""
+    """Applies the change log to the configured targets (all, or the ones named). A target that fails stops alone
+    (:meth:`failed`); the others go on, and it is tried again with a growing delay."""
 
     small_unit = 50_000  # units of at most this many changes compile on the driver's plan (compile/small.py)
     # larger units of at most this many changes bring their net rows to the driver through Arrow, in the fold's job,
@@ -65,6 +75,7 @@ class Applier:
     # follow() warms the large-unit route up (compile/warmup.py: warm_large) once, in the background, when no unit
     # has been applied for this many seconds (a local Spark only; 0: never)
     idle_warm_up = 10.0
+    retry = True  # a stopped target is tried again (after its delay); catch_up() does not
 
     def __init__(
         self,
@@ -145,6 +156,9 @@ class Applier:
         self._joining: set[str] = set()  # added targets still catching up with the others
         self._turn = False
         self._large_warm_up: threading.Thread | None = None  # see idle_warm_up
+        # targets stopped by an error (DESIGN §6: a failure stops only itself): name -> when to try again
+        # (monotonic), the delay after that, and the error; the others go on meanwhile
+        self._failed: dict[str, _Failed] = {}
 
     def start_warm_up(self) -> None:
         """Warm Spark up in the background now; the first compile waits for it."""
@@ -198,8 +212,59 @@ class Applier:
                 log.info("target %s loaded: it catches up with the others", n)
 
     def positions(self) -> dict[str, Position]:
-        """Each target's applied position (every change up to it is applied)."""
-        return {n: t.applied_positions().position for n, t in self.targets.items()}
+        """Each target's applied position (every change up to it is applied); a target that cannot be read now is
+        left out (it is stopped, and retried: :meth:`_fail`)."""
+        return {n: st.position for n, st in self._states(list(self.targets)).items()}
+
+    def _states(self, names: list[str]) -> dict[str, AppliedState]:
+        """The applied state of each of ``names`` that can be read; one that cannot is stopped (:meth:`_fail`)."""
+        out = {}
+        for n in names:
+            try:
+                out[n] = self.targets[n].applied_positions()
+            except Exception as e:
+                self._fail(n, e, None)
+        return out
+
+    # -- failures ----------------------------------------------------------------------------------------------
+
+    retry_first, retry_max = 2.0, 60.0  # seconds before a stopped target is tried again, doubling up to the max
+
+    def failed(self) -> dict[str, MirrorlineError | Exception]:
+        """The targets stopped by an error now, with the error."""
+        return {n: f.error for n, f in self._failed.items()}
+
+    def _fail(self, name: str, error: Exception, position: Position | None) -> None:
+        """``name`` failed (applying the unit ending at ``position``, or being read): it stops alone, recorded for
+        ``status``, and is tried again after a delay that doubles with each failure."""
+        before = self._failed.get(name)
+        delay = self.retry_first if before is None else min(before.delay * 2, self.retry_max)
+        self._failed[name] = _Failed(time.monotonic() + delay, delay, error)
+        stopped.record(self.config.log.path, name, error, str(position) if position is not None else "")
+        self._stopped.add(name)
+        self._joining.discard(name)
+        text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        log.error("target %s stopped: %s (the other targets go on; trying it again in %.0f s)", name, text, delay)
+
+    def _ready(self) -> list[str]:
+        """The targets to apply to now: not stopped, or stopped and due to be tried again (then they catch up with
+        the others, taking turns with them)."""
+        now = time.monotonic()
+        out = []
+        for n in self.targets:
+            f = self._failed.get(n)
+            if f is None:
+                out.append(n)
+            elif self.retry and now >= f.retry_at:
+                log.info("target %s: trying it again", n)
+                f.retry_at = float("inf")  # (until this try ends: :meth:`_fail` again, or a unit applied)
+                self._joining.add(n)
+                out.append(n)
+        return out
+
+    def _recovered(self, name: str) -> None:
+        if self._failed.pop(name, None) is not None:
+            log.info("target %s applies again", name)
 
     @staticmethod
     def _bounds(state: AppliedState) -> list[Position]:
@@ -226,7 +291,7 @@ class Applier:
             limit = min(durable, upto) if upto is not None else durable
         if self._admitted:
             self._take_admitted()
-        states = {n: t.applied_positions() for n, t in self.targets.items()}
+        states = self._states(self._ready())
         positions = {n: st.position for n, st in states.items()}
         behind = {n: p for n, p in positions.items() if p < limit}
         if self._joining:  # an added target that reached the others is one of them
@@ -293,7 +358,7 @@ class Applier:
             start, end, batch.changes if n_changes < 0 else n_changes, group, compiled, compile_seconds, {}
         )
         schemas = self._schemas(batch.tables + [t for t in batch.truncated if t not in batch.tables], end, start)
-        next_unit = len(group) == len(self.targets) and not any(self._bounds(states[n]) for n in group) and end < limit
+        next_unit = len(group) == len(positions) and not any(self._bounds(states[n]) for n in group) and end < limit
         try:
             try:
                 self._apply_group(batch, schemas, group, report, next_unit)
@@ -304,7 +369,9 @@ class Applier:
                 self._apply_group(batch, schemas, group, report, next_unit)
         finally:
             batch.release()
-        log.info("unit %s..%s (%d changes) applied to %s", start, end, report.changes, ", ".join(group))
+        report.targets = [n for n in group if n in report.apply_seconds]
+        if report.targets:
+            log.info("unit %s..%s (%d changes) applied to %s", start, end, report.changes, ", ".join(report.targets))
         return report
 
     def _closes_at(self, start: Position) -> float:
@@ -336,16 +403,16 @@ class Applier:
             t0 = time.monotonic()
             try:
                 report.results[n] = self.targets[n].apply(batch, schemas, changes)
-            except Exception as e:  # status reports the target stopped until it applies a unit again ...
+                report.apply_seconds[n] = time.monotonic() - t0
+                self._registered(n)
+            except Exception as e:  # this target stops alone, and is tried again later ...
                 batch.verify()  # ... unless the unit's compile failed (NetBatch.verify raises that): not the target's
-                stopped.record(self.config.log.path, n, e, str(batch.end))
-                self._stopped.add(n)
-                raise
-            report.apply_seconds[n] = time.monotonic() - t0
+                self._fail(n, e, batch.end)
+                return
+            self._recovered(n)
             if n in self._stopped:
                 stopped.clear(self.config.log.path, n)
                 self._stopped.discard(n)
-            self._registered(n)
 
         if len(group) == 1 and not next_unit:
             apply_one(group[0])
@@ -640,6 +707,7 @@ class Applier:
         target = upto if upto is not None else (self.log.durable() or ZERO)
         reports = []
         bar = self._catch_up_bar(target, progress)
+        retry, self.retry = self.retry, False  # a target that fails stops for the rest of this catch-up
         try:
             while True:
                 r = self.step(upto=target, covered=covered and upto is not None)
@@ -651,9 +719,12 @@ class Applier:
                 if on_unit:
                     on_unit(r)
         finally:
+            self.retry = retry
             if bar is not None:
                 bar.close()
         self.prune()
+        if self._failed:  # the others have caught up: now the first stopped target's error
+            raise next(iter(self._failed.values())).error
         return reports
 
     def _catch_up_bar(self, target: Position, stream: Any) -> Any:

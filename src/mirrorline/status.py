@@ -2,9 +2,11 @@
 retained WAL; warnings when one slow target makes the log or the slot grow. The same figures as Prometheus text
 exposition (:func:`render_prometheus`, :func:`write_prometheus`) for a running pipeline.
 
-Lag: in seconds, the age of the oldest change the log holds that the target has not applied (0 when it has applied
-everything); in bytes, how much WAL lies between the target's applied position and the source's current position
-(0 when it has applied everything the log holds).
+Lag: in seconds, the age of the oldest change committed at the source that the target has not applied: the oldest
+in the log beyond its position, or, while no capture holds the slot, the oldest the slot holds that the log lacks
+(peeked through pgoutput: a dead ``run`` shows); in bytes, how much WAL lies between the target's applied position
+and the source's current position (0 when it has applied everything the log holds). A target stopped by an error is
+``stopped``, with the error and since when.
 """
 
 from __future__ import annotations
@@ -14,12 +16,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import psycopg2
+
 from mirrorline import stopped
 from mirrorline.config import Config, redact_dsn
 from mirrorline.errors import MirrorlineError
 from mirrorline.log.retention import tree_size
+from mirrorline.model import quote_ident
 from mirrorline.position import Position, format_lsn, parse_lsn
 
+STOPPED = "stopped"  # a target stopped by an error (its record under the log's stopped/)
 LAG_WARN_SECONDS = 300.0
 LAG_WARN_BYTES = 1 << 30
 SLOT_WARN_BYTES = 1 << 30
@@ -61,6 +67,7 @@ class Status:
     slot_confirmed_lsn: int | None = None
     slot_retained_bytes: int | None = None
     slot_active: bool | None = None
+    uncaptured_since: float | None = None  # the commit time of the oldest change the log lacks (slot inactive)
     log_durable: Position | None = None
     log_bytes: int = 0
     log_segments: int = 0
@@ -171,8 +178,39 @@ def _source(config: Config, st: Status) -> None:
                 st.slot_confirmed_lsn = parse_lsn(row[1]) if row[1] else None
                 st.slot_active = bool(row[2])
                 st.slot_retained_bytes = int(row[3]) if row[3] is not None else None
+            if row and not st.slot_active:
+                st.uncaptured_since = _first_uncaptured(cur, src.slot, src.publication)
+    except psycopg2.Error as e:
+        st.errors.append(f"source: {str(e).strip().splitlines()[0]}")
     finally:
         conn.close()
+    if st.uncaptured_since is not None:
+        age = max(0.0, time.time() - st.uncaptured_since)
+        st.errors.append(
+            f"capture is not running: the slot {src.slot} is inactive and the source has changes committed "
+            f"{age:.1f} s ago that the log does not hold (start `mirrorline run`)"
+        )
+
+
+PG_EPOCH = 946_684_800  # 2000-01-01 in Unix seconds: pgoutput's timestamps count from it
+
+
+def _first_uncaptured(cur: Any, slot: str, publication: str) -> float | None:
+    """The commit time (Unix seconds) of the first transaction the inactive ``slot`` holds that capture has not
+    taken, peeked (not consumed) through pgoutput; None when there is none."""
+    cur.execute(
+        "SELECT data FROM pg_logical_slot_peek_binary_changes(%s, NULL, 1, 'proto_version', '1', "
+        "'publication_names', %s) LIMIT 1",
+        (slot, quote_ident(publication)),
+    )
+    row = cur.fetchone()
+    if not row:
+        return None
+    data = bytes(row[0])
+    if data[:1] != b"B" or len(data) < 17:
+        return None
+    micros = int.from_bytes(data[9:17], "big", signed=True)  # Begin: 'B', final LSN, commit timestamp, xid
+    return PG_EPOCH + micros / 1e6
 
 
 def _log(config: Config, st: Status) -> Any:
@@ -245,6 +283,10 @@ def _target(config: Config, name: str, st: Status, cl: Any) -> TargetStatus:
         ts.lag_seconds = max(0.0, time.time() - first / 1e6) if first is not None else 0.0
     else:
         ts.lag_seconds = 0.0
+    if st.uncaptured_since is not None:  # changes committed at the source that no target has: capture is down
+        ts.lag_seconds = max(ts.lag_seconds, time.time() - st.uncaptured_since)
+    if stop is not None:
+        ts.state = STOPPED
     if log_has_all:
         ts.lag_bytes = 0
     elif st.current_lsn is not None:
