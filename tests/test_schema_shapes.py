@@ -131,3 +131,46 @@ def test_changes_made_while_nothing_applied(pg: Any, pg_cluster: Any, spark: Any
     finally:
         applier.close()
     _same(pg, kind, url)
+
+
+MYVARCHAR = """
+CREATE TYPE myvarchar;
+CREATE FUNCTION myvarcharin(cstring, oid, integer) RETURNS myvarchar IMMUTABLE STRICT LANGUAGE internal AS 'varcharin';
+CREATE FUNCTION myvarcharout(myvarchar) RETURNS cstring IMMUTABLE STRICT LANGUAGE internal AS 'varcharout';
+CREATE TYPE myvarchar (input = myvarcharin, output = myvarcharout, alignment = integer, storage = main);
+"""
+
+
+@pytest.mark.pg
+@pytest.mark.spark
+@pytest.mark.parametrize("kind", ["postgresql", "sqlite"])
+def test_a_keyless_table_of_a_type_without_a_btree_operator_class(
+    pg: Any, pg_cluster: Any, spark: Any, tmp_path: Path, kind: str
+) -> None:
+    """A user-defined base type has no ``=`` and no btree operator class: left out of the index a target builds for
+    a table without a key, and matched as its text."""
+    pg.execute(
+        MYVARCHAR + "CREATE TABLE public.odd (a integer, b myvarchar); ALTER TABLE public.odd REPLICA IDENTITY FULL;"
+        "INSERT INTO public.odd VALUES (1, 'x'), (1, 'x'), (2, 'y')"
+    )
+    url = target_url(kind, tmp_path, pg_cluster, f"odd_{kind[:2]}_{pg.name[-6:]}")
+    if kind == "postgresql":
+        pg_cluster.execute(MYVARCHAR, url.rsplit("/", 1)[1])  # a user type must exist at a PostgreSQL target
+    lines = ["[source]", f'dsn = "{pg.dsn}"', "[log]", f'path = "{tmp_path / "log"}"', "[apply]", 'latency = "100ms"']
+    lines += ['[tables."public.odd"]', "[targets.t]", f'url = "{url}"']
+    (tmp_path / "m.toml").write_text("\n".join(lines) + "\n")
+    conf = cfg.load(tmp_path / "m.toml")
+    Capture(conf, once=True).run()
+    snapshot_target(conf, "t")
+    oracle.assert_same(pg.dsn, kind, url, "public.odd")
+    pg.execute(
+        "DELETE FROM public.odd WHERE ctid = (SELECT min(ctid) FROM public.odd WHERE a = 1);"
+        "UPDATE public.odd SET b = 'z' WHERE a = 2; INSERT INTO public.odd VALUES (3, 'w')"
+    )
+    Capture(conf, once=True).run()
+    applier = Applier(conf, spark=spark)
+    try:
+        applier.catch_up()
+    finally:
+        applier.close()
+    oracle.assert_same(pg.dsn, kind, url, "public.odd")

@@ -62,6 +62,7 @@ class Change:
 # Types whose values are large objects: left out of the index a target builds for a table without a key (a btree
 # entry has a size limit); they still identify its rows (DESIGN §5).
 LOB_TYPES = frozenset({"text", "bytea", "json", "jsonb", "xml"})
+FIRST_USER_OID = 16384  # PostgreSQL's FirstNormalObjectId: types from here on were created in the database
 # Types without an equality operator in PostgreSQL (nor a btree index): compared as their text where rows are matched
 NO_EQUALITY_TYPES = frozenset({"json", "xml", "point", "line", "lseg", "box", "path", "polygon", "circle"})
 
@@ -88,9 +89,11 @@ class Column:
 
     @property
     def has_equality(self) -> bool:
-        """Does PostgreSQL compare (and index) values of this type with ``=``? (An array compares as its elements.)"""
+        """Does PostgreSQL compare (and index) values of this type with ``=``? (An array compares as its elements.)
+        A type defined in the database (an oid from ``FIRST_USER_OID``) may have neither ``=`` nor a btree operator
+        class: it is compared as its text, which its output function writes the same way everywhere."""
         base = self.type_name.split("(")[0].strip().lower().removesuffix("[]").strip()
-        return base not in NO_EQUALITY_TYPES
+        return base not in NO_EQUALITY_TYPES and self.type_oid < FIRST_USER_OID
 
 
 @dataclass(frozen=True, slots=True)

@@ -56,6 +56,7 @@ class _Failed:
     retry_at: float
     delay: float
     error: Exception
+    trying: bool = False
 
 
 class Applier:
@@ -255,16 +256,21 @@ class Applier:
             f = self._failed.get(n)
             if f is None:
                 out.append(n)
-            elif self.retry and now >= f.retry_at:
-                log.info("target %s: trying it again", n)
-                f.retry_at = float("inf")  # (until this try ends: :meth:`_fail` again, or a unit applied)
-                self._joining.add(n)
+            elif (self.retry or f.retry_at == 0.0) and now >= f.retry_at:
+                if not f.trying:  # (due until it fails again, or applies)
+                    log.info("target %s: trying it again", n)
+                    f.trying = True
+                    self._joining.add(n)
                 out.append(n)
         return out
 
     def _recovered(self, name: str) -> None:
+        """``name`` applied (or has nothing to apply): no longer stopped."""
         if self._failed.pop(name, None) is not None:
             log.info("target %s applies again", name)
+        if name in self._stopped:
+            stopped.clear(self.config.log.path, name)
+            self._stopped.discard(name)
 
     @staticmethod
     def _bounds(state: AppliedState) -> list[Position]:
@@ -294,6 +300,8 @@ class Applier:
         states = self._states(self._ready())
         positions = {n: st.position for n, st in states.items()}
         behind = {n: p for n, p in positions.items() if p < limit}
+        for n in [n for n in self._failed if n in positions and n not in behind]:
+            self._recovered(n)  # readable again, and nothing to apply
         if self._joining:  # an added target that reached the others is one of them
             others = [p for n, p in positions.items() if n not in self._joining]
             self._joining = {n for n in self._joining if others and positions[n] < min(others)}
@@ -410,9 +418,6 @@ class Applier:
                 self._fail(n, e, batch.end)
                 return
             self._recovered(n)
-            if n in self._stopped:
-                stopped.clear(self.config.log.path, n)
-                self._stopped.discard(n)
 
         if len(group) == 1 and not next_unit:
             apply_one(group[0])
@@ -707,7 +712,10 @@ class Applier:
         target = upto if upto is not None else (self.log.durable() or ZERO)
         reports = []
         bar = self._catch_up_bar(target, progress)
-        retry, self.retry = self.retry, False  # a target that fails stops for the rest of this catch-up
+        # every target is tried (one stopped before may have been fixed); one that fails stops for the rest of it
+        for f in self._failed.values():
+            f.retry_at = 0.0
+        retry, self.retry = self.retry, False
         try:
             while True:
                 r = self.step(upto=target, covered=covered and upto is not None)
