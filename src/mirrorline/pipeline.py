@@ -1013,6 +1013,21 @@ class Runner:
             ).start()
         return applier
 
+    def _say_behind(self, applier: Applier) -> None:
+        """One line per target at start: how far behind the log's end it is (changes and the age of the oldest)."""
+        durable = applier.log.durable()
+        for n, p in sorted(self._positions.items()):
+            if durable is None or p >= durable:
+                self.on_message(f"target {n}: applied up to {p}, nothing in the log beyond it")
+                continue
+            try:
+                count, first = applier.log.count(p, durable), applier.log.first_ts_after(p)
+            except MirrorlineError as e:
+                self.on_message(f"target {n}: applied up to {p}; {e}")
+                continue
+            age = f", the oldest committed {time.time() - first / 1e6:.1f} s ago" if first is not None else ""
+            self.on_message(f"target {n}: applied up to {p}, {count} change(s) behind the log's end{age}")
+
     def _keep_log_for(self, names: list[str]) -> None:
         """Register targets waiting for files with the log at its end now (an export taken later starts after it),
         so that retention keeps what they will need."""
@@ -1075,6 +1090,7 @@ class Runner:
                 pass
             applier = self._start_targets(warm)
             self._positions.update(applier.positions())
+            self._say_behind(applier)
             applier.follow(self._stop, on_unit=self._unit, until=self._capture_done.is_set if self.once else None)
             if self.once and self._capture_error is None and not self._stop.is_set():
                 for r in applier.catch_up():

@@ -607,7 +607,7 @@ class TargetReconcile:
             parts.append(("loaded (whole target) " if self.whole else "snapshotted ") + ", ".join(self.loaded))
         if self.removed:
             parts.append("no longer replicated (left as they are): " + ", ".join(self.removed))
-        return f"target {self.target}: " + ("; ".join(parts) if parts else "up to date")
+        return f"target {self.target}: " + ("; ".join(parts) if parts else "every table loaded")
 
 
 def missing_tables(config: Config, target: Target) -> tuple[list[str], list[str], bool]:
