@@ -188,5 +188,5 @@ def select_text(column: str, type_name: str) -> str:
     if b == "boolean":
         return f"CASE WHEN {column} THEN 't' WHEN NOT {column} THEN 'f' END"
     if b == "inet":  # its cast to text adds a host's /32 or /128; its output (what pgoutput sends) does not
-        return f"format('%s', {column})"
+        return f"CASE WHEN {column} IS NOT NULL THEN format('%s', {column}) END"  # (format() gives '' for NULL)
     return f"{column}::text"

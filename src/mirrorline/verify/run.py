@@ -54,10 +54,17 @@ class TableCheck:
     diffs: list[RowDiff] | None = None  # --diff: the first differing rows, in key order
     differing_rows: int = 0  # --diff: how many rows differ (at least, when not ``exact``)
     exact: bool = True
+    # why the table is not compared row for row (its ``actions`` let the target keep what the source changed), when
+    # its rows differ: reported, never a difference
+    not_comparable: str = ""
+
+    @property
+    def same(self) -> bool:
+        return (self.source_rows, self.source_sum) == (self.target_rows, self.target_sum) and not self.note
 
     @property
     def equal(self) -> bool:
-        return (self.source_rows, self.source_sum) == (self.target_rows, self.target_sum) and not self.note
+        return self.same or bool(self.not_comparable and self.target_rows is not None)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -68,6 +75,7 @@ class TableCheck:
             "target_rows": self.target_rows,
             "target_checksum": f"{self.target_sum:016x}" if self.target_sum is not None else None,
             "note": self.note or None,
+            **({"not_comparable": self.not_comparable} if self.not_comparable and not self.same else {}),
             **(
                 {
                     "differing_rows": self.differing_rows,
@@ -135,7 +143,7 @@ class VerifyReport:
                 continue
             lines.append(f"  {t.target}: {'equal' if t.ok else 'DIFFERS: ' + ', '.join(t.differing)}")
             for c in t.tables:
-                mark = "ok" if c.equal else "DIFFERS"
+                mark = "ok" if c.same else f"not comparable: {c.not_comparable}" if c.equal else "DIFFERS"
                 tgt = "missing" if c.target_rows is None else f"{c.target_rows:,} rows {c.target_sum or 0:016x}"
                 note = f" ({c.note})" if c.note else ""
                 lines.append(
@@ -495,6 +503,7 @@ def verify(
                                 got[0] if got else None,
                                 got[1] if got else None,
                                 notes.get(t, "" if got is not None else "missing in the target"),
+                                not_comparable=_not_comparable(config, t),
                             )
                         )
                     if diff > 0:
@@ -521,6 +530,15 @@ def verify(
         f"could not read the targets at the verification point: {last_moved}",
         hint="another process keeps applying to it; pause its apply while verifying",
     )
+
+
+def _not_comparable(config: Config, table: str) -> str:
+    """Why ``table``'s rows at a target need not be the source's: its ``actions`` drop some kinds of change."""
+    acts = config.table(table).actions
+    if acts >= frozenset("IUD"):
+        return ""
+    left = ", ".join({"I": "inserts", "U": "updates", "D": "deletes"}[k] for k in "IUD" if k not in acts)
+    return f"actions = {''.join(k for k in 'IUD' if k in acts)}: the target does not take the source's {left}"
 
 
 def _diff(
