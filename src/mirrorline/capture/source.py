@@ -245,7 +245,9 @@ class PublicationReport:
 
 def reconcile_publication(conn: Any, publication: str, tables: Iterable[str]) -> PublicationReport:
     """Make the publication hold exactly the configured tables (DESIGN §3): create it, add the missing tables,
-    remove the ones no longer configured, publish every operation. Reports what changed."""
+    remove the ones no longer configured, publish every operation, and publish a partitioned table's changes as its
+    own (``publish_via_partition_root``: its partitions' changes come under its name, in its columns). Reports what
+    changed."""
     wanted = sorted(set(tables))
     report = PublicationReport(publication)
     pub = quote_ident(publication)
@@ -254,26 +256,37 @@ def reconcile_publication(conn: Any, publication: str, tables: Iterable[str]) ->
     try:
         rows = _fetch(
             conn,
-            "SELECT puballtables, pubinsert AND pubupdate AND pubdelete AND pubtruncate "
+            "SELECT puballtables, pubinsert AND pubupdate AND pubdelete AND pubtruncate, pubviaroot "
             "FROM pg_publication WHERE pubname = %s",
             (publication,),
         )
         if not rows:
-            _fetch(conn, f"CREATE PUBLICATION {pub} FOR TABLE {', '.join(quote_table(t) for t in wanted)}")
+            _fetch(
+                conn,
+                f"CREATE PUBLICATION {pub} FOR TABLE {', '.join(quote_table(t) for t in wanted)} "
+                "WITH (publish_via_partition_root = true)",
+            )
             report.created = True
             report.added = wanted
         else:
-            all_tables, publishes_all = rows[0]
+            all_tables, publishes_all, via_root = rows[0]
             if all_tables:
                 raise SourceError(
                     f"publication {publication} is FOR ALL TABLES, so mirrorline cannot reconcile it "
                     "with the configured tables",
                     hint="set [source] publication to a name of mirrorline's own",
                 )
+            if not via_root:
+                _fetch(conn, f"ALTER PUBLICATION {pub} SET (publish_via_partition_root = true)")
+            # the tables named in it (pg_publication_tables lists a partitioned table's partitions instead)
             current = sorted(
                 f"{s}.{t}"
                 for s, t in _fetch(
-                    conn, "SELECT schemaname, tablename FROM pg_publication_tables WHERE pubname = %s", (publication,)
+                    conn,
+                    "SELECT n.nspname, c.relname FROM pg_publication_rel r JOIN pg_publication p ON p.oid = r.prpubid "
+                    "JOIN pg_class c ON c.oid = r.prrelid JOIN pg_namespace n ON n.oid = c.relnamespace "
+                    "WHERE p.pubname = %s",
+                    (publication,),
                 )
             )
             report.added = [t for t in wanted if t not in current]
