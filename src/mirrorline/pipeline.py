@@ -107,16 +107,14 @@ class Applier:
                     "no such target",
                     hint=f"configured targets: {', '.join(config.targets)}",
                 )
-        from mirrorline.log.retention import needs_reload
+        from mirrorline.log.retention import needs_reload, reload_reason
 
         reload = needs_reload(ChangeLog(config.log.path))
         left_behind = [n for n in names if n in reload]
         if left_behind and (target_names is not None or len(left_behind) == len(names)):
             n = left_behind[0]
             raise MirrorlineError(
-                f"target {n} needs a reload: the log's cap (max_age / max_size) removed changes it had not applied "
-                f"(it had applied up to {reload[n].get('applied')}, the log starts after "
-                f"{reload[n].get('log_starts_after')})",
+                f"target {n} needs a reload: {reload_reason(reload[n])}",
                 hint=f"mirrorline snapshot --target {n}",
                 target=n,
             )
@@ -681,21 +679,17 @@ class Applier:
         self._drop_reloads()
 
     def _drop_reloads(self) -> None:
-        """Stop applying to the targets the log's cap left behind (they need a reload); the others go on."""
-        from mirrorline.log.retention import needs_reload
+        """Stop applying to the targets the log cannot bring up to date (they need a reload: the log's cap, a lost
+        slot); the others go on."""
+        from mirrorline.log.retention import needs_reload, reload_reason
 
-        for n in needs_reload(self.log):
+        for n, record in needs_reload(self.log).items():
             target = self.targets.pop(n, None)
             if target is not None:
                 self.names.remove(n)
                 self._joining.discard(n)
                 target.close()
-                log.error(
-                    "target %s needs a reload (the log's cap removed changes it had not applied): "
-                    "mirrorline snapshot --target %s",
-                    n,
-                    n,
-                )
+                log.error("target %s needs a reload (%s): mirrorline snapshot --target %s", n, reload_reason(record), n)
 
     # -- loops -------------------------------------------------------------------------------------------------
 
@@ -974,12 +968,14 @@ class Runner:
         waiting = [n for n in loading if self.config.targets[n].initial == "files"]
         loading = [n for n in loading if n not in waiting]
         from mirrorline.log.reader import ChangeLog
-        from mirrorline.log.retention import needs_reload
+        from mirrorline.log.retention import needs_reload, reload_reason
 
         reload = needs_reload(ChangeLog(self.config.log.path))
         for n in sorted(reload):
             if n in self.config.targets:
-                self.on_message(f"target {n} needs a reload (the log's cap): mirrorline snapshot --target {n}")
+                self.on_message(
+                    f"target {n} needs a reload ({reload_reason(reload[n])}): mirrorline snapshot --target {n}"
+                )
         ready = [n for n in self.config.targets if n not in loading and n not in waiting and n not in reload]
         if waiting:
             self._keep_log_for(waiting)
@@ -989,7 +985,7 @@ class Runner:
         if not ready and not waiting:
             n = sorted(reload)[0]
             raise MirrorlineError(
-                f"every target needs a reload: the log's cap removed changes they had not applied ({n}, ...)",
+                f"every target needs a reload ({n}: {reload_reason(reload[n])})",
                 hint=f"mirrorline snapshot --target {n}",
             )
         if not ready:

@@ -42,6 +42,7 @@ class TargetStatus:
     tables: dict[str, str] = field(default_factory=dict)  # table -> its snapshot state
     error: str = ""
     details: dict[str, dict[str, Any]] = field(default_factory=dict)  # per table (Delta: version, files, position)
+    reload: str = ""  # why the target needs a reload
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -83,7 +84,7 @@ class Status:
             if t.error:
                 out.append(f"target {t.name}: {t.error}")
             elif t.state == "needs reload":
-                out.append(f"target {t.name} needs a reload (the log's cap): mirrorline snapshot --target {t.name}")
+                out.append(f"target {t.name} needs a reload ({t.reload}): mirrorline snapshot --target {t.name}")
             elif max_lag is not None and t.lag_seconds is not None and t.lag_seconds > max_lag:
                 out.append(f"target {t.name} is {t.lag_seconds:.1f} s behind (more than {max_lag:g} s)")
         return out
@@ -269,10 +270,12 @@ def _target(config: Config, name: str, st: Status, cl: Any) -> TargetStatus:
     caught_up = log_has_all and bool(ends) and confirmed >= max(ends)
     ts.state = snapstate.target_state(snaps, config.tables, applied, caught_up)
     if cl is not None:
-        from mirrorline.log.retention import needs_reload
+        from mirrorline.log.retention import needs_reload, reload_reason
 
-        if name in needs_reload(cl):  # the log no longer holds what it needs: no lag to measure
+        record = needs_reload(cl).get(name)
+        if record is not None:  # the log no longer holds what it needs: no lag to measure
             ts.state = snapstate.NEEDS_RELOAD
+            ts.reload = reload_reason(record)
             return ts
     if cl is not None and not log_has_all:
         try:

@@ -55,6 +55,13 @@ from mirrorline.position import Position, format_lsn
 
 log = logging.getLogger("mirrorline.capture")
 
+
+def _fetch_one(conn: Any, sql: str, *args: Any) -> Any:
+    with conn.cursor() as cur:
+        cur.execute(sql, args)
+        return cur.fetchone()
+
+
 TAKE_ROWS = 20_000  # hand committed rows to the writer in batches of about this many
 IDLE_WAIT = 0.1  # seconds to wait for the server when it has nothing for us
 DROP_CHECK_SECONDS = 5.0  # how often capture looks for configured tables dropped at the source
@@ -78,6 +85,7 @@ class CaptureStats:
     changes: int = 0
     messages: int = 0
     reconnects: int = 0
+    slot_lost: list[str] = field(default_factory=list)  # targets marked needs reload because the slot was lost
     schema_versions: list[str] = field(default_factory=list)
     gone: list[str] = field(default_factory=list)  # configured tables found dropped or renamed at the source
 
@@ -147,6 +155,7 @@ class Capture:
                     )
                 self.stats.publication = reconcile_publication(conn, self.source.publication, tables)
                 log.debug("%s", self.stats.publication.summary())
+                self._check_source(conn)
                 self.stats.slot_created = ensure_slot(conn, self.source.slot)
                 if self.stats.slot_created:
                     log.info("replication slot %s created", self.source.slot)
@@ -163,6 +172,32 @@ class Capture:
         self._types = TypeNames(dsn)
         self._types.add_tables(tables.values())
         return tables
+
+    def _check_source(self, conn: Any) -> None:
+        """The log knows its source (:mod:`mirrorline.capture.identity`): another system, WAL gone back, or the slot
+        lost while the log holds positions is found here, before the slot is created."""
+        from mirrorline.capture import identity
+        from mirrorline.log.reader import ChangeLog
+        from mirrorline.log.retention import readers
+
+        root = self.config.log.path
+        now, current = identity.query(self.source.dsn, self.source.slot)
+        exists = bool(_fetch_one(conn, "SELECT 1 FROM pg_replication_slots WHERE slot_name = %s", self.source.slot))
+        cl = ChangeLog(root)
+        durable = cl.durable() if cl.layout.exists() else None
+        has_positions = durable is not None or (cl.layout.exists() and bool(readers(cl)))
+        verdict = identity.judge(
+            identity.read(root),
+            now,
+            slot_exists=exists,
+            log_has_positions=has_positions,
+            durable=durable,
+            current_lsn=current,
+        )
+        if verdict.slot_lost:
+            self.stats.slot_lost = identity.mark_lost(root, self.source.slot, durable)
+        if verdict.record:
+            identity.write(root, now)
 
     def run(self) -> CaptureStats:
         log.debug("capture: starting up")

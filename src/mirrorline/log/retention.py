@@ -116,6 +116,23 @@ def needs_reload(log: ChangeLog) -> dict[str, dict[str, Any]]:
     return out
 
 
+def mark_reload(log: ChangeLog, name: str, reason: str, **facts: Any) -> None:
+    """``name`` needs a reload (``reason``: why the log cannot bring it up to date), and is unregistered."""
+    _reload_path(log, name).parent.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(_reload_path(log, name), {"name": name, "reason": reason, **facts, "at": time.time()})
+    unregister(log, name)
+
+
+def reload_reason(record: dict[str, Any]) -> str:
+    """Why a target needs a reload, from its record (:func:`needs_reload`)."""
+    if record.get("reason"):
+        return str(record["reason"])
+    return (
+        f"the log's cap (max_age / max_size) removed changes it had not applied (it had applied up to "
+        f"{record.get('applied')}, the log starts after {record.get('log_starts_after')})"
+    )
+
+
 def clear_reload(log: ChangeLog, name: str) -> None:
     _reload_path(log, name).unlink(missing_ok=True)
 
@@ -162,11 +179,8 @@ def retain(
         for name, r in states.items():
             if r.applied is None or r.applied < cut:
                 if not name.startswith(EXPORT_PREFIX):
-                    _reload_path(log, name).parent.mkdir(parents=True, exist_ok=True)
-                    write_json_atomic(
-                        _reload_path(log, name),
-                        {"name": name, "applied": str(r.applied), "log_starts_after": str(cut), "at": time.time()},
-                    )
+                    facts = {"applied": str(r.applied), "log_starts_after": str(cut)}
+                    mark_reload(log, name, "", **facts)
                 unregister(log, name)
                 log_.warning(
                     "%s fell behind the log's cap (it applied up to %s, the log now starts after %s): it needs a "
