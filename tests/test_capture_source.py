@@ -108,11 +108,11 @@ def test_publication_is_reconciled_with_the_configuration(pg: Any, conn: Any) ->
         "CREATE TABLE a (id int PRIMARY KEY); CREATE TABLE b (id int PRIMARY KEY); "
         'CREATE SCHEMA "Odd"; CREATE TABLE "Odd"."c d" (id int PRIMARY KEY)'
     )
-    r = reconcile_publication(conn, "pub", ["public.a", "public.b"])
+    r = reconcile_publication(conn, "pub", ["public.a", "public.b"], "s")
     assert (r.created, r.added, r.removed) == (True, ["public.a", "public.b"], [])
-    r = reconcile_publication(conn, "pub", ["public.a", "public.b"])
+    r = reconcile_publication(conn, "pub", ["public.a", "public.b"], "s")
     assert not r.changed and r.summary() == "publication pub: unchanged"
-    r = reconcile_publication(conn, "pub", ["public.b", "Odd.c d"])
+    r = reconcile_publication(conn, "pub", ["public.b", "Odd.c d"], "s")
     assert (r.created, r.added, r.removed) == (False, ["Odd.c d"], ["public.a"])
     assert r.summary() == "publication pub: added Odd.c d; removed public.a"
     rows = pg.execute(
@@ -120,15 +120,29 @@ def test_publication_is_reconciled_with_the_configuration(pg: Any, conn: Any) ->
     )
     assert rows == [("Odd.c d",), ("public.b",)]
     pg.execute("ALTER PUBLICATION pub SET (publish = 'insert')")
-    r = reconcile_publication(conn, "pub", ["public.b", "Odd.c d"])
+    r = reconcile_publication(conn, "pub", ["public.b", "Odd.c d"], "s")
     assert r.publish_fixed
     assert pg.execute("SELECT pubupdate AND pubdelete AND pubtruncate FROM pg_publication") == [(True,)]
+
+
+def test_a_publication_another_log_owns_is_refused(pg: Any, conn: Any) -> None:
+    """Two configurations on one source naming the same publication (their slots differ): the second is refused
+    before it changes what the first receives; a publication of its own works beside."""
+    pg.execute("CREATE TABLE t1 (id int PRIMARY KEY); CREATE TABLE t2 (id int PRIMARY KEY)")
+    reconcile_publication(conn, "shared", ["public.t1"], "app_x")
+    with pytest.raises(SourceError, match=r"belongs to another mirrorline log .* slot app_x") as e:
+        reconcile_publication(conn, "shared", ["public.t2"], "app_y")
+    assert "publication of its own" in (e.value.hint or "")
+    rows = pg.execute("SELECT tablename FROM pg_publication_tables WHERE pubname = 'shared'")
+    assert rows == [("t1",)]
+    reconcile_publication(conn, "app_y", ["public.t2"], "app_y")
+    assert reconcile_publication(conn, "shared", ["public.t1"], "app_x").summary() == "publication shared: unchanged"
 
 
 def test_publication_for_all_tables_is_refused(pg: Any, conn: Any) -> None:
     pg.execute("CREATE TABLE a (id int PRIMARY KEY); CREATE PUBLICATION everything FOR ALL TABLES")
     with pytest.raises(SourceError, match="FOR ALL TABLES"):
-        reconcile_publication(conn, "everything", ["public.a"])
+        reconcile_publication(conn, "everything", ["public.a"], "s")
 
 
 def test_slot_created_once_and_a_foreign_slot_refused(pg: Any, conn: Any) -> None:

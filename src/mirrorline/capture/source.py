@@ -82,6 +82,10 @@ def connect(dsn: str, *, replication: bool = False, doing: str = "cannot connect
         raise source_error(e, dsn, doing) from None
 
 
+def _literal(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
+
+
 def _fetch(conn: Any, sql: str, args: Iterable[Any] = ()) -> list[tuple[Any, ...]]:
     with conn.cursor() as cur:
         cur.execute(sql, tuple(args))
@@ -243,11 +247,15 @@ class PublicationReport:
         return f"publication {self.publication}: " + "; ".join(parts)
 
 
-def reconcile_publication(conn: Any, publication: str, tables: Iterable[str]) -> PublicationReport:
+OWNER_MARK = "mirrorline: the publication of the log fed through slot "
+
+
+def reconcile_publication(conn: Any, publication: str, tables: Iterable[str], slot: str) -> PublicationReport:
     """Make the publication hold exactly the configured tables (DESIGN §3): create it, add the missing tables,
     remove the ones no longer configured, publish every operation, and publish a partitioned table's changes as its
-    own (``publish_via_partition_root``: its partitions' changes come under its name, in its columns). Reports what
-    changed."""
+    own (``publish_via_partition_root``: its partitions' changes come under its name, in its columns). The
+    publication belongs to the log fed through ``slot`` (its comment says so, written when it is created or first
+    reconciled): one that another log owns is refused before anything changes. Reports what changed."""
     wanted = sorted(set(tables))
     report = PublicationReport(publication)
     pub = quote_ident(publication)
@@ -256,10 +264,19 @@ def reconcile_publication(conn: Any, publication: str, tables: Iterable[str]) ->
     try:
         rows = _fetch(
             conn,
-            "SELECT puballtables, pubinsert AND pubupdate AND pubdelete AND pubtruncate, pubviaroot "
-            "FROM pg_publication WHERE pubname = %s",
+            "SELECT puballtables, pubinsert AND pubupdate AND pubdelete AND pubtruncate, pubviaroot, "
+            "obj_description(oid, 'pg_publication') FROM pg_publication WHERE pubname = %s",
             (publication,),
         )
+        mark = OWNER_MARK + slot
+        if rows and rows[0][3] and str(rows[0][3]).startswith(OWNER_MARK) and rows[0][3] != mark:
+            other = str(rows[0][3])[len(OWNER_MARK) :]
+            raise SourceError(
+                f"publication {publication} belongs to another mirrorline log (the one fed through slot {other}); "
+                f"this configuration's slot is {slot}, and reconciling the publication would change what that log "
+                "receives",
+                hint='give this configuration a publication of its own: [source] publication = "..."',
+            )
         if not rows:
             _fetch(
                 conn,
@@ -269,7 +286,7 @@ def reconcile_publication(conn: Any, publication: str, tables: Iterable[str]) ->
             report.created = True
             report.added = wanted
         else:
-            all_tables, publishes_all, via_root = rows[0]
+            all_tables, publishes_all, via_root, _ = rows[0]
             if all_tables:
                 raise SourceError(
                     f"publication {publication} is FOR ALL TABLES, so mirrorline cannot reconcile it "
@@ -298,6 +315,8 @@ def reconcile_publication(conn: Any, publication: str, tables: Iterable[str]) ->
             if not publishes_all:
                 _fetch(conn, f"ALTER PUBLICATION {pub} SET (publish = 'insert, update, delete, truncate')")
                 report.publish_fixed = True
+        if not rows or rows[0][3] != mark:
+            _fetch(conn, f"COMMENT ON PUBLICATION {pub} IS {_literal(mark)}")
         conn.commit()
     except BaseException:
         conn.rollback()
