@@ -183,3 +183,57 @@ def test_status_sees_a_dead_capture(pg: Any, pg_cluster: Any, spark: Any, tmp_pa
     assert _same(pg, "sqlite", url)
     st = status_mod.status(conf)
     assert st.problems(max_lag=30) == [] and st.targets[0].lag_seconds == 0.0
+
+
+@pytest.mark.pg
+@pytest.mark.spark
+def test_an_unreachable_target_is_retried_while_the_others_go_on(
+    pg: Any, pg_cluster: Any, spark: Any, tmp_path: Path
+) -> None:
+    """The PostgreSQL target refuses connections for a while (as a server down or restarting would): the SQLite
+    target stays current, the pipeline keeps running and tries the PostgreSQL one again until it is back."""
+    pg.execute(
+        "CREATE TABLE public.items (id integer PRIMARY KEY, v text); CREATE TABLE public.quiet (id integer PRIMARY "
+        "KEY); INSERT INTO public.items VALUES (1, 'one')"
+    )
+    urls = {k: target_url(k, tmp_path, pg_cluster, f"un_{k[:2]}_{pg.name[-6:]}") for k in ("postgresql", "sqlite")}
+    conf = _config(pg, tmp_path, urls)
+    Capture(conf, once=True).run()
+    for name in urls:
+        snapshot_target(conf, name)
+    db = urls["postgresql"].rsplit("/", 1)[1]
+    applier = Applier(conf, spark=spark)
+    applier.retry_first = 0.5
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def follow() -> None:
+        try:
+            applier.follow(stop)
+        except BaseException as e:  # handed to the test
+            errors.append(e)
+
+    thread = threading.Thread(target=follow, daemon=True)
+    thread.start()
+    try:
+        pg_cluster.execute(f'ALTER DATABASE "{db}" ALLOW_CONNECTIONS false')
+        pg_cluster.execute(f"SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{db}'")
+        for i in range(2, 5):
+            pg.execute(f"INSERT INTO public.items VALUES ({i}, 'v{i}')")
+            Capture(conf, once=True).run()
+            _wait("the sqlite target is current", lambda: _same(pg, "sqlite", urls["sqlite"]))
+        _wait("the postgresql target is stopped", lambda: "postgresql" in applier.failed())
+        st = status_mod.status(conf)
+        assert any(p.startswith("target postgresql") for p in st.problems())
+        time.sleep(2)  # a few tries while it is away
+        assert not errors and thread.is_alive()
+        pg_cluster.execute(f'ALTER DATABASE "{db}" ALLOW_CONNECTIONS true')
+        _wait("the postgresql target catches up", lambda: _same(pg, "postgresql", urls["postgresql"]))
+        _wait("it is no longer stopped", lambda: applier.failed() == {})
+    finally:
+        pg_cluster.execute(f'ALTER DATABASE "{db}" ALLOW_CONNECTIONS true')
+        stop.set()
+        thread.join(30)
+        applier.close()
+    assert not errors, errors
+    assert all(not t.error for t in status_mod.status(conf).targets)

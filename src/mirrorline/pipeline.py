@@ -77,6 +77,7 @@ class Applier:
     # has been applied for this many seconds (a local Spark only; 0: never)
     idle_warm_up = 10.0
     retry = True  # a stopped target is tried again (after its delay); catch_up() does not
+    lock_wait = 30.0  # seconds a unit waits for another process (verify, apply) to let go of its target
 
     def __init__(
         self,
@@ -406,11 +407,17 @@ class Applier:
         changes = functools.partial(self._changes, batch.start, batch.end)
 
         def apply_one(n: str) -> None:
+            from mirrorline.apply.engine import TargetMoved
+
             t0 = time.monotonic()
             try:
-                report.results[n] = self.targets[n].apply(batch, schemas, changes)
+                with self.targets[n].exclusive(self.lock_wait):  # one applier per target (apply/lock.py)
+                    report.results[n] = self.targets[n].apply(batch, schemas, changes)
                 report.apply_seconds[n] = time.monotonic() - t0
                 self._registered(n)
+            except TargetMoved as e:  # another process applied meanwhile: the next step forms the unit again
+                log.info("%s", e)
+                return
             except Exception as e:  # this target stops alone, and is tried again later ...
                 batch.verify()  # ... unless the unit's compile failed (NetBatch.verify raises that): not the target's
                 self._fail(n, e, batch.end)

@@ -39,6 +39,7 @@ import pyarrow.compute as pc
 from mirrorline.apply import types as type_map
 from mirrorline.apply.chunks import read_chunk
 from mirrorline.apply.engine import Target, TargetRead, _Unit, deal
+from mirrorline.apply.lock import FileLock
 from mirrorline.apply.reshape import Step, as_rebuild, plan, stop
 from mirrorline.apply.session import Session
 from mirrorline.apply.sql import MASK_COL, MASK_SEP, key_col, lit, moved_col, parse_mask
@@ -380,6 +381,10 @@ class DeltaTarget(Target):
         self.root = Path(location)
         self._locks: dict[str, threading.Lock] = {}
         self._locks_lock = threading.Lock()
+
+    def lock_file(self) -> FileLock:
+        self.root.mkdir(parents=True, exist_ok=True)
+        return FileLock(self.root / "_mirrorline.lock")
 
     def connect(self) -> Session:
         return DeltaSession(self)

@@ -26,13 +26,15 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from mirrorline.apply import lock
 from mirrorline.apply import rows as work_rows
 from mirrorline.apply.reshape import as_rebuild, plan, stop
 from mirrorline.apply.serial import reapply
 from mirrorline.apply.session import Session
-from mirrorline.apply.sql import Dialect, key_col, parse_mask
+from mirrorline.apply.sql import STATE_TABLE, Dialect, key_col, parse_mask
 from mirrorline.apply.stage import ArrowStager, Stager
 from mirrorline.apply.state import AppliedState, write_shape
 from mirrorline.apply.state import ensure as ensure_state
@@ -144,6 +146,11 @@ def deal(tables: Sequence[str], threads: int) -> list[list[str]]:
     return lanes
 
 
+class TargetMoved(TargetError):
+    """The target moved past a unit's start (another process applied) before the unit: nothing applied; the unit is
+    formed again from where the target is."""
+
+
 class Target(ABC):
     """A target database. Subclasses (one module per engine) give the dialect, sessions and bulk paths."""
 
@@ -179,6 +186,27 @@ class Target(ABC):
         self.schema_version: Callable[[str, int], TableSchema] | None = None
         self.schema_at: Callable[[str, Position], TableSchema | None] | None = None
         self.table_policy: Callable[[str], tuple[bool, bool]] = lambda table: (False, True)
+
+    # -- one applier at a time (mirrorline.apply.lock) ------------------------------------------------------------
+    def exclusive(self, wait: float) -> contextlib.AbstractContextManager[None]:
+        """Hold this target's applier lock for a block (waiting up to ``wait`` seconds for another process)."""
+        return lock.exclusive(self, wait)
+
+    def lock_file(self) -> lock.FileLock:
+        """A file kind's lock: a file beside its database."""
+        return lock.FileLock(Path(self.location + ".mirrorline-lock"))
+
+    def lock_key(self) -> str:
+        return f"{self.kind}:{self.location}:{self.dialect.own(STATE_TABLE)}"
+
+    def try_lock(self) -> Any:
+        return self.lock_file().try_lock(self.name)
+
+    def unlock(self, handle: Any) -> None:
+        lock.FileLock.unlock(handle)
+
+    def lock_holder(self) -> str:
+        return self.lock_file().holder()
 
     # -- per engine ------------------------------------------------------------------------------------------------
     @abstractmethod
@@ -430,6 +458,12 @@ class Target(ABC):
                 hint="apply the units from the target's applied position",
                 target=self.name,
                 position=str(state.position),
+            )
+        if state.unit_end > batch.start:
+            raise TargetMoved(
+                f"target {self.name}: another applier took it to {state.position} after this unit "
+                f"({batch.start}..{batch.end}) was formed",
+                target=self.name,
             )
         todo = [t for t in tables if state.table(t) < batch.end]
         inside = [t for t in todo if batch.start < state.table(t)]

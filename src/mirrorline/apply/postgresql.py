@@ -239,6 +239,49 @@ class PostgresTarget(Target):
     def connect(self) -> Session:
         return PgSession(self.location)
 
+    # the applier lock: an advisory lock (LOCK_CLASS, hashtext of the state table), on a connection of its own
+    LOCK_CLASS = 0x6D6C  # "ml"
+
+    def try_lock(self) -> Any:
+        from mirrorline.apply.lock import holder_text
+
+        conn = connect(self.location)
+        try:
+            conn.autocommit = True
+            with conn.cursor() as cur:
+                cur.execute("SET application_name = %s", (f"mirrorline applier: {holder_text()}"[:63],))
+                cur.execute(
+                    "SELECT pg_try_advisory_lock(%s, hashtext(%s))", (self.LOCK_CLASS, self.dialect.own(STATE_TABLE))
+                )
+                got = cur.fetchone()[0]
+        except BaseException:
+            conn.close()
+            raise
+        if not got:
+            conn.close()
+            return None
+        return conn
+
+    def unlock(self, handle: Any) -> None:
+        with contextlib.suppress(psycopg2.Error):
+            handle.close()  # (the session's advisory lock goes with it)
+
+    def lock_holder(self) -> str:
+        conn = connect(self.location)
+        try:
+            with conn.cursor() as cur:
+                cur.execute(
+                    "SELECT a.pid, a.application_name FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
+                    "WHERE l.locktype = 'advisory' AND l.granted AND l.classid = %s AND l.objsubid = 2 "
+                    "AND l.objid = (hashtext(%s)::bigint & 4294967295)::text::oid AND l.database = "
+                    "(SELECT oid FROM pg_database WHERE datname = current_database())",
+                    (self.LOCK_CLASS, self.dialect.own(STATE_TABLE)),
+                )
+                row = cur.fetchone()
+        finally:
+            conn.close()
+        return f"backend pid {row[0]}, {row[1] or 'no application name'}" if row else "a process that just let go"
+
     def check_types(self, session: Session, schemas: Any) -> None:
         schemas = list(schemas)
         super().check_types(session, schemas)

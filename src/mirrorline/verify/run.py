@@ -438,6 +438,13 @@ def verify(
     last_moved = ""
     for _ in range(max(attempts, 1)):
         with contextlib.ExitStack() as held:
+            # each target's applier lock first (in name order): a live run pauses applying to it until verify has
+            # brought it to the verification point and read it, so that it is read exactly there
+            opened: dict[str, Target] = {}
+            for name in sorted(names):
+                opened[name] = open_target(config.targets[name], threads=config.apply.threads)
+                held.callback(opened[name].close)
+                held.enter_context(opened[name].exclusive(wait_seconds))
             for attempt in range(1, ATTEMPTS + 1):
                 point = contextlib.ExitStack()
                 cp = point.enter_context(consistent_point(config, reconcile=False, create_main=False))
@@ -469,60 +476,57 @@ def verify(
             checks: list[TargetCheck] = []
             moved = False
             for name in names:
-                target = open_target(config.targets[name], threads=config.apply.threads)
+                target = opened[name]
                 tgt_buckets: dict[str, Buckets] = {}
-                try:
-                    snaps = _snapshot_state(target)
-                    loaded = {t for t, r in snaps.items() if r.state == "loaded"}
-                    unloaded = [t for t in stats if t not in loaded]
-                    if unloaded:
-                        checks.append(
-                            TargetCheck(
-                                name,
-                                ZERO,
-                                error=f"not loaded: {', '.join(unloaded)} (run mirrorline snapshot --target {name})",
-                            )
+                snaps = _snapshot_state(target)
+                loaded = {t for t, r in snaps.items() if r.state == "loaded"}
+                unloaded = [t for t in stats if t not in loaded]
+                if unloaded:
+                    checks.append(
+                        TargetCheck(
+                            name,
+                            ZERO,
+                            error=f"not loaded: {', '.join(unloaded)} (run mirrorline snapshot --target {name})",
                         )
-                        continue
-                    if target.applied_positions().position < cp.position:
-                        catch_up(config, name, upto=cp.position, target=target)
-                    pos, sums, notes = target_checksums(target, schemas, tgt_buckets if diff > 0 else None)
-                    if pos != cp.position:
-                        moved, last_moved = True, f"target {name} was at {pos}, not at {cp.position}"
+                    )
+                    continue
+                if target.applied_positions().position < cp.position:
+                    catch_up(config, name, upto=cp.position, target=target)
+                pos, sums, notes = target_checksums(target, schemas, tgt_buckets if diff > 0 else None)
+                if pos != cp.position:
+                    moved, last_moved = True, f"target {name} was at {pos}, not at {cp.position}"
+                    break
+                tc = TargetCheck(name, pos)
+                view = {t: 1 + views[t].index(held_by[name][t]) if held_by[name][t] else 0 for t in stats}
+                for t, sides in source.items():
+                    rows, total = sides[view[t]]
+                    got = sums.get(t)
+                    tc.tables.append(
+                        TableCheck(
+                            t,
+                            rows,
+                            total,
+                            got[0] if got else None,
+                            got[1] if got else None,
+                            notes.get(t, "" if got is not None else "missing in the target"),
+                            not_comparable=_not_comparable(config, t),
+                        )
+                    )
+                if diff > 0:
+                    moved = not _diff(
+                        config,
+                        cp.snapshot,
+                        stats,
+                        target,
+                        tc,
+                        {t: b[view[t]] for t, b in src_buckets.items()},
+                        tgt_buckets,
+                        diff,
+                        held_by[name],
+                    )
+                    if moved:
+                        last_moved = f"target {name} moved past {cp.position} while verify read it"
                         break
-                    tc = TargetCheck(name, pos)
-                    view = {t: 1 + views[t].index(held_by[name][t]) if held_by[name][t] else 0 for t in stats}
-                    for t, sides in source.items():
-                        rows, total = sides[view[t]]
-                        got = sums.get(t)
-                        tc.tables.append(
-                            TableCheck(
-                                t,
-                                rows,
-                                total,
-                                got[0] if got else None,
-                                got[1] if got else None,
-                                notes.get(t, "" if got is not None else "missing in the target"),
-                                not_comparable=_not_comparable(config, t),
-                            )
-                        )
-                    if diff > 0:
-                        moved = not _diff(
-                            config,
-                            cp.snapshot,
-                            stats,
-                            target,
-                            tc,
-                            {t: b[view[t]] for t, b in src_buckets.items()},
-                            tgt_buckets,
-                            diff,
-                            held_by[name],
-                        )
-                        if moved:
-                            last_moved = f"target {name} moved past {cp.position} while verify read it"
-                            break
-                finally:
-                    target.close()
                 checks.append(tc)
             if not moved:
                 return VerifyReport(cp.lsn, cp.position, checks, time.monotonic() - t0)
