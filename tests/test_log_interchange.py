@@ -266,6 +266,20 @@ def test_cli_bad_line_is_one_line_on_stderr_and_nothing_imported(tmp_path, confi
     assert capsys.readouterr().out == ""
 
 
+def test_cli_malformed_lines_name_their_line(tmp_path, config, capsys):
+    """A superscript digit passes str.isdigit() but is no integer; a binary line 3 is line 3."""
+    sup = write(tmp_path / "sup.ds", [DAYSTREAM[0].replace("_s\t0", "_s\t\u00b2", 1)])
+    assert "_s\t\u00b2" in sup.read_text()
+    assert main(["log", "import", "-c", str(config), str(sup)]) == 3
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and f"{sup}:1:" in err and "not a non-negative integer" in err
+    binary = tmp_path / "bin.ds"
+    binary.write_bytes((DAYSTREAM[0] + "\n" + DAYSTREAM[1] + "\n").encode() + b"\xff\xfe\x00bad\n")
+    assert main(["log", "import", "-c", str(config), str(binary)]) == 3
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and f"{binary}:3: not UTF-8 text" in err
+
+
 def test_cli_export_of_no_log_is_a_clear_error(config, capsys):
     assert main(["log", "export", "-c", str(config)]) == 3
     assert "no change log" in capsys.readouterr().err

@@ -175,7 +175,7 @@ def parse_threads(value: Any) -> tuple[int, float | None, int | None]:
         return value, None, None
     if isinstance(value, str):
         parts = [p.strip() for p in value.split(":")]
-        if 1 <= len(parts) <= 3 and all(p.isdigit() or not p for p in parts) and any(parts):
+        if 1 <= len(parts) <= 3 and all((p.isascii() and p.isdigit()) or not p for p in parts) and any(parts):
             # an empty field is that field's default, as IBM writes it: "1::1", "::2"
             nums = [int(p) if p else None for p in parts] + [None] * (3 - len(parts))
             threads, latency, builders = nums

@@ -159,7 +159,7 @@ def parse_line(text: str) -> Line | None:
         line.c = int(m.group(1)) * 1_000_000 + int((m.group(2) or "0").ljust(6, "0"))
     for name, attr in (("_s", "s"), ("_xid", "xid")):
         if name in pseudo:
-            if not pseudo[name].isdigit():
+            if not (pseudo[name].isascii() and pseudo[name].isdigit()):  # ('²' is a digit to isdigit())
                 raise LineError(f"{name} {pseudo[name]!r} is not a non-negative integer")
             setattr(line, attr, int(pseudo[name]))
     if "_unchanged" in pseudo:

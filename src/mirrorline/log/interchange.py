@@ -126,9 +126,9 @@ def _transactions(files: Sequence[Path], decoder: Decoder, marks: _Marks | None 
     try:
         for path in files:
             lineno = 0
-            with open(path, encoding="utf-8", newline="\n") as f:
-                for lineno, text in enumerate(f, 1):  # noqa: B007 (lineno names the line in errors)
-                    line = parse_line(text)
+            with open(path, "rb") as f:  # each line decoded on its own, so that an error names its line
+                for lineno, raw in enumerate(f, 1):  # noqa: B007 (lineno names the line in errors)
+                    line = parse_line(raw.decode("utf-8"))
                     if line is None or (marks is not None and not marks.take(line.c, line.s)):
                         continue
                     if (done := decoder.feed(line)) is not None:
@@ -141,7 +141,7 @@ def _transactions(files: Sequence[Path], decoder: Decoder, marks: _Marks | None 
         ) from None
     except UnicodeDecodeError:
         raise DecodeError(
-            f"{path}:{lineno + 1}: not UTF-8 text", hint="nothing was imported", file=str(path), line=lineno + 1
+            f"{path}:{lineno}: not UTF-8 text", hint="nothing was imported", file=str(path), line=lineno
         ) from None
     except OSError as e:
         raise DecodeError(f"{path}: cannot read: {e.strerror}", hint="nothing was imported", file=str(path)) from None
