@@ -488,6 +488,25 @@ def test_a_public_table_whose_name_holds_a_dot_has_a_folder_of_its_own(
     assert fetch(t, "public.a.b", ["id"]) == [(1,)] and fetch(t, "a.b", ["id"]) == [(2,)]
 
 
+@pytest.mark.parametrize(
+    "table",
+    ["public.../../outside", "public./tmp/abs", "public._mirrorline.sqlite", "public._mirrorline.lock", "x.y.z/..",
+     "public.100%", "public..hidden"],
+)  # fmt: skip
+def test_a_hostile_table_name_stays_inside_the_folder(spark: Any, request: Any, tmp_path: Path, table: str) -> None:
+    ts = TableSchema(table, (Column("id", "integer", nullable=False),), key=("id",))
+    root = tmp_path / "lake"
+    root.mkdir()
+    t = DeltaTarget("h", str(root))
+    request.addfinalizer(t.close)
+    t.apply(batch(spark, [net(table, "I", [1], {"id": 1})], P(0), P(1)), {table: ts})
+    folder = t.path(table)
+    assert folder.parent == root and folder.name not in (".", "..", "_mirrorline.sqlite", "_mirrorline.lock")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["lake"]  # nothing written beside the target's folder
+    assert (root / "_mirrorline.sqlite").is_file() and fetch(t, table, ["id"]) == [(1,)]
+    assert t.applied_positions().tables[table] == P(1)  # the folder maps back to the table
+
+
 def test_a_folder_that_cannot_hold_tables_is_a_target_error_for_schema_and_upkeep(tmp_path: Path) -> None:
     (tmp_path / "file").write_text("x")
     t = DeltaTarget("t3", str(tmp_path / "file"))

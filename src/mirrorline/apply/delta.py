@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import re
 import threading
 import time
 from collections.abc import Iterable, Iterator, Sequence
@@ -60,6 +61,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 STATE_FILE = "_mirrorline.sqlite"
+LOCK_FILE = "_mirrorline.lock"  # the applier lock (mirrorline.apply.lock)
 COMMIT_ATTEMPTS = 5  # a table's commit of a unit, redone when a concurrent commit (a compaction) won
 OP_COL, GROUP_COL = "_ml_op", "_ml_group"
 
@@ -157,9 +159,14 @@ class DeltaDialect(SqliteDialect):
         return bad
 
     def table_dir(self, root: Path, table: str) -> Path:
-        """``public.orders`` -> ``orders``; ``sales.orders`` (and a public name holding a dot) -> ``schema.name``."""
+        """``public.orders`` -> ``orders``; ``sales.orders`` (and a public name holding a dot) -> ``schema.name``.
+        A name never leaves the folder or meets mirrorline's own files: ``/``, ``\\``, ``%``, ``~`` and a leading dot
+        (``..``) are written ``~XX`` (their code in hex), and so is a dot in the schema and a name that is one of this
+        folder's own files."""
         schema, name = split_table_name(table)
-        return root / (name if schema == "public" and "." not in name else f"{schema}.{name}")
+        if schema == "public" and "." not in name:
+            return root / _folder_part(name)
+        return root / f"{_folder_part(schema).replace('.', '~2E')}.{_folder_part(name)}"
 
 
 DELTA = DeltaDialect()
@@ -384,7 +391,7 @@ class DeltaTarget(Target):
 
     def lock_file(self) -> FileLock:
         self.root.mkdir(parents=True, exist_ok=True)
-        return FileLock(self.root / "_mirrorline.lock")
+        return FileLock(self.root / LOCK_FILE)
 
     def connect(self) -> Session:
         return DeltaSession(self)
@@ -1116,9 +1123,26 @@ def _fit(data: pa.Table, schema: pa.Schema) -> pa.Table:
     )
 
 
+def _folder_part(part: str) -> str:
+    # escaped as ~XX (delta-rs decodes %XX in a path): ~, /, \\, NUL, a leading dot, and this folder's own files
+    out = "".join(f"~{ord(ch):02X}" if ch in "~/\\\x00%" else ch for ch in part)
+    if out.startswith("."):
+        out = "~2E" + out[1:]
+    if out in (STATE_FILE, LOCK_FILE):
+        out = "~5F" + out[1:]
+    return out
+
+
+def _unescape(part: str) -> str:
+    return re.sub(r"~([0-9A-F]{2})", lambda m: chr(int(m.group(1), 16)), part)
+
+
 def _table_of(folder: str) -> str:
     """The source table whose Delta table is in ``folder`` (the inverse of :meth:`DeltaDialect.table_dir`)."""
-    return folder if "." in folder else f"public.{folder}"
+    if "." not in folder:
+        return f"public.{_unescape(folder)}"
+    schema, name = folder.split(".", 1)
+    return f"{_unescape(schema)}.{_unescape(name)}"
 
 
 class _Conflict(Exception):
