@@ -461,8 +461,9 @@ class Target(ABC):
             )
         if state.unit_end > batch.start:
             raise TargetMoved(
-                f"target {self.name}: another applier took it to {state.position} after this unit "
-                f"({batch.start}..{batch.end}) was formed",
+                f"target {self.name}: it is at {state.position}, inside the unit {batch.start}..{batch.end} (another "
+                "applier moved it after the unit was formed): applying the unit would apply changes twice",
+                hint="form the unit again from the target's position",
                 target=self.name,
             )
         todo = [t for t in tables if state.table(t) < batch.end]
