@@ -153,7 +153,9 @@ class Capture:
                         () if s.bag else s.key,
                         frozenset(c.name for c in s.columns if not c.nullable),
                     )
-                self.stats.publication = reconcile_publication(conn, self.source.publication, tables, self.source.slot)
+                self.stats.publication = reconcile_publication(
+                    conn, self.source.publication, tables, str(self.config.log.path)
+                )
                 log.debug("%s", self.stats.publication.summary())
                 self._check_source(conn)
                 self.stats.slot_created = ensure_slot(conn, self.source.slot)

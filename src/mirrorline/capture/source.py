@@ -247,14 +247,14 @@ class PublicationReport:
         return f"publication {self.publication}: " + "; ".join(parts)
 
 
-OWNER_MARK = "mirrorline: the publication of the log fed through slot "
+OWNER_MARK = "mirrorline: the publication of the log at "
 
 
-def reconcile_publication(conn: Any, publication: str, tables: Iterable[str], slot: str) -> PublicationReport:
+def reconcile_publication(conn: Any, publication: str, tables: Iterable[str], owner: str) -> PublicationReport:
     """Make the publication hold exactly the configured tables (DESIGN §3): create it, add the missing tables,
     remove the ones no longer configured, publish every operation, and publish a partitioned table's changes as its
     own (``publish_via_partition_root``: its partitions' changes come under its name, in its columns). The
-    publication belongs to the log fed through ``slot`` (its comment says so, written when it is created or first
+    publication belongs to the log at ``owner`` (its comment says so, written when it is created or first
     reconciled): one that another log owns is refused before anything changes. Reports what changed."""
     wanted = sorted(set(tables))
     report = PublicationReport(publication)
@@ -268,12 +268,12 @@ def reconcile_publication(conn: Any, publication: str, tables: Iterable[str], sl
             "obj_description(oid, 'pg_publication') FROM pg_publication WHERE pubname = %s",
             (publication,),
         )
-        mark = OWNER_MARK + slot
+        mark = OWNER_MARK + owner
         if rows and rows[0][3] and str(rows[0][3]).startswith(OWNER_MARK) and rows[0][3] != mark:
             other = str(rows[0][3])[len(OWNER_MARK) :]
             raise SourceError(
-                f"publication {publication} belongs to another mirrorline log (the one fed through slot {other}); "
-                f"this configuration's slot is {slot}, and reconciling the publication would change what that log "
+                f"publication {publication} belongs to another mirrorline log (the one at {other}); this "
+                f"configuration's log is {owner}, and reconciling the publication would change what that log "
                 "receives",
                 hint='give this configuration a publication of its own: [source] publication = "..."',
             )

@@ -79,7 +79,7 @@ def consistent_point(config: Config, *, reconcile: bool = True, create_main: boo
         try:
             check_server(conn)
             if reconcile and config.tables:
-                reconcile_publication(conn, src.publication, describe_tables(conn, config), src.slot)
+                reconcile_publication(conn, src.publication, describe_tables(conn, config), str(config.log.path))
             main_exists = _slot_exists(conn, src.slot)
         except psycopg2.Error as e:
             raise source_error(e, src.dsn, "source check failed") from None
