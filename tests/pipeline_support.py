@@ -131,3 +131,16 @@ def assert_same(source_dsn: str, kind: str, url: str) -> None:
                 f"{table} at {kind}: {len(src)} source rows, {len(tgt)} target rows; "
                 f"missing {sorted(missing, key=repr)[:3]}, extra {sorted(extra, key=repr)[:3]}"
             )
+
+
+def capture_and_apply(conf: Any, spark: Any) -> None:
+    """Capture what the source committed, then bring every target up to it (a pipeline of its own)."""
+    from mirrorline.capture.session import Capture
+    from mirrorline.pipeline import Applier
+
+    Capture(conf, once=True).run()
+    applier = Applier(conf, spark=spark)
+    try:
+        applier.catch_up()
+    finally:
+        applier.close()

@@ -12,10 +12,9 @@ import pytest
 
 from mirrorline import config as cfg
 from mirrorline.capture.session import Capture
-from mirrorline.pipeline import Applier
 from mirrorline.snapshot.run import snapshot_target
 from tests import oracle
-from tests.pipeline_support import target_url
+from tests.pipeline_support import capture_and_apply, target_url
 
 KINDS = ("postgresql", "sqlite", "duckdb", "delta")
 
@@ -90,12 +89,7 @@ def test_changes_to_tables_quiet_since_the_snapshot(
     pg.execute("INSERT INTO public.busy VALUES (2, 'c')")
     pg.execute(ALTERS)
     pg.execute(DML + "INSERT INTO public.busy VALUES (3, 'd')")
-    Capture(conf, once=True).run()
-    applier = Applier(conf, spark=spark)
-    try:
-        applier.catch_up()
-    finally:
-        applier.close()
+    capture_and_apply(conf, spark)
     _same(pg, kind, url)
 
 
@@ -115,21 +109,11 @@ def test_changes_made_while_nothing_applied(pg: Any, pg_cluster: Any, spark: Any
         "INSERT INTO public.s_bag VALUES (400, 'z', 4); UPDATE public.s_last SET b = b;"
         "UPDATE public.s_multi SET x = x; UPDATE public.s_add SET v = v; INSERT INTO public.busy VALUES (2, 'c')"
     )
-    Capture(conf, once=True).run()
-    applier = Applier(conf, spark=spark)
-    try:
-        applier.catch_up()
-    finally:
-        applier.close()
+    capture_and_apply(conf, spark)
     _same(pg, kind, url)
     pg.execute(ALTERS)
     pg.execute(DML)
-    Capture(conf, once=True).run()
-    applier = Applier(conf, spark=spark)
-    try:
-        applier.catch_up()
-    finally:
-        applier.close()
+    capture_and_apply(conf, spark)
     _same(pg, kind, url)
 
 
@@ -167,10 +151,5 @@ def test_a_keyless_table_of_a_type_without_a_btree_operator_class(
         "DELETE FROM public.odd WHERE ctid = (SELECT min(ctid) FROM public.odd WHERE a = 1);"
         "UPDATE public.odd SET b = 'z' WHERE a = 2; INSERT INTO public.odd VALUES (3, 'w')"
     )
-    Capture(conf, once=True).run()
-    applier = Applier(conf, spark=spark)
-    try:
-        applier.catch_up()
-    finally:
-        applier.close()
+    capture_and_apply(conf, spark)
     oracle.assert_same(pg.dsn, kind, url, "public.odd")

@@ -20,7 +20,7 @@ from mirrorline.pipeline import Applier
 from mirrorline.position import Position
 from mirrorline.snapshot.run import snapshot_target
 from tests import oracle
-from tests.pipeline_support import target_url
+from tests.pipeline_support import capture_and_apply, target_url
 
 ID = SourceIdentity("7300000000000000001", 1, "app", "mirrorline")
 
@@ -60,12 +60,7 @@ def test_a_slot_dropped_while_nothing_captured(pg: Any, pg_cluster: Any, spark: 
     Capture(conf, once=True).run()
     snapshot_target(conf, "lite")
     pg.execute("INSERT INTO public.t SELECT i, 'a' || i FROM generate_series(1, 100) i")
-    Capture(conf, once=True).run()
-    applier = Applier(conf, spark=spark)
-    try:
-        applier.catch_up()
-    finally:
-        applier.close()
+    capture_and_apply(conf, spark)
     oracle.assert_same(pg.dsn, "sqlite", url, "public.t")
     recorded = json.loads((tmp_path / "log" / identity.FILE).read_text())
     assert recorded["slot"] == conf.source.slot and recorded["database"] == pg.name
@@ -84,12 +79,7 @@ def test_a_slot_dropped_while_nothing_captured(pg: Any, pg_cluster: Any, spark: 
     # the one command that recovers: load the target again; replication goes on from there
     snapshot_target(conf, "lite")
     pg.execute("UPDATE public.t SET v = 'd' WHERE id = 150")
-    Capture(conf, once=True).run()
-    applier = Applier(conf, spark=spark)
-    try:
-        applier.catch_up()
-    finally:
-        applier.close()
+    capture_and_apply(conf, spark)
     oracle.assert_same(pg.dsn, "sqlite", url, "public.t")
     assert status_mod.status(conf).problems() == []
 

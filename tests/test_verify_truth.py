@@ -14,11 +14,10 @@ import pytest
 
 from mirrorline import config as cfg
 from mirrorline.capture.session import Capture
-from mirrorline.pipeline import Applier
 from mirrorline.snapshot.run import snapshot_target
 from mirrorline.verify import verify
 from tests import oracle
-from tests.pipeline_support import target_url
+from tests.pipeline_support import capture_and_apply, target_url
 
 KINDS = ("postgresql", "sqlite", "duckdb", "delta")
 
@@ -89,12 +88,7 @@ def test_verify_agrees_with_an_independent_reader(pg: Any, pg_cluster: Any, spar
         "UPDATE public.nulls SET c0 = 1 WHERE id = 1; DELETE FROM public.kept WHERE id <= 2;"
         "INSERT INTO public.kept VALUES (6, 'v6')"
     )
-    Capture(conf, once=True).run()
-    applier = Applier(conf, spark=spark)
-    try:
-        applier.catch_up()
-    finally:
-        applier.close()
+    capture_and_apply(conf, spark)
     for kind, url in urls.items():
         assert _oracle_same(pg, kind, url, "public.nulls"), kind
         assert not _oracle_same(pg, kind, url, "public.kept"), kind  # the target keeps the deleted rows
