@@ -103,6 +103,29 @@ def test_a_table_of_text_without_a_key_is_a_bag_keyed_on_every_column(pg: Any, c
     assert t.replica_identity == "f" and t.primary_key == () and [c.name for c in t.columns] == ["a", "b"]
 
 
+def test_every_table_lacking_an_identity_is_named_at_once(pg: Any, conn: Any, tmp_path: Path) -> None:
+    """Three tables without a usable identity: one error names all three, and for the one with a unique index on NOT
+    NULL columns it advises REPLICA IDENTITY USING INDEX (the others: FULL)."""
+    pg.execute(
+        'CREATE TABLE a (x int); CREATE TABLE "B" (x int NOT NULL, y int); CREATE UNIQUE INDEX "B x" ON "B" (x);'
+        "CREATE TABLE d (x int); CREATE UNIQUE INDEX d_x ON d (x); CREATE TABLE ok (id int PRIMARY KEY)"
+    )
+    tables = {"public.a": {}, "public.B": {}, "public.d": {}, "public.ok": {}}
+    with pytest.raises(ConfigError) as e:
+        describe_tables(conn, config(pg.dsn, tmp_path, tables))
+    text = str(e.value)
+    assert all(f"{t} has no primary key" in text for t in ("public.a", "public.B", "public.d")), text
+    assert 'ALTER TABLE "public"."B" REPLICA IDENTITY USING INDEX "B x"' in text
+    assert (
+        'ALTER TABLE "public"."a" REPLICA IDENTITY FULL' in text
+        and 'ALTER TABLE "public"."d" REPLICA IDENTITY FULL' in text
+    )
+    pg.execute('ALTER TABLE "B" REPLICA IDENTITY USING INDEX "B x"')
+    described = describe_tables(conn, config(pg.dsn, tmp_path, tables), keyless_ok=True)
+    assert described["public.B"].identity == ("x",)
+    assert described["public.a"].replica_identity == "f" and described["public.a"].identity == ("x",)
+
+
 def test_publication_is_reconciled_with_the_configuration(pg: Any, conn: Any) -> None:
     pg.execute(
         "CREATE TABLE a (id int PRIMARY KEY); CREATE TABLE b (id int PRIMARY KEY); "

@@ -144,12 +144,29 @@ class SourceTable:
     info: TableInfo = field(default_factory=lambda: TableInfo(""))
 
 
-def describe_tables(conn: Any, config: Config, replicated: Collection[str] = ()) -> dict[str, SourceTable]:
+_UNIQUE_INDEX_SQL = """
+SELECT c.relname FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
+WHERE i.indrelid = %s AND i.indisunique AND i.indimmediate AND i.indpred IS NULL AND i.indexprs IS NULL
+  AND NOT EXISTS (SELECT 1 FROM pg_attribute a WHERE a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey)
+                  AND NOT a.attnotnull)
+ORDER BY i.indnatts, c.relname LIMIT 1
+"""
+
+
+def describe_tables(
+    conn: Any, config: Config, replicated: Collection[str] = (), keyless_ok: bool = False
+) -> dict[str, SourceTable]:
     """Every configured table, checked: it exists, is a table, and has a usable key (primary key, replica identity
-    index, or REPLICA IDENTITY FULL). Raises :class:`ConfigError` naming the table otherwise, except that a table
-    in ``replicated`` (the log holds its changes) that no longer exists is left out: dropped or renamed at the
-    source, it stops alone (the caller records it) while the others go on."""
+    index, or REPLICA IDENTITY FULL). Raises :class:`ConfigError` naming the table otherwise (every table lacking
+    a replica identity at once), except that a table in ``replicated`` (the log holds its changes) that no longer
+    exists is left out: dropped or renamed at the source, it stops alone (the caller records it) while the others go
+    on; one replicated already (the log holds it, or the publication) that lost its replica identity is described
+    as below, with a warning. ``keyless_ok``: a table without
+    a replica identity is described as if it were REPLICA IDENTITY FULL (a bag of rows: ``verify`` compares it so)."""
     file = str(config.file)
+    lacking: dict[str, str] = {}  # table -> what it lacks
+    published = set(publication_members(conn, config.source.publication)) if config.source is not None else set()
+    advice: list[str] = []
     if not config.tables:
         raise ConfigError(
             file, "tables", "no tables configured", hint='add at least one [tables."schema.name"] section'
@@ -183,14 +200,26 @@ def describe_tables(conn: Any, config: Config, replicated: Collection[str] = ())
         names = [c.name for c in columns]
         pk = tuple(pk or ())
         identity: tuple[str, ...] = {"d": pk, "i": tuple(ri or ()), "f": tuple(names), "n": ()}.get(ident, ())
+        if not identity and (keyless_ok or name in replicated or name in published):
+            if not keyless_ok:  # (PostgreSQL refuses its updates and deletes meanwhile: nothing is lost)
+                log.warning(
+                    "%s lost its replica identity at the source: PostgreSQL refuses its updates and deletes until it "
+                    "has one again (ALTER TABLE %s REPLICA IDENTITY FULL, or a primary key)",
+                    name,
+                    quote_table(name),
+                )
+            ident, identity = "f", tuple(names)
         if not identity:
             what = "has no primary key" if ident == "d" else "has REPLICA IDENTITY NOTHING"
-            raise ConfigError(
-                file,
-                key_name,
-                f"{name} {what} and no REPLICA IDENTITY FULL: its updates and deletes cannot be captured with a key",
-                hint=f"add a primary key, or run ALTER TABLE {quote_table(name)} REPLICA IDENTITY FULL",
-            )
+            lacking[name] = f"{name} {what} and no REPLICA IDENTITY FULL or USING INDEX"
+            unique = _fetch(conn, _UNIQUE_INDEX_SQL, (oid,))
+            if unique:
+                advice.append(
+                    f"ALTER TABLE {quote_table(name)} REPLICA IDENTITY USING INDEX {quote_ident(unique[0][0])}"
+                )
+            else:
+                advice.append(f"ALTER TABLE {quote_table(name)} REPLICA IDENTITY FULL (or add a primary key)")
+            continue
         if tcfg.key:
             unknown = [k for k in tcfg.key if k not in names]
             if unknown:
@@ -214,10 +243,31 @@ def describe_tables(conn: Any, config: Config, replicated: Collection[str] = ())
             )
         info = TableInfo(name, tuple(tcfg.key), pk, frozenset(c.name for c in columns if not c.nullable))
         out[name] = SourceTable(name, int(oid), ident, pk, identity, columns, info)
+    if lacking:
+        raise ConfigError(
+            file,
+            f'tables."{next(iter(lacking))}"',
+            f"{'; '.join(lacking.values())}: updates and deletes cannot be captured with a key",
+            hint="run " + "; ".join(advice),
+        )
     return out
 
 
 # --------------------------------------------------------------------------------------------------------- publication
+
+
+def publication_members(conn: Any, publication: str) -> list[str]:
+    """The tables named in ``publication`` (pg_publication_tables lists a partitioned table's partitions instead)."""
+    return sorted(
+        f"{s}.{t}"
+        for s, t in _fetch(
+            conn,
+            "SELECT n.nspname, c.relname FROM pg_publication_rel r JOIN pg_publication p ON p.oid = r.prpubid "
+            "JOIN pg_class c ON c.oid = r.prrelid JOIN pg_namespace n ON n.oid = c.relnamespace "
+            "WHERE p.pubname = %s",
+            (publication,),
+        )
+    )
 
 
 @dataclass
@@ -295,17 +345,7 @@ def reconcile_publication(conn: Any, publication: str, tables: Iterable[str], ow
                 )
             if not via_root:
                 _fetch(conn, f"ALTER PUBLICATION {pub} SET (publish_via_partition_root = true)")
-            # the tables named in it (pg_publication_tables lists a partitioned table's partitions instead)
-            current = sorted(
-                f"{s}.{t}"
-                for s, t in _fetch(
-                    conn,
-                    "SELECT n.nspname, c.relname FROM pg_publication_rel r JOIN pg_publication p ON p.oid = r.prpubid "
-                    "JOIN pg_class c ON c.oid = r.prrelid JOIN pg_namespace n ON n.oid = c.relnamespace "
-                    "WHERE p.pubname = %s",
-                    (publication,),
-                )
-            )
+            current = publication_members(conn, publication)
             report.added = [t for t in wanted if t not in current]
             report.removed = [t for t in current if t not in wanted]
             if report.added:

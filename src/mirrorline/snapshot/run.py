@@ -280,12 +280,15 @@ def _parallelism() -> int:
     return max(int(get_spark().sparkContext.defaultParallelism), 1)
 
 
-def describe_tables(config: Config, cp: ConsistentPoint, only: set[str] | None) -> dict[str, TableStat]:
-    """The configured tables (or ``only`` these) as the source holds them at the consistent point: schema, size."""
+def describe_tables(
+    config: Config, cp: ConsistentPoint, only: set[str] | None, keyless_ok: bool = False
+) -> dict[str, TableStat]:
+    """The configured tables (or ``only`` these) as the source holds them at the consistent point: schema, size.
+    ``keyless_ok``: a table that lost its replica identity is described as a bag of rows (``verify``)."""
     assert config.source is not None
     conn = snapshot_connection(config.source.dsn, cp.snapshot)
     try:
-        stats = describe(conn, config)
+        stats = describe(conn, config, keyless_ok)
     finally:
         conn.close()
     if only is not None:

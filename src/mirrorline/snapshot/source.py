@@ -139,13 +139,14 @@ FROM pg_class c WHERE c.oid = %s
 """
 
 
-def describe(conn: Any, config: Config) -> dict[str, TableStat]:
-    """The configured tables (every one, or an error naming it), with schema, key and size, in load order."""
+def describe(conn: Any, config: Config, keyless_ok: bool = False) -> dict[str, TableStat]:
+    """The configured tables (every one, or an error naming it), with schema, key and size, in load order.
+    ``keyless_ok``: see :func:`~mirrorline.capture.source.describe_tables`."""
     import psycopg2
 
     order = {t.name: (i, t.sequence) for i, t in enumerate(config.tables_in_load_order())}
     try:
-        found = describe_tables(conn, config)
+        found = describe_tables(conn, config, keyless_ok=keyless_ok)
         out: dict[str, TableStat] = {}
         for name, st in found.items():
             with conn.cursor() as cur:
