@@ -4,6 +4,7 @@ changes and rows applied, capture's counters and the slot's retained WAL, scrape
 
 from __future__ import annotations
 
+import sqlite3
 import time
 import urllib.request
 from pathlib import Path
@@ -62,6 +63,19 @@ def test_run_serves_its_metrics(pg: Any, spark: Any, tmp_path: Path) -> None:
         assert got[("mirrorline_target_lag_bytes", (("target", "cache"),))] >= 0
         assert got[("mirrorline_capture_changes", ())] >= 50
         assert got[("mirrorline_slot_retained_wal_bytes", (("slot", "mirrorline"),))] > 0
+        stopped = ("mirrorline_table_stopped", (("table", "public.items"), ("target", "cache")))
+        assert got[stopped] == 0 and got[("mirrorline_target_stopped", (("target", "cache"),))] == 0
+        # the target refuses a row: the table is stopped alone at it, and the metrics say so
+        with sqlite3.connect(tmp_path / "cache.db") as db:
+            db.execute(
+                "CREATE TRIGGER no_bad BEFORE INSERT ON items WHEN NEW.name = 'bad' "
+                "BEGIN SELECT RAISE(ABORT, 'no'); END"
+            )
+        pg.execute("INSERT INTO public.items (id, name, qty) VALUES (2000, 'bad', 1)")
+        while _scrape(runner.metrics_address).get(stopped) != 1:
+            assert not errors, errors
+            assert time.monotonic() < deadline + 60
+            time.sleep(0.2)
     finally:
         runner.stop()
         thread.join(60)

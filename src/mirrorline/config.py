@@ -92,6 +92,8 @@ class TargetConfig:
     location: str  # a path for file targets, a DSN for PostgreSQL
     mode: str = "update"
     on_error: str = "stop"
+    # a table that fails stops the whole target (its units then apply whole or not at all), not that table alone
+    all_or_nothing: bool = False
     compact_every: float = 0.0  # Delta: seconds between compactions and cleanups while run is live (0: never)
     retention_hours: int = 168  # Delta: files no version younger than this reads are removed by the cleanup
     # how the target is first loaded: "wire" (run snapshots it) or "files" (snapshot export, carried over, then
@@ -347,7 +349,9 @@ def parse(data: dict[str, Any], path: Path) -> Config:
         if not re.fullmatch(r"[A-Za-z0-9_-]{1,40}", name):
             raise r.fail(name, "target names are letters, digits, _ and -, at most 40")
         t = _Reader(file, f"targets.{name}", spec)
-        t.only("url", "mode", "on_error", "compact_every", "vacuum_retention", "initial", "state_prefix")
+        t.only(
+            "url", "mode", "on_error", "all_or_nothing", "compact_every", "vacuum_retention", "initial", "state_prefix"
+        )
         url = t.get("url", str, required=True)
         try:
             kind, location = target_location(url, base)
@@ -388,6 +392,7 @@ def parse(data: dict[str, Any], path: Path) -> Config:
             location=location,
             mode=mode,
             on_error=t_on_error,
+            all_or_nothing=t.get("all_or_nothing", bool, False),
             initial=initial,
             state_prefix=state_prefix,
             **upkeep,

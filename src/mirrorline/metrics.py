@@ -1,8 +1,9 @@
 """``run``'s metrics over HTTP, the way Prometheus scrapes exporters (``[metrics] listen``), through
 ``prometheus_client``: per target its lag in seconds and bytes (from its applied position and the change log, computed
-at each scrape), units (compile and apply durations as histograms), changes and rows applied, rejects, apply errors;
-capture's changes and reconnects; the slot's retained WAL on the source. ``status --prometheus`` gives the figures of
-a single look, without a running process."""
+at each scrape), whether it is stopped, and whether each table is stopped alone at it; units (compile and apply
+durations as histograms), changes and rows applied, rejects, apply errors; capture's changes and reconnects; the
+slot's retained WAL on the source. ``status --prometheus`` gives the figures of a single look, without a running
+process."""
 
 from __future__ import annotations
 
@@ -54,6 +55,22 @@ class _Live(Collector):
             log.debug("metrics: lag not computed: %s", e)
         yield lag_s
         yield lag_b
+        targets, tables = m.stopped()
+        g = GaugeMetricFamily(
+            "mirrorline_target_stopped", "1 for a target stopped by an error (tried again), else 0.", labels=["target"]
+        )
+        for name in sorted(m.config.targets):
+            g.add_metric([name], 1 if name in targets else 0)
+        yield g
+        g = GaugeMetricFamily(
+            "mirrorline_table_stopped",
+            "1 for a table stopped alone at the target (its other tables go on), else 0.",
+            labels=["target", "table"],
+        )
+        for name in sorted(m.config.targets):
+            for table in sorted(m.config.tables):
+                g.add_metric([name, table], 1 if (name, table) in tables else 0)
+        yield g
         cap = m.capture_stats()
         if cap is not None:
             for name, help_text, value in (
@@ -75,9 +92,16 @@ class _Live(Collector):
 class RunMetrics:
     """The metrics of one ``run``, served at ``config.metrics.listen`` from :meth:`start`."""
 
-    def __init__(self, config: Config, positions: Callable[[], dict[str, Position]], capture_stats: Callable[[], Any]):
+    def __init__(
+        self,
+        config: Config,
+        positions: Callable[[], dict[str, Position]],
+        capture_stats: Callable[[], Any],
+        stopped: Callable[[], tuple[list[str], list[tuple[str, str]]]] = lambda: ([], []),
+    ):
         self.config = config
         self.positions = positions
+        self.stopped = stopped  # the targets, and the (target, table)s, stopped by an error now
         self.capture_stats = capture_stats
         self.registry = CollectorRegistry()
         r = self.registry

@@ -47,6 +47,7 @@ class UnitReport:
     compile_seconds: float
     apply_seconds: dict[str, float]
     results: dict[str, ApplyResult] = field(default_factory=dict)
+    table: str | None = None  # a unit of this table alone, stopped at the target and catching up on its own
 
 
 @dataclass
@@ -159,6 +160,10 @@ class Applier:
         # targets stopped by an error (DESIGN §6: a failure stops only itself): name -> when to try again
         # (monotonic), the delay after that, and the error; the others go on meanwhile
         self._failed: dict[str, _Failed] = {}
+        # tables stopped alone at a target (held in its state, apply/state.py), by (target, table): when to try
+        # each again; one held before this process started is tried at its first step
+        self._held: dict[tuple[str, str], _Failed] = {}
+        self._held_turn = False  # a held table's unit was the last step: a live unit goes first now
 
     def start_warm_up(self) -> None:
         """Warm Spark up in the background now; the first compile waits for it."""
@@ -234,6 +239,10 @@ class Applier:
         """The targets stopped by an error now, with the error."""
         return {n: f.error for n, f in self._failed.items()}
 
+    def held(self) -> dict[tuple[str, str], MirrorlineError | Exception]:
+        """The tables stopped alone at a target now, by (target, table), with the error."""
+        return {k: f.error for k, f in self._held.items()}
+
     def _fail(self, name: str, error: Exception, position: Position | None) -> None:
         """``name`` failed (applying the unit ending at ``position``, or being read): it stops alone, recorded for
         ``status``, and is tried again after a delay that doubles with each failure."""
@@ -275,7 +284,121 @@ class Applier:
     def _bounds(state: AppliedState) -> list[Position]:
         """Positions a unit for this target must end at rather than straddle: per-table positions beyond the
         target's position (a table snapshotted into a live target, or a unit interrupted under threads > 1)."""
-        return sorted({p for p in state.tables.values() if p > state.position})
+        return sorted({p for t, p in state.tables.items() if p > state.live and t not in state.held})
+
+    # -- tables stopped alone ----------------------------------------------------------------------------------
+
+    def _failing_table(self, name: str, error: Exception, batch: NetBatch) -> str | None:
+        """The table that ``error`` is about, when it stops alone at target ``name`` (a value, a row or a schema
+        change the target refuses for that table); None when the target stops (its connection, its lock, an error
+        not about one table, or ``all_or_nothing``)."""
+        from mirrorline.apply.engine import TargetMoved
+        from mirrorline.errors import TransientTargetError
+
+        if self.config.targets[name].all_or_nothing or not isinstance(error, MirrorlineError):
+            return None
+        if isinstance(error, TransientTargetError | TargetMoved):
+            return None
+        table = error.context.get("table")
+        return table if table in batch.tables or table in batch.truncated else None
+
+    def _hold(self, name: str, table: str, error: Exception) -> None:
+        """Stop ``table`` alone at target ``name`` (its other tables go on): held in the target's state, so that a
+        restart keeps it stopped, and tried again after a delay that doubles with each failure."""
+        target = self.targets[name]
+        with target.exclusive(self.lock_wait):
+            at = target.hold(table, error)
+        before = self._held.get((name, table))
+        delay = self.retry_first if before is None or not before.delay else min(before.delay * 2, self.retry_max)
+        self._held[(name, table)] = _Failed(time.monotonic() + delay, delay, error)
+        text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        text = text.removeprefix(f"target {name}: ")
+        log.error(
+            "target %s: table %s stopped at %s: %s (the target's other tables go on; trying it again in %.0f s)",
+            name,
+            table,
+            at,
+            text,
+            delay,
+        )
+
+    def _held_due(self, states: dict[str, AppliedState]) -> list[tuple[str, str]]:
+        """The held tables to try now: due (their delay passed, or held before this process started)."""
+        now = time.monotonic()
+        out = []
+        for n, st in states.items():
+            for t in st.held:
+                f = self._held.get((n, t))
+                if f is None:  # held by an earlier process: tried once now
+                    reason = st.holds.get(t, {})
+                    why = reason.get("error") or "stopped"
+                    err = MirrorlineError(
+                        f"{why} (table {t} at target {n}, stopped since {reason.get('since', '?')})",
+                        hint=f"fix the target's table, or reload it: mirrorline snapshot --target {n} --table {t}",
+                        target=n,
+                        table=t,
+                    )
+                    f = self._held[(n, t)] = _Failed(0.0, 0.0, err)
+                if (self.retry or f.retry_at == 0.0) and now >= f.retry_at:
+                    out.append((n, t))
+        return out
+
+    def _held_unit(self, states: dict[str, AppliedState], limit: Position) -> UnitReport | None:
+        """One unit of a held table that is due, from its own position towards the target's other tables; the
+        table's hold ends once it reaches them. None: no held table is due (or none had anything to apply)."""
+        for n, t in self._held_due(states):
+            st = states[n]
+            start, end_cap = st.table(t), min(st.live, limit)
+            target = self.targets[n]
+            f = self._held[(n, t)]
+            if start >= st.live:  # nothing left to catch up
+                with target.exclusive(self.lock_wait):
+                    target.release(t)
+                self._held.pop((n, t), None)
+                log.info("target %s: table %s applies again", n, t)
+                continue
+            if start >= end_cap:
+                continue
+            adv, n_changes, _size = self._advance(start, end_cap)
+            end = adv if adv is not None and adv > start and n_changes > 0 else end_cap
+            if not f.trying:
+                log.info("target %s: trying table %s again, from %s", n, t, start)
+                f.trying = True
+            batch, compiled, seconds = self._compile(start, end, False, empty=n_changes == 0)
+            report = UnitReport(
+                start, end, batch.changes if n_changes < 0 else n_changes, [n], compiled, seconds, {}, table=t
+            )
+            schemas = self._schemas(batch.tables + [x for x in batch.truncated if x not in batch.tables], end, start)
+            changes = functools.partial(self._changes, batch.start, batch.end)
+            t0 = time.monotonic()
+            try:
+                try:
+                    with target.exclusive(self.lock_wait):
+                        report.results[n] = target.apply(batch, schemas, changes, table=t)
+                except Unverified as e:
+                    batch = self._compile_general(batch, e)
+                    with target.exclusive(self.lock_wait):
+                        report.results[n] = target.apply(batch, schemas, changes, table=t)
+                report.apply_seconds[n] = time.monotonic() - t0
+            except Exception as e:
+                batch.verify()
+                if self._failing_table(n, e, batch) == t:
+                    self._hold(n, t, e)
+                else:
+                    self._fail(n, e, batch.end)
+                return None
+            finally:
+                batch.release()
+            f.retry_at, f.delay = 0.0, 0.0  # it applies: due again at once, taking turns with the live units
+            self._registered(n)
+            if end >= st.live:
+                self._held.pop((n, t), None)
+                log.info("target %s: table %s caught up with the other tables: it applies again", n, t)
+            else:
+                log.info("unit %s..%s (%d changes) applied to table %s at %s", start, end, report.changes, t, n)
+            report.targets = [n]
+            return report
+        return None
 
     # -- one unit ----------------------------------------------------------------------------------------------
 
@@ -297,8 +420,16 @@ class Applier:
         if self._admitted:
             self._take_admitted()
         states = self._states(self._ready())
-        positions = {n: st.position for n, st in states.items()}
+        positions = {n: st.live for n, st in states.items()}
         behind = {n: p for n, p in positions.items() if p < limit}
+        for key in [k for k in self._held if k[0] in states and k[1] not in states[k[0]].held]:
+            del self._held[key]  # released (reloaded by a snapshot, or by this process)
+        if not (self._held_turn and behind) and any(st.held for st in states.values()):
+            held = self._held_unit(states, limit)
+            if held is not None:
+                self._held_turn = True
+                return held
+        self._held_turn = False
         for n in [n for n in self._failed if n in positions and n not in behind]:
             self._recovered(n)  # readable again, and nothing to apply
         if self._joining:  # an added target that reached the others is one of them
@@ -410,19 +541,31 @@ class Applier:
             from mirrorline.apply.engine import TargetMoved
 
             t0 = time.monotonic()
-            try:
-                with self.targets[n].exclusive(self.lock_wait):  # one applier per target (apply/lock.py)
-                    report.results[n] = self.targets[n].apply(batch, schemas, changes)
-                report.apply_seconds[n] = time.monotonic() - t0
-                self._registered(n)
-            except TargetMoved as e:  # another process applied meanwhile: the next step forms the unit again
-                log.info("%s", e)
+            held: set[str] = set()
+            while True:
+                try:
+                    with self.targets[n].exclusive(self.lock_wait):  # one applier per target (apply/lock.py)
+                        report.results[n] = self.targets[n].apply(batch, schemas, changes)
+                    report.apply_seconds[n] = time.monotonic() - t0
+                    self._registered(n)
+                except TargetMoved as e:  # another process applied meanwhile: the next step forms the unit again
+                    log.info("%s", e)
+                    return
+                except Exception as e:  # a table stops alone, or this target does, tried again later ...
+                    batch.verify()  # ... unless the unit's compile failed (NetBatch.verify raises it): not theirs
+                    table = self._failing_table(n, e, batch)
+                    if table is not None and table not in held:
+                        try:
+                            self._hold(n, table, e)
+                        except Exception as e2:
+                            self._fail(n, e2, batch.end)
+                            return
+                        held.add(table)
+                        continue  # the unit again, without that table
+                    self._fail(n, e, batch.end)
+                    return
+                self._recovered(n)
                 return
-            except Exception as e:  # this target stops alone, and is tried again later ...
-                batch.verify()  # ... unless the unit's compile failed (NetBatch.verify raises that): not the target's
-                self._fail(n, e, batch.end)
-                return
-            self._recovered(n)
 
         if len(group) == 1 and not next_unit:
             apply_one(group[0])
@@ -611,7 +754,7 @@ class Applier:
         if durable is None:
             return 0
         done = 0
-        for start in sorted(set(self.positions().values())):
+        for start in sorted({st.live for st in self._states(list(self.targets)).values()}):
             while start < durable:
                 stored = self._store.starting_at(start)
                 if stored is not None:
@@ -706,15 +849,18 @@ class Applier:
         on_unit: Callable[[UnitReport], None] | None = None,
         covered: bool = False,
         progress: Any = None,
+        held_ok: bool = False,
     ) -> list[UnitReport]:
         """Apply until every target has reached ``upto`` (default: the log's end now); ``covered``: see
         :meth:`step`. ``progress``: a stream that is a terminal gets a progress bar (tqdm) over the log's changes
-        from the targets' lowest position to ``upto``."""
+        from the targets' lowest position to ``upto``. A target or a table that fails stops alone; once the others
+        are done, the first such error is raised (``held_ok``: not a table stopped alone, which the caller reads
+        from the target's state)."""
         target = upto if upto is not None else (self.log.durable() or ZERO)
         reports = []
         bar = self._catch_up_bar(target, progress)
         # every target is tried (one stopped before may have been fixed); one that fails stops for the rest of it
-        for f in self._failed.values():
+        for f in [*self._failed.values(), *self._held.values()]:
             f.retry_at = 0.0
         retry, self.retry = self.retry, False
         try:
@@ -734,6 +880,8 @@ class Applier:
         self.prune()
         if self._failed:  # the others have caught up: now the first stopped target's error
             raise next(iter(self._failed.values())).error
+        if self._held and not held_ok:  # ... or the first table stopped alone
+            raise next(iter(self._held.values())).error
         return reports
 
     def _catch_up_bar(self, target: Position, stream: Any) -> Any:
@@ -887,6 +1035,7 @@ class Runner:
         self._load_error: BaseException | None = None
         self._positions: dict[str, Position] = {}  # each applying target's position, for the metrics
         self.metrics: Any = None  # RunMetrics when [metrics] listen is configured (served from run's start)
+        self._applier: Applier | None = None
         self.metrics_address: tuple[str, int] | None = None
 
     def stop(self) -> None:
@@ -903,10 +1052,22 @@ class Runner:
         finally:
             self._capture_done.set()
 
+    def _stopped_now(self) -> tuple[list[str], list[tuple[str, str]]]:
+        """The targets and the (target, table)s stopped now, for the metrics (read from another thread)."""
+        a = self._applier
+        if a is None:
+            return [], []
+        for _ in range(3):  # (the pipeline's thread may change them meanwhile)
+            try:
+                return sorted(a.failed()), sorted(a.held())
+            except RuntimeError:
+                continue
+        return [], []
+
     def _unit(self, r: UnitReport) -> None:
         self.result.units += 1
         self.result.applied += r.changes
-        for n in r.targets:
+        for n in r.targets if r.table is None else ():  # (a held table's unit leaves the target's position)
             self._positions[n] = r.end
         if self.metrics is not None:
             self.metrics.unit(r)
@@ -1075,7 +1236,9 @@ class Runner:
         if self.config.metrics.listen is not None:
             from mirrorline.metrics import RunMetrics
 
-            self.metrics = RunMetrics(self.config, lambda: dict(self._positions), lambda: self.capture.stats)
+            self.metrics = RunMetrics(
+                self.config, lambda: dict(self._positions), lambda: self.capture.stats, self._stopped_now
+            )
             self.metrics_address = self.metrics.start()
         try:
             thread.start()
@@ -1091,7 +1254,7 @@ class Runner:
             )
             while not (self._ready.wait(0.1) or self._capture_done.is_set()):
                 pass
-            applier = self._start_targets(warm)
+            applier = self._applier = self._start_targets(warm)
             self._positions.update(applier.positions())
             self._say_behind(applier)
             applier.follow(self._stop, on_unit=self._unit, until=self._capture_done.is_set if self.once else None)

@@ -6,7 +6,8 @@ Lag: in seconds, the age of the oldest change committed at the source that the t
 in the log beyond its position, or, while no capture holds the slot, the oldest the slot holds that the log lacks
 (peeked through pgoutput: a dead ``run`` shows); in bytes, how much WAL lies between the target's applied position
 and the source's current position (0 when it has applied everything the log holds). A target stopped by an error is
-``stopped``, with the error and since when.
+``stopped``, with the error and since when; so is a table stopped alone at a target (held: its other tables go on),
+whose oldest change not applied counts in the target's lag.
 """
 
 from __future__ import annotations
@@ -43,6 +44,8 @@ class TargetStatus:
     error: str = ""
     details: dict[str, dict[str, Any]] = field(default_factory=dict)  # per table (Delta: version, files, position)
     reload: str = ""  # why the target needs a reload
+    # tables stopped alone at the target: table -> {"error", "kind", "since", "position"}
+    stopped_tables: dict[str, dict[str, str]] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -54,6 +57,7 @@ class TargetStatus:
             "lag_bytes": self.lag_bytes,
             "tables": self.tables,
             "error": self.error or None,
+            "stopped_tables": self.stopped_tables,
             **({"table_details": self.details} if self.details else {}),
         }
 
@@ -81,6 +85,8 @@ class Status:
         and (``max_lag``, seconds) a target further behind than that."""
         out = list(self.errors)
         for t in self.targets:
+            for table, why in t.stopped_tables.items():
+                out.append(f"target {t.name}: table {table} {_stopped_text(why)}")
             if t.error:
                 out.append(f"target {t.name}: {t.error}")
             elif t.state == "needs reload":
@@ -131,11 +137,20 @@ class Status:
                 lag = f", lag {t.lag_seconds or 0:.1f} s / {_size(t.lag_bytes or 0)}"
             err = f" ({t.error})" if t.error else ""
             lines.append(f"target {t.name} ({t.kind}): {t.state}, applied {t.position or '-'}{lag}{err}")
+            for table, why in t.stopped_tables.items():
+                lines.append(f"  {table}: {_stopped_text(why)}")
             for table, d in t.details.items():
                 lines.append(f"  {table}: " + ", ".join(f"{k} {v}" for k, v in d.items()))
         lines += [f"warning: {w}" for w in self.warnings]
         lines += [f"error: {e}" for e in self.errors]
         return "\n".join(lines)
+
+
+def _stopped_text(why: dict[str, str]) -> str:
+    return (
+        f"stopped since {why.get('since', '?')} at {why.get('position', '?')} (the target's other tables go on): "
+        f"{why.get('error', '?')}"
+    )
 
 
 def _lsn(v: int | None) -> str | None:
@@ -245,7 +260,8 @@ def _target(config: Config, name: str, st: Status, cl: Any) -> TargetStatus:
                 snaps = snapstate.read(s)
             finally:
                 s.close()
-            applied = target.applied_positions().position if snaps else None
+            state = target.applied_positions()
+            applied = state.position if snaps else None  # (a target never loaded is new, whatever it applied)
             ts.details = target.describe()
         finally:
             target.close()
@@ -259,6 +275,9 @@ def _target(config: Config, name: str, st: Status, cl: Any) -> TargetStatus:
     if stop is not None:
         ts.error = f"stopped at {stop.get('at')} applying up to {stop.get('position')}: {stop.get('error')}"
     ts.tables = {t: r.state for t, r in snaps.items()}
+    for t in state.held:
+        ts.tables[t] = STOPPED
+        ts.stopped_tables[t] = {**state.holds.get(t, {}), "position": str(state.table(t))}
     ts.position = applied
     if applied is None:
         if tcfg.initial == "files" and not any(r.state == "loading" for r in snaps.values()):
@@ -438,6 +457,12 @@ def render_prometheus(st: Status) -> str:
         "gauge",
         "1 for the target's current state.",
         [({"target": t.name, "state": s}, 1 if t.state == s else 0) for t in st.targets for s in STATES],
+    )
+    metric(
+        "mirrorline_table_stopped",
+        "gauge",
+        "1 for a table stopped alone at the target (its other tables go on), else 0.",
+        [({"target": t.name, "table": x}, 1 if x in t.stopped_tables else 0) for t in st.targets for x in t.tables],
     )
     metric(
         "mirrorline_warnings", "gauge", "Warnings status reports (slow target, growing slot).", [({}, len(st.warnings))]

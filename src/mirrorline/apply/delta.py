@@ -22,6 +22,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import re
@@ -50,7 +51,6 @@ from mirrorline.apply.state import ensure as ensure_state
 from mirrorline.apply.state import now as now_stamp
 from mirrorline.apply.state import parse as parse_state
 from mirrorline.apply.state import read as read_state
-from mirrorline.apply.state import write as write_state
 from mirrorline.errors import ApplyError, TargetError, TransientTargetError
 from mirrorline.model import Column, TableSchema, quote_ident, split_table_name
 from mirrorline.position import ZERO, Position
@@ -316,7 +316,7 @@ class _Failure:
 class _DeltaRead(TargetRead):
     def __init__(self, target: DeltaTarget) -> None:
         self.target = target
-        self.position = target.applied_positions().position
+        self.position = target.applied_positions().live  # (a table stopped alone is behind it: not compared)
         self._tables: dict[str, DeltaTable | None] = {}
 
     def _table(self, table: str) -> DeltaTable | None:
@@ -430,7 +430,7 @@ class DeltaTarget(Target):
         for folder, dt in self.tables().items():
             table = _table_of(folder)
             tables[table] = max(tables.get(table, ZERO), table_position(dt, self.name))
-        return AppliedState(base.unit_end, tables, base.shapes, base.shape_docs)
+        return dataclasses.replace(base, tables=tables)
 
     @contextlib.contextmanager
     def consistent_read(self) -> Iterator[TargetRead]:
@@ -568,7 +568,7 @@ class DeltaTarget(Target):
             else:
                 write_deltalake(dt, data, mode="append", commit_properties=props)
 
-    def _apply_unit(self, u: _Unit, tables: list[str], todo: list[str]) -> None:
+    def _apply_unit(self, u: _Unit, tables: list[str], todo: list[str], by_lanes: bool = True) -> None:
         """Each table in one Delta commit with the unit's end (``threads`` > 1: tables dealt to that many lanes
         applied side by side), then the unit end in the state file once every table is done."""
         u.batch.verify()  # what the unit's route assumed holds (see NetBatch.verify), before any table commits
@@ -593,7 +593,7 @@ class DeltaTarget(Target):
             if errors:
                 raise errors[0]
         with self.transaction() as s:
-            write_state(s, [], u.batch.end, unit=True)
+            u.record(s, [], unit=True)
 
     def _apply_retried(self, u: _Unit, ts: TableSchema) -> tuple[dict[str, int], list[_Failure]]:
         for attempt in range(1, COMMIT_ATTEMPTS + 1):

@@ -10,6 +10,8 @@ from the existing row), inserts (insert-select), each from a bulk-loaded worktab
 - threads = 1: the whole unit is one transaction, with every table's position and the unit end.
 - threads = N > 1: tables dealt round-robin (first-seen order) to N connections; each table is one transaction with
   its own position; the unit end is written once every table is done.
+- A table held (it failed and stopped alone, :mod:`mirrorline.apply.state`) is left out of the units; ``apply(...,
+  table=T)`` applies a unit of that table alone from its own position, its hold moved (or ended) with it.
 - A bulk failure rolls back the transaction and re-applies the unit's changes one by one in log order to find the
   first that fails: stop with :class:`ApplyError` naming it, or (``on_error = "reject"``) record it in
   ``mirrorline_rejects`` and apply the rest, the position advanced (:mod:`mirrorline.apply.serial`).
@@ -31,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from mirrorline.apply import lock
 from mirrorline.apply import rows as work_rows
+from mirrorline.apply import state as applied
 from mirrorline.apply.reshape import as_rebuild, plan, stop
 from mirrorline.apply.serial import reapply
 from mirrorline.apply.session import Session
@@ -80,7 +83,7 @@ class _SessionRead(TargetRead):
     def __init__(self, target: Target, s: Session) -> None:
         self.target, self.s = target, s
         s.begin_read()
-        self.position = read_state(s).position
+        self.position = read_state(s).live  # (a table stopped alone is behind it: verify does not compare it)
 
     def columns(self, table: str) -> list[str] | None:
         return self.s.table_columns(table)
@@ -105,6 +108,15 @@ class _Unit:
     state: AppliedState  # the target's positions before the unit
     stager: Stager
     result: ApplyResult
+    held: str | None = None  # the unit applies this held table alone, from its own position
+
+    def record(self, s: Session, tables: Sequence[str], unit: bool) -> None:
+        """Write the positions the unit reached, in the caller's transaction: ``tables``' and (``unit``) the unit
+        end every table has reached; a held table's hold moves instead (ended once it reaches the other tables)."""
+        if self.held is None:
+            write_state(s, tables, self.batch.end, unit)
+        else:
+            applied.move_hold(s, self.held, self.batch.end, release=self.batch.end >= self.state.live)
 
 
 class _Mismatch(Exception):
@@ -441,23 +453,32 @@ class Target(ABC):
             log.warning("target %s: %s: %s", self.name, ts.table, note)
 
     # -- apply -----------------------------------------------------------------------------------------------------
-    def apply(self, batch: NetBatch, schemas: Mapping[str, TableSchema], changes: ChangeSource = None) -> ApplyResult:
+    def apply(
+        self,
+        batch: NetBatch,
+        schemas: Mapping[str, TableSchema],
+        changes: ChangeSource = None,
+        table: str | None = None,
+    ) -> ApplyResult:
         """Apply one unit exactly once. ``schemas``: each table's logged schema (the version in force at the unit's
-        end). ``changes``: the unit's changes in log order (after per-table actions), for the failure path."""
+        end). ``changes``: the unit's changes in log order (after per-table actions), for the failure path.
+        ``table``: a held table, the unit applied to it alone from its own position (see :meth:`hold`)."""
         t0 = time.monotonic()
         result = ApplyResult(self.name, batch.start, batch.end)
         state = self.applied_positions()
         tables = list(batch.tables) + [t for t in batch.truncated if t not in batch.tables]
+        if table is not None:
+            return self._apply_held(batch, schemas, changes, table, state, result, tables, t0)
         if state.unit_end >= batch.end:
             result.skipped = tables
             return result
-        if batch.start > state.position:
+        if batch.start > state.live:
             raise TargetError(
                 f"target {self.name}: the unit starts at {batch.start} but the target has applied only up to "
-                f"{state.position}; applying it would skip the changes in between",
+                f"{state.live}; applying it would skip the changes in between",
                 hint="apply the units from the target's applied position",
                 target=self.name,
-                position=str(state.position),
+                position=str(state.live),
             )
         if state.unit_end > batch.start:
             raise TargetMoved(
@@ -466,7 +487,7 @@ class Target(ABC):
                 hint="form the unit again from the target's position",
                 target=self.name,
             )
-        todo = [t for t in tables if state.table(t) < batch.end]
+        todo = [t for t in tables if state.table(t) < batch.end and t not in state.held]
         inside = [t for t in todo if batch.start < state.table(t)]
         if inside:
             raise TargetError(
@@ -492,10 +513,68 @@ class Target(ABC):
         result.seconds = time.monotonic() - t0
         return result
 
-    def _apply_unit(self, u: _Unit, tables: list[str], todo: list[str]) -> None:
+    def _apply_held(
+        self,
+        batch: NetBatch,
+        schemas: Mapping[str, TableSchema],
+        changes: ChangeSource,
+        table: str,
+        state: AppliedState,
+        result: ApplyResult,
+        tables: list[str],
+        t0: float,
+    ) -> ApplyResult:
+        """The unit applied to the held ``table`` alone, from the table's own position; its hold moves to the unit's
+        end, or ends once the table has reached the target's other tables."""
+        at = state.table(table)
+        if table not in state.held or at >= batch.end:
+            result.skipped = tables
+            return result
+        if at != batch.start:
+            raise TargetMoved(
+                f"target {self.name}: the held table {table} is at {at}, not at the unit's start {batch.start}",
+                hint="form the unit again from the table's position",
+                target=self.name,
+                table=table,
+            )
+        result.skipped = [t for t in tables if t != table]
+        todo = [table] if table in tables else []
+        missing = [t for t in todo if t not in schemas]
+        if missing:
+            raise TargetError(
+                f"target {self.name}: no logged schema for {table}",
+                hint="the log must record a table's schema before its changes",
+                target=self.name,
+                table=table,
+            )
+        self.follow_schema([schemas[t] for t in todo], state)
+        u = _Unit(batch, schemas, changes, state, self.stager(batch, schemas, todo), result, held=table)
+        try:
+            self._apply_unit(u, todo, todo, by_lanes=False)
+        finally:
+            u.stager.close()
+        result.seconds = time.monotonic() - t0
+        return result
+
+    def hold(self, table: str, error: BaseException) -> Position:
+        """Stop ``table`` alone at this target (it failed with ``error``): held at the position it has applied up
+        to, left out of the target's units from now on. Returns that position."""
+        text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        state = self.applied_positions()  # (the caller holds the target's lock: nothing moves meanwhile)
+        at = state.table(table)
+        with self.transaction() as s:
+            applied.hold(s, table, at, text, type(error).__name__, state.holds.get(table, {}).get("since"))
+        return at
+
+    def release(self, table: str) -> None:
+        """End ``table``'s hold: it has nothing left to catch up (or was loaded again)."""
+        with self.transaction() as s:
+            applied.release(s, table)
+
+    def _apply_unit(self, u: _Unit, tables: list[str], todo: list[str], by_lanes: bool = True) -> None:
         """Apply the unit's tables ``todo`` (``tables``: all of the unit's, in first-seen order), positions with
         them: one transaction (threads = 1) or a transaction per table on ``threads`` lanes."""
-        if self.threads == 1:
+        if self.threads == 1 or not by_lanes:
             s = self.session()
             try:
                 self._apply_scope(s, u, todo, unit=True)
@@ -542,7 +621,7 @@ class Target(ABC):
             for t in tables:
                 counts[t] = self._bulk_table(s, u, u.schemas[t])
             batch.verify()  # what the unit's route assumed holds (see NetBatch.verify): else nothing commits
-            write_state(s, tables, batch.end, unit)
+            u.record(s, tables, unit)
             t0 = time.monotonic()
             s.commit()
             log.debug("target %s: transaction committed: unit %s..%s", self.name, batch.start, batch.end)

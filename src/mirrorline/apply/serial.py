@@ -18,7 +18,6 @@ from typing import TYPE_CHECKING, Any
 from mirrorline.apply.session import RowMissing, Session
 from mirrorline.apply.sql import MASK_COL, MASK_SEP, key_col, moved_col
 from mirrorline.apply.state import now as now_stamp
-from mirrorline.apply.state import write as write_state
 from mirrorline.compile.reference import marks
 from mirrorline.errors import ApplyError, TransientTargetError
 from mirrorline.model import Change, Op, TableSchema
@@ -80,7 +79,7 @@ def reapply(target: Target, s: Session, u: Unit, tables: list[str], unit: bool) 
                             now,
                         ),
                     )
-                write_state(s, tables, end, unit)
+                u.record(s, tables, unit)
                 s.commit()
                 return len(rejected)
         except Exception as e:

@@ -420,6 +420,16 @@ class Dialect(ABC):
             f"position = excluded.position, updated_at = excluded.updated_at"
         )
 
+    def move_state(self) -> str:
+        p = self.param
+        return (
+            f"UPDATE {self.own(STATE_TABLE)} SET lsn = {p}, seq = {p}, end_lsn = {p}, end_seq = {p}, updated_at = {p} "
+            f"WHERE scope = {p}"
+        )
+
+    def delete_state(self) -> str:
+        return f"DELETE FROM {self.own(STATE_TABLE)} WHERE scope = {self.param}"
+
     def insert_state_if_missing(self) -> str:
         p = self.param
         return (

@@ -2,8 +2,10 @@
 created, written and read here only (apply's units, a snapshot's load and ``verify`` all come through it).
 
 One row per scope: a table's own position (a table loaded or applied on its own: snapshotted into a live target, or
-one lane of ``threads > 1``), and :data:`~mirrorline.apply.sql.GLOBAL_SCOPE` for the unit end every table has
-reached. :class:`AppliedState` turns them into the position every change up to which is applied.
+one lane of ``threads > 1``), :data:`~mirrorline.apply.sql.GLOBAL_SCOPE` for the unit end every table has
+reached, and a *held* table's (:data:`HOLD_SCOPE`): one that failed and stopped alone, while the target's other tables
+went on; its changes are applied from its own position until it reaches the others. :class:`AppliedState` turns
+them into the position every change up to which is applied.
 """
 
 from __future__ import annotations
@@ -23,6 +25,9 @@ from mirrorline.position import ZERO, Position
 # state rows holding a table's shape at the target: the logged schema version (lsn; 0: none) and, in the position
 # column, the shape itself as JSON (what the snapshot loaded, or the version the target last followed)
 SHAPE_SCOPE = "#shape:"
+# state rows of tables stopped alone (held): the position the table is applied up to and, in the position column,
+# why it stopped and since when, as JSON ({"error", "kind", "since"})
+HOLD_SCOPE = "#held:"
 
 
 @dataclass(frozen=True)
@@ -35,16 +40,26 @@ class AppliedState:
     shapes: dict[str, int] = field(default_factory=dict)
     # each table's shape at the target, by content (absent: recorded by a version that did not keep it)
     shape_docs: dict[str, TableSchema] = field(default_factory=dict)
+    # tables stopped alone: the position each is held at, and why ({"error", "kind", "since"})
+    held: dict[str, Position] = field(default_factory=dict)
+    holds: dict[str, dict[str, str]] = field(default_factory=dict)
+
+    @property
+    def live(self) -> Position:
+        """Every change of every table not held is applied up to this position: where the target's next unit
+        starts."""
+        own = [p for t, p in self.tables.items() if t not in self.held]
+        return max(self.unit_end, min(own)) if own else self.unit_end
 
     @property
     def position(self) -> Position:
-        """Every change up to this position is applied (per-table positions taken into account)."""
-        if not self.tables:
-            return self.unit_end
-        return max(self.unit_end, min(self.tables.values()))
+        """Every change up to this position is applied (per-table positions and held tables taken into account)."""
+        return min([self.live, *(self.table(t) for t in self.held)])
 
     def table(self, table: str) -> Position:
         """Every change of ``table`` up to this position is applied."""
+        if table in self.held:  # (its own position may be ahead of the hold: a Delta commit before the hold moved)
+            return max(self.held[table], self.tables.get(table, ZERO))
         return max(self.unit_end, self.tables.get(table, ZERO))
 
 
@@ -60,9 +75,19 @@ def ensure(s: Session) -> None:
 def parse(rows: Iterable[Sequence[Any]]) -> AppliedState:
     """The state from the table's rows (``Dialect.read_state``: scope, lsn, seq, end_lsn, end_seq, position)."""
     unit_end, tables, shapes, docs = ZERO, {}, {}, {}
+    held: dict[str, Position] = {}
+    holds: dict[str, dict[str, str]] = {}
     for scope, lsn, seq, *rest in rows:
         if scope == GLOBAL_SCOPE:
             unit_end = Position(int(lsn), int(seq))
+        elif scope.startswith(HOLD_SCOPE):
+            table = scope[len(HOLD_SCOPE) :]
+            held[table] = Position(int(lsn), int(seq))
+            try:
+                doc = json.loads(rest[2]) if len(rest) > 2 and rest[2] else {}
+            except ValueError:
+                doc = {}
+            holds[table] = {k: str(v) for k, v in doc.items()} if isinstance(doc, dict) else {}
         elif scope.startswith(SHAPE_SCOPE):
             table = scope[len(SHAPE_SCOPE) :]
             if int(lsn):
@@ -72,7 +97,7 @@ def parse(rows: Iterable[Sequence[Any]]) -> AppliedState:
                 docs[table] = schema_from_json(json.loads(doc))
         else:
             tables[scope] = Position(int(lsn), int(seq))
-    return AppliedState(unit_end, tables, shapes, docs)
+    return AppliedState(unit_end, tables, shapes, docs, held, holds)
 
 
 def read(s: Session) -> AppliedState:
@@ -101,3 +126,28 @@ def write_missing(s: Session, positions: dict[str, Position]) -> None:
     stamp = now()
     for t, p in positions.items():
         s.execute(s.dialect.insert_state_if_missing(), (t, p.lsn, p.seq, p.lsn, p.seq, str(p), stamp))
+
+
+def hold(s: Session, table: str, position: Position, error: str, kind: str, since: str | None = None) -> None:
+    """Hold ``table`` at ``position`` (every change of it up to there applied): it failed with ``error`` (of class
+    ``kind``) and stops alone, since ``since`` (default: now)."""
+    doc = json.dumps({"error": error, "kind": kind, "since": since or now()})
+    s.execute(
+        s.dialect.upsert_state(),
+        (HOLD_SCOPE + table, position.lsn, position.seq, position.lsn, position.seq, doc, now()),
+    )
+
+
+def move_hold(s: Session, table: str, end: Position, release: bool) -> None:
+    """``table``, held, applied up to ``end``: its hold moves there, or (``release``: it reached the target's other
+    tables) ends, its own position set to ``end``."""
+    if release:
+        s.execute(s.dialect.delete_state(), (HOLD_SCOPE + table,))
+    else:
+        s.execute(s.dialect.move_state(), (end.lsn, end.seq, end.lsn, end.seq, now(), HOLD_SCOPE + table))
+    write(s, [table], end, unit=False)
+
+
+def release(s: Session, table: str) -> None:
+    """End ``table``'s hold (a reload, or it has nothing left to catch up)."""
+    s.execute(s.dialect.delete_state(), (HOLD_SCOPE + table,))

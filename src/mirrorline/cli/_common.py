@@ -25,6 +25,8 @@ def print_unit(r: UnitReport) -> None:
     import sys
 
     secs = ", ".join(f"{n} {s:.2f}s" for n, s in r.apply_seconds.items())
+    if r.table is not None:  # a table stopped alone, catching up on its own
+        secs += f" (table {r.table} only)"
     how = "compiled" if r.compiled else "reused"
     print(
         f"unit {r.start}..{r.end}: {r.changes} changes, {how} in {r.compile_seconds:.2f}s, applied: {secs}",

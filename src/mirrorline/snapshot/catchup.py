@@ -25,18 +25,21 @@ def catch_up(
     *,
     target: Target | None = None,
     on_unit: Callable[[UnitReport], None] | None = None,
+    held_ok: bool = False,
 ) -> Position:
     """Apply the log's changes of the configured tables to target ``name`` after its applied position, up to
     ``upto`` (default: everything the log holds now); returns the applied position. An ``upto`` given is one the log
     is known to hold every change up to (the caller made sure capture passed it): the target's position becomes
-    ``upto`` itself, beyond the log's last change if need be. ``target``: that target already open (left open)."""
+    ``upto`` itself, beyond the log's last change if need be. ``target``: that target already open (left open).
+    ``held_ok``: a table stopped alone at the target (:mod:`mirrorline.apply.state`) is not an error: the other
+    tables reach ``upto``."""
     from mirrorline.pipeline import Applier
 
     applier = Applier(config, [name], open_targets=target is None)
     if target is not None:
         applier.targets = {name: applier.wire(target)}
     try:
-        applier.catch_up(upto, on_unit=on_unit, covered=upto is not None)
+        applier.catch_up(upto, on_unit=on_unit, covered=upto is not None, held_ok=held_ok)
         return applier.targets[name].applied_positions().position
     finally:
         if target is not None:

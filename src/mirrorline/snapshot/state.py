@@ -99,7 +99,10 @@ def write_positions(s: Session, tables: Iterable[str], position: Position, whole
     """The applied positions a load sets: each loaded table's, and (``whole``: the target was loaded entirely) the
     unit end every table has reached (:mod:`mirrorline.apply.state`)."""
     applied.ensure(s)
+    tables = list(tables)
     applied.write(s, tables, position, unit=whole)
+    for t in tables:  # a table stopped alone at the target (held) applies again from its load
+        applied.release(s, t)
 
 
 def read(s: Session) -> dict[str, TableSnapshot]:
