@@ -153,3 +153,81 @@ def test_a_keyless_table_of_a_type_without_a_btree_operator_class(
     )
     capture_and_apply(conf, spark)
     oracle.assert_same(pg.dsn, kind, url, "public.odd")
+
+
+@pytest.mark.pg
+@pytest.mark.spark
+@pytest.mark.parametrize("kind", ["postgresql", "delta"])
+def test_a_schema_renamed_inside_a_transaction_is_never_followed_silently(
+    pg: Any, pg_cluster: Any, spark: Any, tmp_path: Path, kind: str
+) -> None:
+    """Case 5: ``ALTER SCHEMA s1 RENAME TO s2; CREATE SCHEMA s1; CREATE TABLE s1.t1`` and rows into both tables in
+    one transaction, while capture streams (pgoutput sends no new Relation message for the renamed table). Capture
+    finds the rename by its look at the catalog: the table stops (``status`` says renamed to s2.t1) and no later
+    change of the renamed table reaches the target. At the next start the configured name is another relation: the
+    target stops that table alone (the other goes on) until it is reloaded, then it equals the source's new s1.t1."""
+    import threading
+    import time
+
+    from mirrorline import status as status_mod
+    from mirrorline import stopped
+    from mirrorline.apply.reshape import SchemaChangeStop
+    from mirrorline.pipeline import Applier
+
+    pg.execute(
+        "CREATE SCHEMA s1; CREATE TABLE s1.t1 (id integer PRIMARY KEY); CREATE TABLE public.busy (id integer PRIMARY "
+        "KEY, v text); INSERT INTO s1.t1 VALUES (0); INSERT INTO public.busy VALUES (1, 'b')"
+    )
+    url = target_url(kind, tmp_path, pg_cluster, f"sr_{pg.name[-6:]}")
+    lines = ["[source]", f'dsn = "{pg.dsn}"', "[log]", f'path = "{tmp_path / "log"}"', "[apply]", 'latency = "100ms"']
+    lines += ['[tables."s1.t1"]', '[tables."public.busy"]', "[targets.t]", f'url = "{url}"']
+    (tmp_path / "m.toml").write_text("\n".join(lines) + "\n")
+    conf = cfg.load(tmp_path / "m.toml")
+    Capture(conf, once=True).run()
+    snapshot_target(conf, "t")
+    ready = threading.Event()
+    cap = Capture(conf, on_ready=lambda _stats: ready.set())
+    th = threading.Thread(target=cap.run, daemon=True)
+    th.start()
+    try:
+        assert ready.wait(60), "capture did not start streaming"
+        pg.execute("INSERT INTO s1.t1 VALUES (10)")  # (pgoutput sends the table's Relation message now)
+        pg.execute(
+            "BEGIN; ALTER SCHEMA s1 RENAME TO s2; CREATE SCHEMA s1; CREATE TABLE s1.t1 (id integer PRIMARY KEY);"
+            "INSERT INTO s2.t1 VALUES (1); INSERT INTO s1.t1 VALUES (2); INSERT INTO s2.t1 VALUES (3);"
+            "UPDATE public.busy SET v = 'b2'; COMMIT"
+        )
+        deadline = time.monotonic() + 60
+        while "s1.t1" not in cap.stats.gone and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert cap.stats.gone == ["s1.t1"]
+        pg.execute("INSERT INTO s2.t1 VALUES (4); UPDATE public.busy SET v = 'b3'")
+        time.sleep(2)
+    finally:
+        cap.stop()
+        th.join(30)
+    assert stopped.tables(conf.log.path)["s1.t1"]["reason"] == "renamed to s2.t1 at the source"
+    applier = Applier(conf, spark=spark)
+    try:
+        applier.catch_up()
+        oracle.assert_same(pg.dsn, kind, url, "public.busy")
+        rows = oracle.target(kind, url, "s1.t1", [("id", "integer")])
+        assert rows is not None and (4,) not in rows and (10,) in rows, rows  # nothing after the rename was found
+        warnings = status_mod.status(conf).warnings
+        assert any("table s1.t1 stopped: renamed to s2.t1" in w for w in warnings), warnings
+        # restarted: s1.t1 is the new table now, another relation than the one the target holds
+        Capture(conf, once=True).run()  # (its publication takes the new s1.t1: changes from now on are sent)
+        pg.execute("INSERT INTO s1.t1 VALUES (5); UPDATE public.busy SET v = 'b4'")
+        Capture(conf, once=True).run()
+        with pytest.raises(SchemaChangeStop, match=r"s1\.t1 is another table at the source now"):
+            applier.catch_up()
+        oracle.assert_same(pg.dsn, kind, url, "public.busy")  # the other table went on
+        assert list(applier.held()) == [("t", "s1.t1")]
+        snapshot_target(conf, "t", tables=["s1.t1"])
+        pg.execute("INSERT INTO s1.t1 VALUES (6)")
+        Capture(conf, once=True).run()
+        applier.catch_up()
+        for t in ("s1.t1", "public.busy"):
+            oracle.assert_same(pg.dsn, kind, url, t)
+    finally:
+        applier.close()

@@ -90,3 +90,13 @@ def tables(log_root: Path) -> dict[str, dict[str, Any]]:
         except (OSError, ValueError) as e:
             out[name] = {"table": name, "reason": f"unreadable record {p}: {e}", "position": "", "at": ""}
     return out
+
+
+def clear_table(log_root: Path, table: str) -> bool:
+    """``table`` exists at the source under its name again (created again, or renamed back): its record goes.
+    Returns whether there was one."""
+    path = log_root / FOLDER / TABLES / f"{quote(table, safe='')}.json"
+    if not path.exists():
+        return False
+    path.unlink(missing_ok=True)
+    return True

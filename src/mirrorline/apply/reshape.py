@@ -113,6 +113,13 @@ def plan(
     follow. A table without a key (indexed on its columns), and every table with ``rebuild`` (a kind that cannot
     alter a column an index depends on), is built again in one step for any change but added columns."""
     missing = [c for c in new.columns if c.name not in have]
+    if old is not None and old.relid and new.relid and old.relid != new.relid:
+        raise stop(
+            new,
+            target,
+            f"{new.table} is another table at the source now (relation {old.relid}, then {new.relid}: dropped and "
+            "created again, or another table renamed to its name), whose rows the target does not have",
+        )
     if old is None or old == new or (old.columns == new.columns and old.key == new.key and old.bag == new.bag):
         return [Step("add", c) for c in missing]
     steps: list[Step] = []

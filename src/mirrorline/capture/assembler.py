@@ -25,6 +25,7 @@ bytes and decodes row messages column-wise a batch at a time, with the same resu
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -359,6 +360,14 @@ class Assembler:
         if name:
             return name
         return self.types.get(oid) or f"oid {oid}"
+
+    def forget(self, relid: int) -> None:
+        """No change of relation ``relid`` is captured from now on (its table was found renamed or dropped at the
+        source), whatever name the last Relation message gave it; rows of it not taken yet are dropped too."""
+        for rels in [self.relations, *(st.relations for st in self._streams.values())]:
+            rel = rels.get(relid)
+            if rel is not None:
+                rels[relid] = dataclasses.replace(rel, captured=False)
 
     def _rel(self, relid: int, what: str) -> RelInfo:
         st = self._stream

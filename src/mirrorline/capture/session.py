@@ -22,6 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from mirrorline import stopped
 from mirrorline.capture.batching import BatchAssembler
 from mirrorline.capture.events import (
     Committed,
@@ -143,6 +144,9 @@ class Capture:
                 replicated = self._replicated()
                 tables = describe_tables(conn, self.config, replicated)
                 self._gone_infos = {}
+                for name in tables:  # there under its name again: a relation other than the one replicated is
+                    if stopped.clear_table(self.config.log.path, name):  # stopped at the targets (apply/reshape.py)
+                        log.info("table %s exists at the source again: it is captured again", name)
                 for name in sorted(set(self.config.tables) - set(tables)):
                     self._gone(name, whereabouts(conn, replicated[name].relid), current_wal_lsn(conn))
                     # its changes still in the WAL (before the rename or drop) are captured under its old name
@@ -236,22 +240,29 @@ class Capture:
 
     def _gone(self, table: str, reason: str, lsn: int) -> None:
         """A configured table no longer exists at the source under its name: recorded for ``status``; its changes
-        end here, the other tables go on."""
-        from mirrorline import stopped
-
+        end here, the other tables go on. Said once per table (a Relation message and the look at the catalog may
+        both find it)."""
+        if table in self.stats.gone:
+            return
         log.warning("table %s %s (at %s): it is no longer replicated", table, reason, format_lsn(lsn))
         stopped.record_table(self.config.log.path, table, reason, format_lsn(lsn))
         self.stats.gone.append(table)
 
-    def _check_dropped(self) -> None:
-        """Every few seconds: configured tables dropped at the source (pgoutput sends nothing for a DROP TABLE)."""
+    def _check_catalog(self, asm: BatchAssembler) -> None:
+        """Every few seconds: configured tables dropped at the source (pgoutput sends nothing for a DROP TABLE), or
+        renamed where no Relation message says so (``ALTER SCHEMA ... RENAME`` leaves the name pgoutput sent last in
+        force): either stops the table, and no change of its relation is captured any more."""
         now = time.monotonic()
         if now < self._next_drop_check or not self._oids or self._types is None:
             return
         self._next_drop_check = now + DROP_CHECK_SECONDS
-        for oid in self._types.missing(self._oids):
+        for oid, name_now in self._types.moved(self._oids).items():
             name = self._oids.pop(oid)
-            self._gone(name, "dropped at the source", self._wal_end)
+            asm.forget(oid)
+            if name_now is None:
+                self._gone(name, "dropped at the source", self._wal_end)
+            else:
+                self._gone(name, f"renamed to {name_now} at the source", self._wal_end)
 
     def _record_schema(self, schema: Any) -> Any:
         assert self._writer is not None
@@ -403,7 +414,7 @@ class Capture:
     def _periodic(self, cur: Any, asm: BatchAssembler, writer: LogWriter) -> None:
         """Every ~0.2 s: committed rows to the writer, segments flushed by its time limit, feedback; every few
         seconds, a look for configured tables dropped at the source."""
-        self._check_dropped()
+        self._check_catalog(asm)
         if asm.buffered:
             self._take(asm, writer)
         writer.tick()

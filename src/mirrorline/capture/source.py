@@ -457,8 +457,10 @@ class TypeNames:
                 "(mirrorline snapshot --target NAME --table SCHEMA.NAME)",
             ) from e
 
-    def missing(self, oids: Collection[int]) -> set[int]:
-        """Which of these relations no longer exist at the source (empty when the lookup fails: asked again later)."""
+    def moved(self, names: Mapping[int, str]) -> dict[int, str | None]:
+        """Which of these relations (relid -> the name configured) no longer exist at the source under that name:
+        relid -> the name it has now (a schema or the table renamed), or None (dropped). Empty when the lookup fails
+        (asked again later)."""
         import psycopg2
 
         try:
@@ -466,14 +468,20 @@ class TypeNames:
                 self._conn = connect(self.dsn, doing="cannot look up tables on the source")
             rows = _fetch(
                 self._conn,
-                "SELECT o FROM unnest(%s::oid[]) o WHERE NOT EXISTS (SELECT 1 FROM pg_class c WHERE c.oid = o)",
-                (list(oids),),
+                "SELECT o, n.nspname, c.relname FROM unnest(%s::oid[]) o LEFT JOIN pg_class c ON c.oid = o "
+                "LEFT JOIN pg_namespace n ON n.oid = c.relnamespace",
+                (list(names),),
             )
         except psycopg2.Error as e:
             log.warning("cannot look up the configured tables on the source: %s", str(e).strip())
             self.close()
-            return set()
-        return {int(r[0]) for r in rows}
+            return {}
+        out: dict[int, str | None] = {}
+        for oid, nsp, rel in rows:
+            now = f"{nsp}.{rel}" if rel is not None else None
+            if now != names[int(oid)]:
+                out[int(oid)] = now
+        return out
 
     def close(self) -> None:
         if self._conn is not None:

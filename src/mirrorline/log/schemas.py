@@ -120,7 +120,8 @@ class SchemaStore:
         return versions[max(versions)] if versions else None
 
     def plan(self, schema: TableSchema) -> TableSchema:
-        """The version ``schema`` gets: an existing one with the same columns, key and bagness, else the next
+        """The version ``schema`` gets: an existing one with the same columns, key and bagness of the same relation
+        (a table dropped and created again, or another renamed to its name, is a new version), else the next
         number."""
         versions = self._by_table.get(schema.table, {})
         # a column the catalog no longer names as it was (capture looked it up after a later rename or drop) keeps
@@ -143,7 +144,8 @@ class SchemaStore:
             )
         for v in sorted(versions):
             s = versions[v]
-            if s.columns == schema.columns and s.key == schema.key and s.bag == schema.bag:
+            same_relation = not s.relid or not schema.relid or s.relid == schema.relid
+            if s.columns == schema.columns and s.key == schema.key and s.bag == schema.bag and same_relation:
                 return s
         return replace(schema, version=max(versions, default=0) + 1)
 
