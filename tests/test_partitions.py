@@ -1,6 +1,7 @@
 """Partitioned tables (issue 35): a configured partitioned table is replicated as one table at every kind, its
 partitions' changes published under its name (``publish_via_partition_root``): several levels, a default partition,
-a partition attached with its columns in another order, rows moving between partitions, a TRUNCATE of the parent.
+a partition attached with its columns in another order, rows moving between partitions, a TRUNCATE of the parent,
+``DROP v, ADD c ... DEFAULT, ADD v`` in one statement.
 A partition configured alone is replicated under its own name. Each target is read by the tests' own reader."""
 
 from __future__ import annotations
@@ -45,6 +46,11 @@ CHANGES = [
     "UPDATE public.part SET v = v || '!' WHERE region = 'asia'; DELETE FROM public.part_rest WHERE id = 4;"
     "UPDATE public.solo SET v = 'moved' WHERE id = 2; UPDATE public.solo SET id = 160 WHERE id = 1",
     "BEGIN; TRUNCATE public.part; INSERT INTO public.part VALUES (7, 'asia', 'after'), (8, 'eu', NULL); COMMIT",
+    # case 4 on a partitioned table, capture started again before it: a column dropped, one added with a default,
+    # and one of the dropped one's name added, in one statement
+    "ALTER TABLE public.part DROP v, ADD COLUMN c integer NOT NULL DEFAULT 7, ADD v text;"
+    "INSERT INTO public.part (id, region, c, v) VALUES (20, 'eu', 1, 'new v'), (21, 'asia', 2, NULL);"
+    "UPDATE public.part SET v = 'set' WHERE id = 7",
 ]
 
 

@@ -440,7 +440,7 @@ class TypeNames:
         try:
             if self._conn is None or self._conn.closed:
                 self._conn = connect(self.dsn, doing="cannot look up a table's columns on the source")
-            rows = _fetch(self._conn, _ATTRIBUTES_SQL, (relid,))
+            rows = _fetch(self._conn, _ATTRIBUTES_SQL, (relid, relid, relid))
         except psycopg2.Error as e:
             log.warning("cannot look up the columns of relation %s on the source: %s", relid, str(e).strip())
             self.close()
@@ -491,9 +491,15 @@ class TypeNames:
                 self._conn = None
 
 
+# a partitioned table holds no rows: the value its existing rows got for an added column is its leaves' (the
+# relation itself, and its leaf partitions when it is partitioned; pg_partition_tree of a plain table is empty)
 _ATTRIBUTES_SQL = """
-SELECT a.attname, a.attnum, CASE WHEN a.atthasmissing THEN a.attmissingval::text END,
-  d.adbin IS NOT NULL AND NOT a.atthasmissing
+WITH rels AS (SELECT %s::oid AS relid UNION SELECT relid FROM pg_partition_tree(%s::oid::regclass) WHERE isleaf)
+SELECT a.attname, a.attnum,
+  (SELECT l.attmissingval::text FROM rels JOIN pg_attribute l ON l.attrelid = rels.relid AND l.attname = a.attname
+   WHERE l.atthasmissing LIMIT 1),
+  d.adbin IS NOT NULL AND NOT EXISTS (SELECT 1 FROM rels JOIN pg_attribute l ON l.attrelid = rels.relid
+                                      AND l.attname = a.attname WHERE l.atthasmissing)
 FROM pg_attribute a LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
 WHERE a.attrelid = %s AND a.attnum > 0 AND NOT a.attisdropped
 """
