@@ -235,36 +235,57 @@ class PostgresTarget(Target):
     def __init__(self, *args: Any, parallel_rows: int = 1_000_000, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.parallel_rows = parallel_rows  # units with at least this many net rows load worktables from Spark tasks
+        self._lock_conn: Any = None  # the applier lock's connection, kept open between units
 
     def connect(self) -> Session:
         return PgSession(self.location)
 
-    # the applier lock: an advisory lock (LOCK_CLASS, hashtext of the state table), on a connection of its own
+    # the applier lock: an advisory lock (LOCK_CLASS, hashtext of the state table), on a connection of its own that
+    # stays open between units (one round trip to take it, one to let it go)
     LOCK_CLASS = 0x6D6C  # "ml"
 
     def try_lock(self) -> Any:
         from mirrorline.apply.lock import holder_text
 
-        conn = connect(self.location)
-        try:
-            conn.autocommit = True
-            with conn.cursor() as cur:
-                cur.execute("SET application_name = %s", (f"mirrorline applier: {holder_text()}"[:63],))
-                cur.execute(
-                    "SELECT pg_try_advisory_lock(%s, hashtext(%s))", (self.LOCK_CLASS, self.dialect.own(STATE_TABLE))
-                )
-                got = cur.fetchone()[0]
-        except BaseException:
-            conn.close()
-            raise
-        if not got:
-            conn.close()
-            return None
-        return conn
+        for attempt in (1, 2):  # (a kept connection the server closed meanwhile: once more on a new one)
+            conn = self._lock_conn
+            fresh = conn is None or conn.closed
+            if fresh:
+                conn = self._lock_conn = connect(self.location)
+                conn.autocommit = True
+            try:
+                with conn.cursor() as cur:
+                    cur.execute(
+                        "SELECT set_config('application_name', %s, false), pg_try_advisory_lock(%s, hashtext(%s))",
+                        (f"mirrorline applier: {holder_text()}"[:63], self.LOCK_CLASS, self.dialect.own(STATE_TABLE)),
+                    )
+                    got = cur.fetchone()[1]
+            except psycopg2.Error:
+                self._drop_lock_conn()
+                if fresh or attempt == 2:
+                    raise
+                continue
+            return conn if got else None
+        return None
 
     def unlock(self, handle: Any) -> None:
-        with contextlib.suppress(psycopg2.Error):
-            handle.close()  # (the session's advisory lock goes with it)
+        try:
+            with handle.cursor() as cur:
+                cur.execute(
+                    "SELECT pg_advisory_unlock(%s, hashtext(%s))", (self.LOCK_CLASS, self.dialect.own(STATE_TABLE))
+                )
+        except psycopg2.Error:
+            self._drop_lock_conn()  # (the session's advisory lock goes with it)
+
+    def _drop_lock_conn(self) -> None:
+        conn, self._lock_conn = self._lock_conn, None
+        if conn is not None:
+            with contextlib.suppress(psycopg2.Error):
+                conn.close()
+
+    def close(self) -> None:
+        self._drop_lock_conn()
+        super().close()
 
     def lock_holder(self) -> str:
         conn = connect(self.location)
