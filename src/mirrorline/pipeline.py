@@ -352,8 +352,12 @@ class Applier:
             target = self.targets[n]
             f = self._held[(n, t)]
             if start >= st.live:  # nothing left to catch up
-                with target.exclusive(self.lock_wait):
-                    target.release(t)
+                try:
+                    with target.exclusive(self.lock_wait):
+                        target.release(t)
+                except Exception as e:
+                    self._fail(n, e, None)
+                    return None
                 self._held.pop((n, t), None)
                 log.info("target %s: table %s applies again", n, t)
                 continue
@@ -382,10 +386,12 @@ class Applier:
                 report.apply_seconds[n] = time.monotonic() - t0
             except Exception as e:
                 batch.verify()
-                if self._failing_table(n, e, batch) == t:
+                try:
+                    if self._failing_table(n, e, batch) != t:
+                        raise
                     self._hold(n, t, e)
-                else:
-                    self._fail(n, e, batch.end)
+                except Exception as e2:  # (not the table's, or its hold could not be written: the target's)
+                    self._fail(n, e2, batch.end)
                 return None
             finally:
                 batch.release()
