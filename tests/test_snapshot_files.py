@@ -3,6 +3,7 @@ damaged, incomplete or foreign folder is refused before anything is written."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -15,6 +16,7 @@ import oracle
 from mirrorline.errors import SnapshotError
 from mirrorline.snapshot import Options, catch_up, check_folder, export_snapshot, load_snapshot
 from mirrorline.snapshot.plan import parse_chunk_file_name
+from mirrorline.snapshot.tasks import file_sha256
 from mirrorline.verify import verify
 from snapshot_support import Workload, capture_once, create_items, target_urls, write_config
 
@@ -84,7 +86,34 @@ def _damage(folder: Path, how: str, other: Path) -> str:
     if how == "no_end":
         (folder / "END").unlink()
         return "the end marker END is missing"
-    raise AssertionError(how)
+    # the manifest edited, its checksum in END fixed, as anyone editing it would
+    doc = json.loads((folder / "manifest.json").read_text())
+    entry = next(c for c in doc["chunks"] if c["file"] == victim)
+    if how in ("outside", "absolute"):
+        outside = folder.parent / f"outside-{how}.csv"
+        shutil.copyfile(folder / victim, outside)
+        (folder / victim).unlink()
+        entry["file"] = "../" + outside.name if how == "outside" else str(outside)
+        expected = f"names a chunk {entry['file']!r}, which is not a chunk file of this folder"
+    elif how == "unconfigured":
+        data = (folder / victim).read_bytes().replace(b"table=public.items", b"table=public.evil", 1)
+        evil = victim.replace("public.items", "public.evil")
+        (folder / evil).write_bytes(data)
+        doc["chunks"].append(
+            {**entry, "file": evil, "table": "public.evil", "bytes": len(data), "sha256": file_sha256(folder / evil)}
+        )
+        schema = json.loads(json.dumps(doc["tables"][0]))
+        schema["schema"]["table"] = "public.evil"
+        doc["tables"].append(schema)
+        expected = "holds tables this configuration does not replicate: public.evil"
+    else:
+        raise AssertionError(how)
+    data = (json.dumps(doc, indent=1, sort_keys=True) + "\n").encode()
+    (folder / "manifest.json").write_bytes(data)
+    end = json.loads((folder / "END").read_text())
+    end["manifest_sha256"] = hashlib.sha256(data).hexdigest()
+    (folder / "END").write_text(json.dumps(end) + "\n")
+    return expected
 
 
 def test_damaged_folders_are_refused_and_nothing_is_written(
@@ -99,7 +128,7 @@ def test_damaged_folders_are_refused_and_nothing_is_written(
     Workload(pg.dsn, max_id=800).run_some(50)
     second = export_snapshot(cfg, tmp_path / "b", options=SMALL).folder
     assert first is not None and second is not None
-    for how in ("truncated", "missing", "foreign", "altered", "extra", "no_end"):
+    for how in ("truncated", "missing", "foreign", "altered", "extra", "no_end", "outside", "absolute", "unconfigured"):
         copy = tmp_path / f"copy-{how}"
         shutil.copytree(first, copy)
         expected = _damage(copy, how, second)
@@ -111,5 +140,8 @@ def test_damaged_folders_are_refused_and_nothing_is_written(
     # nothing was written: no SQLite file, no table in the PostgreSQL target
     assert not (tmp_path / "target.sqlite").exists()
     assert pg.cluster.execute("SELECT count(*) FROM pg_tables WHERE schemaname = 'public'", target_dbs[0]) == [(0,)]
+    # the folder export was given (holding the export's own folder) is pointed at, not called incomplete
+    with pytest.raises(SnapshotError, match=f"holds 1: {first.name}"):
+        load_snapshot(cfg, "sqlite", tmp_path / "a", options=SMALL)
     # the intact folder loads
     assert load_snapshot(cfg, "sqlite", first, options=SMALL).rows["public.items"] == 800

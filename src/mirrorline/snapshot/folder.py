@@ -137,6 +137,14 @@ def check_folder(folder: str | os.PathLike[str]) -> Manifest:
             f"no snapshot folder at {f}", hint="pass the folder that snapshot export created", path=str(f)
         )
     if not (f / END).is_file():
+        inside = sorted(p.name for p in f.iterdir() if p.is_dir() and (p / END).is_file())
+        if inside:
+            raise SnapshotError(
+                f"{f} is not an export folder but holds {len(inside)}: {', '.join(inside)} (snapshot export DIR "
+                "writes each export into a folder of its own inside DIR)",
+                hint=f"pass one of them, e.g. {f / inside[-1]}",
+                path=str(f),
+            )
         raise _refuse(f, "the end marker END is missing: the export did not finish, or the folder was not copied whole")
     if not (f / MANIFEST).is_file():
         raise _refuse(f, f"{MANIFEST} is missing")
@@ -148,6 +156,17 @@ def check_folder(folder: str | os.PathLike[str]) -> Manifest:
         raise _refuse(f, f"the manifest or end marker is damaged ({e})") from None
     if end.get("manifest_sha256") != hashlib.sha256(data).hexdigest() or end.get("export") != manifest.export_id:
         raise _refuse(f, "the manifest does not match the end marker (damaged, or from another export)")
+    tables = {t.table for t in manifest.tables}
+    for c in manifest.chunks:
+        if parse_chunk_file_name(c.file) is None or Path(c.file).name != c.file or c.file in (".", ".."):
+            raise _refuse(
+                f,
+                f"the manifest names a chunk {c.file!r}, which is not a chunk file of this folder (chunks are named "
+                "NNNNN-NNNNN-<table>.csv, inside it)",
+                hint="the manifest was edited: export again",
+            )
+        if c.table not in tables:
+            raise _refuse(f, f"the manifest names chunk {c.file} of {c.table}, a table it does not describe")
     listed = {c.file: c for c in manifest.chunks}
     for name in sorted(os.listdir(f)):
         if parse_chunk_file_name(name) and name not in listed:

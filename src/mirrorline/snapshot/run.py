@@ -510,7 +510,7 @@ def export_snapshot(config: Config, directory: str | Path, *, options: Options |
     manifest = Manifest(
         export_id,
         snapstate.now(),
-        {"dsn": redact_dsn(config.source.dsn), "slot": config.source.slot},
+        {"dsn": redact_dsn(config.source.dsn), "slot": config.source.slot, **_source_identity(config)},
         cp.lsn,
         cp.position,
         end_lsn,
@@ -525,6 +525,36 @@ def export_snapshot(config: Config, directory: str | Path, *, options: Options |
     return res
 
 
+def _source_identity(config: Config) -> dict[str, str]:
+    """The source the log records (its system identifier and database: ``capture/identity.py``), for a manifest."""
+    from mirrorline.capture import identity
+
+    ident = identity.read(config.log.path)
+    return {"system_identifier": ident.system_identifier, "database": ident.database} if ident else {}
+
+
+def _check_belongs(config: Config, manifest: Manifest, f: Path) -> None:
+    """An export loads only into a target of the configuration and log it was made for: its tables are configured
+    ones, and its source is the log's (when both are known)."""
+    extra = [t.table for t in manifest.tables if t.table not in config.tables]
+    if extra:
+        raise SnapshotError(
+            f"snapshot folder {f} holds tables this configuration does not replicate: {', '.join(extra)}; nothing "
+            "was loaded",
+            hint="configure them, or export again with this configuration",
+            path=str(f),
+        )
+    mine, theirs = _source_identity(config), manifest.source
+    for key in ("system_identifier", "database"):
+        if mine.get(key) and theirs.get(key) and mine[key] != theirs[key]:
+            raise SnapshotError(
+                f"snapshot folder {f} was exported from another source ({key} {theirs[key]}) than the one this "
+                f"log captures ({mine[key]}); nothing was loaded",
+                hint="load an export made with this configuration",
+                path=str(f),
+            )
+
+
 def load_snapshot(config: Config, name: str, folder: str | Path, *, options: Options | None = None) -> SnapshotResult:
     """``snapshot load --target NAME DIR``: check the folder whole (and that the log still holds what follows it),
     then load it into the target in one transaction; the target then continues from the log at its position."""
@@ -532,6 +562,7 @@ def load_snapshot(config: Config, name: str, folder: str | Path, *, options: Opt
     tcfg = target_config(config, name)
     f = Path(folder)
     manifest = check_folder(f)
+    _check_belongs(config, manifest, f)
     cl = ChangeLog(config.log.path)
     if cl.layout.exists():
         try:
