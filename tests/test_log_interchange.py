@@ -297,3 +297,31 @@ def test_a_replace_at_the_end_of_one_file_and_its_update_in_the_next_are_one_cha
 def test_a_delete_without_its_primary_key_is_still_an_error(tmp_path):
     with pytest.raises(DecodeError, match="lacks key column"):
         import_daystream(tmp_path / "log", [write(tmp_path / "a.ds", ["_table\tzzz\t_action\tdelete\tb\tx\t\t"])], ZZZ)
+
+
+@pytest.mark.pg
+def test_a_captured_log_and_an_imported_log_are_never_mixed(pg, tmp_path):
+    """Imported transactions take positions after the log's last one; the source's next commits may not lie beyond
+    them, so a log capture feeds refuses an import, and capture refuses a log that holds imports."""
+    from mirrorline import config as cfg
+    from mirrorline.capture.session import Capture
+
+    pg.execute("CREATE TABLE public.items (id integer PRIMARY KEY); INSERT INTO public.items VALUES (1)")
+
+    def conf(log: str) -> cfg.Config:
+        path = tmp_path / f"{log}.toml"
+        path.write_text(
+            f'[source]\ndsn = "{pg.dsn}"\nslot = "{log}"\npublication = "{log}"\n[log]\npath = "{tmp_path / log}"\n'
+            '[tables."public.items"]\n'
+        )
+        return cfg.load(path)
+
+    Capture(conf("captured"), once=True).run()
+    with pytest.raises(LogError, match="is fed by capture") as e:
+        import_daystream(tmp_path / "captured", [write(tmp_path / "a.ds", DAYSTREAM[:2])], ZZZ)
+    assert "another [log] path" in str(e.value)
+    import_daystream(tmp_path / "imported", [write(tmp_path / "b.ds", DAYSTREAM[:2])], ZZZ)
+    before = ChangeLog(tmp_path / "imported").durable()
+    with pytest.raises(LogError, match="holds changes imported from daystream files"):
+        Capture(conf("imported"), once=True).run()
+    assert ChangeLog(tmp_path / "imported").durable() == before

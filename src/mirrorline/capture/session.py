@@ -136,6 +136,7 @@ class Capture:
 
     def prepare(self) -> dict[str, Any]:
         """Check the source and the configured tables, reconcile the publication, create the slot if missing."""
+        self._check_not_imported()
         dsn = self.source.dsn
         conn = connect(dsn)
         try:
@@ -178,6 +179,22 @@ class Capture:
         self._types = TypeNames(dsn)
         self._types.add_tables(tables.values())
         return tables
+
+    def _check_not_imported(self) -> None:
+        """A log holding changes imported from files is not one capture adds to (refused before the source is
+        touched): their positions are not the source's."""
+        from mirrorline.errors import LogError
+        from mirrorline.log.interchange import imported_mark
+        from mirrorline.log.reader import ChangeLog
+
+        root = self.config.log.path
+        if ChangeLog(root).layout.exists() and imported_mark(ChangeLog(root)) is not None:
+            raise LogError(
+                f"the change log at {root} holds changes imported from daystream files: capture cannot add the "
+                "source's changes to it (their positions would not be after the imported ones)",
+                hint="give capture a log of its own (another [log] path)",
+                root=str(root),
+            )
 
     def _check_source(self, conn: Any) -> None:
         """The log knows its source (:mod:`mirrorline.capture.identity`): another system, WAL gone back, or the slot

@@ -150,7 +150,19 @@ def _transactions(files: Sequence[Path], decoder: Decoder, marks: _Marks | None 
 def import_daystream(
     root: Path, files: Sequence[Path], tables: Mapping[str, TableConfig] | None = None, segment_changes: int = 100_000
 ) -> ImportResult:
-    """Append daystream files to the log at ``root`` (atomically: all of them or nothing)."""
+    """Append daystream files to the log at ``root`` (atomically: all of them or nothing). A log that capture feeds
+    is refused: imported transactions take positions after the log's last one, which the source's next commits may
+    not be beyond (capture would then take them for changes it already holds)."""
+    from mirrorline.capture import identity
+
+    fed = identity.read(root)
+    if fed is not None:
+        raise LogError(
+            f"the change log at {root} is fed by capture from {fed.database} (system {fed.system_identifier}): "
+            "importing files into it would give them positions the source's own changes also take",
+            hint="import into a log of its own (another [log] path), with a configuration without [source]",
+            root=str(root),
+        )
     with LogWriter(root, segment_changes=segment_changes) as writer:
         marks = _Marks(imported_mark(ChangeLog(root)))
         next_lsn = writer.last_lsn + 1
