@@ -94,6 +94,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def entry() -> None:
+    """The ``mirrorline`` command. What it writes (the log, exports, file targets, scratch) is its user's alone,
+    whatever the umask: they hold the source's rows (PostgreSQL keeps its data folder 0700 likewise)."""
+    os.umask(0o077)
     sys.exit(main())
 
 

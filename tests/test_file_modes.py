@@ -1,0 +1,59 @@
+"""What ``mirrorline`` writes is its user's alone (issue 37): under a umask of 022, the log's folders and segments,
+an export's folder and chunks and a SQLite target are 0700 and 0600, as PostgreSQL keeps its data folder: they hold
+the source's rows."""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "mirrorline.cli.main", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        preexec_fn=lambda: os.umask(0o022),
+    )
+
+
+def _modes(root: Path) -> dict[str, int]:
+    out = {str(root): stat.S_IMODE(root.stat().st_mode)}
+    for dirpath, dirnames, filenames in os.walk(root):
+        for n in [*dirnames, *filenames]:
+            p = Path(dirpath) / n
+            out[str(p)] = stat.S_IMODE(p.lstat().st_mode)
+    return out
+
+
+@pytest.mark.pg
+@pytest.mark.spark
+def test_files_are_the_users_alone(pg: Any, tmp_path: Path) -> None:
+    pg.execute("CREATE TABLE public.items (id integer PRIMARY KEY, v text); INSERT INTO public.items VALUES (1, 'a')")
+    cfg = tmp_path / "m.toml"
+    cfg.write_text(
+        f'[source]\ndsn = "{pg.dsn}"\n[log]\npath = "log"\n[tables."public.items"]\n'
+        f'[targets.lite]\nurl = "sqlite:///{tmp_path / "lite.db"}"\n'
+    )
+    (tmp_path / "exports").mkdir(mode=0o755)
+    for args in (
+        ("capture", "--once"),
+        ("snapshot", "--target", "lite"),
+        ("snapshot", "export", str(tmp_path / "exports")),
+    ):
+        pg.execute("UPDATE public.items SET v = v || '+'")
+        r = _cli(*args, "-c", str(cfg))
+        assert r.returncode == 0, r.stderr
+    written = {**_modes(tmp_path / "log"), **_modes(tmp_path / "exports"), str(tmp_path / "lite.db"): 0}
+    written.pop(str(tmp_path / "exports"))  # (the user's own folder, made before)
+    written[str(tmp_path / "lite.db")] = stat.S_IMODE((tmp_path / "lite.db").stat().st_mode)
+    assert len(written) > 5
+    loose = {p: oct(m) for p, m in written.items() if m & 0o077}
+    assert not loose, loose
