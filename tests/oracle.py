@@ -73,6 +73,15 @@ def value(type_name: str, v: Any) -> Any:
     return str(v)
 
 
+def _q(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def _relation(table: str) -> str:
+    schema, name = table.split(".", 1)
+    return f"{_q(schema)}.{_q(name)}"
+
+
 def columns(dsn: str, table: str) -> list[tuple[str, str]]:
     """(name, format_type) of the source table's columns, in order (generated columns are not replicated)."""
     conn = psycopg2.connect(dsn)
@@ -82,7 +91,7 @@ def columns(dsn: str, table: str) -> list[tuple[str, str]]:
                 "SELECT attname, format_type(atttypid, atttypmod) FROM pg_attribute "
                 "WHERE attrelid = %s::regclass AND attnum > 0 AND NOT attisdropped AND attgenerated = '' "
                 "ORDER BY attnum",
-                (table,),
+                (_relation(table),),
             )
             return [(str(n), str(t)) for n, t in cur.fetchall()]
     finally:
@@ -103,8 +112,7 @@ def _pg_rows(dsn: str, table: str, cols: list[tuple[str, str]], relation: str) -
 
 def source(dsn: str, table: str) -> Counter[tuple[Any, ...]]:
     cols = columns(dsn, table)
-    schema, name = table.split(".", 1)
-    return Counter(_pg_rows(dsn, table, cols, f'"{schema}"."{name}"'))
+    return Counter(_pg_rows(dsn, table, cols, _relation(table)))
 
 
 def _file_name(table: str) -> str:
@@ -119,12 +127,12 @@ def target(kind: str, url: str, table: str, cols: list[tuple[str, str]]) -> Coun
         conn = psycopg2.connect(url)
         try:
             with conn.cursor() as cur:
-                cur.execute("SELECT to_regclass(%s)", (f'"{schema}"."{name}"',))
+                cur.execute("SELECT to_regclass(%s)", (_relation(table),))
                 if cur.fetchone()[0] is None:
                     return None
         finally:
             conn.close()
-        return Counter(_pg_rows(url, table, cols, f'"{schema}"."{name}"'))
+        return Counter(_pg_rows(url, table, cols, _relation(table)))
     path = url.split(":///", 1)[1]
     sel = ", ".join(f'"{n}"' for n, _ in cols)
     if kind == "delta":

@@ -101,6 +101,10 @@ def test_explicit_latency_wins_over_the_threads_form(tmp_path):
         ('[source]\nslot = "x"\n', "source.dsn", "is required"),
         ('[source]\ndsn = "host=x"\nslot = "Bad-Slot"\n', "source.slot", "not a valid slot name"),
         ("[tables.orders]\n", "tables.orders", '"schema.name"'),
+        ('[tables."a.b.c"]\n', "tables.a.b.c", "quoted as in SQL"),
+        ("[tables.'\"a.b\".c']\n", 'tables."a.b".c', "a schema name holding a dot is not supported"),
+        ('[tables."s.t"]\n[tables.\'s."t"\']\n', 'tables.s."t"', "names the table s.t a second time"),
+        ('[targets.x]\nurl = "sqlite:///x.db"\nall_or_nothing = "yes"\n', "targets.x.all_or_nothing", "boolean"),
         ('[tables."public.t"]\nactions = "IX"\n', 'tables."public.t".actions', "letters among I, D and U"),
         ('[tables."public.t"]\nsequence = "1"\n', 'tables."public.t".sequence', "expected an integer"),
         ('[tables."public.t"]\nkey = ["a", "a"]\n', 'tables."public.t".key', "twice"),
@@ -187,3 +191,20 @@ def test_configured_spark_settings_reach_the_session_builder(tmp_path, monkeypat
     monkeypatch.setattr(scratch, "_base", None)
     sparkenv.configure(cfg.spark)
     assert sparkenv.master() == "local[1]" and scratch.base() == tmp_path / "sc"
+
+
+@pytest.mark.parametrize(
+    ("written", "name"),
+    [
+        ("public.orders", "public.orders"),
+        ("sales.Order Items", "sales.Order Items"),
+        ('sales."Order Items"', "sales.Order Items"),
+        ('"Sales"."a.b"', "Sales.a.b"),
+        ('"x""y".z', 'x"y.z'),
+        ("Odd.MixedCase", "Odd.MixedCase"),
+    ],
+)
+def test_table_names_with_spaces_quotes_and_dots(tmp_path, written, name):
+    key = "'" + written + "'"
+    p = write(tmp_path, f"[tables.{key}]\n")
+    assert list(config.load(p).tables) == [name]

@@ -20,7 +20,38 @@ TARGET_KINDS = ("postgresql", "sqlite", "duckdb", "delta")
 MODES = ("update", "mirror")
 ON_ERROR = ("stop", "reject")
 _DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
-_TABLE_RE = re.compile(r"^[^.\s]+\.[^.\s]+$")
+_QUOTED_PART = re.compile(r'"((?:[^"]|"")+)"')
+
+
+def table_name(text: str) -> str | None:
+    """A configured table's name as mirrorline writes it, ``schema.name`` (split at the first dot), from
+    ``schema.name`` (any characters but a dot, spaces included) or the quoted SQL form (``sales."Order Items"``,
+    ``"Sales"."a.b"``); None when it is neither, or names a schema holding a dot."""
+    parts: list[str] = []
+    i = 0
+    while i <= len(text):
+        if text.startswith('"', i):
+            m = _QUOTED_PART.match(text, i)
+            if m is None:
+                return None
+            parts.append(m.group(1).replace('""', '"'))
+            i = m.end()
+        else:
+            j = text.find(".", i) if len(parts) == 0 else len(text)
+            j = len(text) if j < 0 else j
+            part = text[i:j]
+            if not part or part != part.strip() or '"' in part or "." in part:  # (a dot in a name: quote it)
+                return None
+            parts.append(part)
+            i = j
+        if i == len(text):
+            break
+        if text[i] != "." or len(parts) > 1:
+            return None
+        i += 1
+    if len(parts) != 2 or "." in parts[0]:
+        return None
+    return f"{parts[0]}.{parts[1]}"
 
 
 @dataclass(frozen=True)
@@ -69,7 +100,7 @@ class ApplyConfig:
     latency: float = 2.0  # seconds: close a unit of work once its first change is this old (from its commit) ...
     max_changes: int = 1_000_000  # ... or after this many changes
     threads: int = 1
-    builders: int = 1  # the third field of the IBM "threads:latency:builders" form: Spark tasks building worktables
+    builders: int = 1  # the third field of the IBM "threads:latency:builders" form: accepted, unused (Spark sizes)
     on_error: str = "stop"
 
 
@@ -338,9 +369,17 @@ def parse(data: dict[str, Any], path: Path) -> Config:
 
     tables: dict[str, TableConfig] = {}
     r = _Reader(file, "tables", data.get("tables", {}))
-    for name, spec in r.data.items():
-        if not _TABLE_RE.match(name):
-            raise r.fail(name, 'table names are "schema.name", e.g. [tables."public.orders"]')
+    for text, spec in r.data.items():
+        name = table_name(text)
+        if name is None:
+            raise r.fail(
+                text,
+                'table names are "schema.name" (e.g. [tables."public.orders"], [tables."sales.Order Items"]) or '
+                "quoted as in SQL (e.g. [tables.'sales.\"Order Items\"']); a schema name holding a dot is not "
+                "supported",
+            )
+        if name in tables:
+            raise r.fail(text, f"names the table {name} a second time")
         tables[name] = _table(file, name, spec)
 
     targets: dict[str, TargetConfig] = {}
