@@ -24,7 +24,7 @@ from pathlib import Path
 import psycopg2
 
 from mirrorline import config as C
-from mirrorline.apply.sql import SQLITE
+from mirrorline.apply.sqlite import SQLITE
 from mirrorline.model import Column, TableSchema
 from mirrorline.pgcluster import PgCluster
 from mirrorline.snapshot import Options, snapshot_target

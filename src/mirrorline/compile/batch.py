@@ -208,7 +208,6 @@ class NetBatch:
     net: DataFrame | None = None
     truncated: dict[str, Position] = field(default_factory=dict)  # table -> position of its last TRUNCATE
     changes: int = 0  # how many log changes the unit held
-    cached: DataFrame | None = field(default=None, repr=False)  # what ``net`` reads from, if it was cached
     scratch: str | None = field(default=None, repr=False)  # a local folder holding ``net``'s files, if temporary
     rows: pa.Table | None = field(default=None, repr=False)  # the net rows on the driver, when compiled there
     inserts: dict[str, Inserts] | None = field(default=None, repr=False)  # an inserts-only unit's rows, flat
@@ -249,11 +248,6 @@ class NetBatch:
             assert rows is not None
             self.net = spark.createDataFrame(rows, schema=NET_DDL)
         return self.net
-
-    def of(self, table: str, kind: str) -> DataFrame:
-        from pyspark.sql import functions as F
-
-        return self.frame().where((F.col("table") == table) & (F.col("kind") == kind))
 
     def counts(self) -> dict[str, dict[str, int]]:
         """``{table: {"D": n, "U": n, "I": n}}`` for every table in ``tables`` (a small Spark job, unless the rows
@@ -301,15 +295,12 @@ class NetBatch:
             raise error
 
     def release(self) -> None:
-        """Free the net rows' cache or scratch files once every target has applied them (``net`` is unusable after).
+        """Free the net rows' scratch files once every target has applied them (``net`` is unusable after).
         Waits for the background work the unit's route left running."""
         if self.settle is not None:
             self.settle()
         with self._derived_lock:
             self._derived.clear()
-        if self.cached is not None:
-            self.cached.unpersist()
-            self.cached = None
         self.rows = None
         self.inserts = None
         if self.scratch is not None:

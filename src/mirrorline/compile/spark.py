@@ -635,11 +635,6 @@ def mirror(net: DataFrame) -> DataFrame:
     )
 
 
-def actions_from_config(tables: Mapping[str, Any]) -> dict[str, Collection[str]]:
-    """``{table: TableConfig}`` -> the ``actions`` argument of :func:`compile_changes`."""
-    return {name: t.actions for name, t in tables.items()}
-
-
 def changes_frame(spark: Any, changes: Collection[Any]) -> DataFrame:
     """Changes (:class:`mirrorline.model.Change`) -> a DataFrame in the log row layout (small inputs: tests, demo)."""
     from mirrorline.log.rows import SPARK_DDL, changes_to_table
