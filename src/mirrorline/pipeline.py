@@ -71,8 +71,8 @@ class Applier:
     driver_unit = 1_000_000
     overlap = True  # compile the next unit while the targets apply this one
     # a backlog this large is caught up in units of max_changes, else in units of small_unit. Under load the general
-    # path's many stages starve (bench/live, session 11: at 200,000 a 209k-change unit compiled in 42 s and applied in
-    # 29 s while pgbench saturated the cores; units of 50,000 took 4 to 6 s), so only a large backlog takes it.
+    # path's many stages starve (bench/live unthrottled: a 209k-change unit compiled in 42 s and applied in 29 s while
+    # pgbench saturated the cores; units of 50,000 took 4 to 6 s), so only a large backlog takes it.
     catch_up_changes = 1_000_000
     # follow() warms the large-unit route up (compile/warmup.py: warm_large) once, in the background, when no unit
     # has been applied for this many seconds (a local Spark only; 0: never)

@@ -17,8 +17,8 @@ Neither the job nor the read is waited for: the unit goes to apply at once, each
 read as Spark saw) is the batch's :meth:`~mirrorline.compile.batch.NetBatch.verify`, which apply calls before it
 commits anything (and before its failure path); :class:`~mirrorline.errors.Unverified` sends the unit, rolled back,
 to the general path. On PostgreSQL one COPY per table takes the batches as they are read, so the read, the job and
-the load overlap (bench/apply.py, 1M inserts, sixteenth session's code against this, two alternating runs each: the
-first large unit 3.0 to 3.2 s against 4.2 to 4.9 s).
+the load overlap (bench/apply.py, 1M inserts: the first large unit 3.0 to 3.2 s, against 4.2 to 4.9 s when the load
+followed the read, two alternating runs each).
 
 What it saves (bench/apply.py, 1M inserts): the general path's shuffle, fold and Parquet round trip (about 5 s)
 become a scan of the keys beside a read of the rows, 0.73 s JIT-warm (1.0 s when Spark flattened the images and

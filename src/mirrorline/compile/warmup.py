@@ -255,7 +255,7 @@ def warm_small(spark: Any, actions: Any = None, shapes: tuple[bool, ...] = (Fals
 class WarmUp:
     """:func:`warm_small` in a background thread, for the plan most small units take (no key changes; the other
     is built by the first unit that needs it, and large catch-up units warm the JVM themselves: warming them up
-    front only moved their cost, session 4 measured). A failure is only logged: the first real unit meets the same
+    front only moved their cost, bench/apply showed). A failure is only logged: the first real unit meets the same
     cause and reports it properly."""
 
     def __init__(
