@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -245,3 +246,50 @@ def test_no_source_or_no_tables_is_a_configuration_error(pg: Any, tmp_path: Path
     cfg = write_config(tmp_path, pg.dsn, [])
     r = run_cli("-c", str(cfg))
     assert r.returncode == 2 and "tables: no tables configured" in _one_line_error(r)
+
+
+def test_teardown_drops_the_slot_and_the_publication_of_this_log(
+    pg: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``teardown``: without --yes it says what it would drop (exit 2, nothing dropped); refused while a capture
+    streams from the slot; then the slot and this log's publication go, another log's publication stays."""
+    import threading
+
+    from mirrorline import config as C
+    from mirrorline.capture.session import Capture
+    from mirrorline.cli.main import main
+
+    pg.execute("CREATE TABLE a (id int PRIMARY KEY); INSERT INTO a VALUES (1)")
+    cfg = write_config(tmp_path, pg.dsn, ["public.a"])
+    Capture(C.load(cfg), once=True).run()
+    slots = "SELECT slot_name FROM pg_replication_slots"
+    pubs = "SELECT pubname FROM pg_publication ORDER BY 1"
+    assert main(["teardown", "-c", str(cfg)]) == 2
+    err = capsys.readouterr().err
+    assert "drop the replication slot mirrorline" in err and "drop the publication mirrorline" in err
+    assert pg.execute(slots) == [("mirrorline",)]
+    ready = threading.Event()
+    cap = Capture(C.load(cfg), on_ready=lambda _s: ready.set())
+    th = threading.Thread(target=cap.run, daemon=True)
+    th.start()
+    try:
+        assert ready.wait(60)
+        assert main(["teardown", "--yes", "-c", str(cfg)]) == 3
+        assert "is in use by the process" in capsys.readouterr().err
+    finally:
+        cap.stop()
+        th.join(30)
+    other = connect(pg.dsn)
+    try:
+        reconcile_publication(other, "theirs", ["public.a"], "/elsewhere")
+    finally:
+        other.close()
+    deadline = time.monotonic() + 30
+    while main(["teardown", "--yes", "-c", str(cfg)]) != 0:  # (the walsender lets go of the slot a moment later)
+        assert time.monotonic() < deadline
+        time.sleep(0.5)
+    out = capsys.readouterr().out
+    assert "dropped the replication slot mirrorline" in out and "dropped the publication mirrorline" in out
+    assert pg.execute(slots) == [] and pg.execute(pubs) == [("theirs",)]
+    assert main(["teardown", "-c", str(cfg)]) == 0
+    assert "nothing to tear down" in capsys.readouterr().out

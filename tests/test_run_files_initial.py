@@ -54,8 +54,12 @@ def test_a_target_waits_for_files_and_joins_once_they_are_loaded(
             time.sleep(0.1)
         assert any("target far: waiting for files" in m for m in said)
         time.sleep(2)  # changes flow to near; far is not loaded over the wire
-        states = {t.name: t.state for t in status(cfg).targets}
+        st = status(cfg)
+        states = {t.name: t.state for t in st.targets}
         assert states["far"] == "waiting for files", states
+        assert any(w.startswith("target far waits for files") and "the log keeps" in w for w in st.warnings), (
+            st.warnings
+        )
         (tmp_path / "out").mkdir()
         out = export_snapshot(cfg, tmp_path / "out", options=Options(progress=False))
         load_snapshot(cfg, "far", out.folder, options=Options(progress=False))

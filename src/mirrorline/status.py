@@ -333,12 +333,23 @@ EXPORT_WARN_SECONDS = 86_400.0  # warn this long before an export folder stops h
 
 
 def _warn_readers(config: Config, st: Status, cl: Any, now: float | None = None) -> None:
-    """Readers that hold the log and will not apply it: targets removed from the configuration; export folders
-    not loaded, shortly before they expire."""
+    """Readers that hold the log and will not apply it: targets waiting for files, targets removed from the
+    configuration; export folders not loaded, shortly before they expire."""
     import time
 
-    from mirrorline.log.retention import exports, unconfigured
+    from mirrorline.log.retention import exports, readers, unconfigured
+    from mirrorline.snapshot.state import WAITING
 
+    registered = readers(cl)
+    for t in st.targets:
+        if t.state == WAITING and t.name in registered:
+            since = registered[t.name].applied
+            st.warnings.append(
+                f'target {t.name} waits for files (initial = "files"): the log keeps every change '
+                f"{f'after {since}' if since is not None else 'it holds'} for it ({_size(st.log_bytes)} now) until "
+                f"an export is loaded into it (`mirrorline snapshot export DIR`, then `mirrorline snapshot load "
+                f"--target {t.name} DIR/<export>`)"
+            )
     for name, r in sorted(unconfigured(cl, config.targets).items()):
         st.warnings.append(
             f"target {name} is no longer configured but the log keeps every change after its position "

@@ -300,6 +300,74 @@ class PublicationReport:
 OWNER_MARK = "mirrorline: the publication of the log at "
 
 
+@dataclass
+class Teardown:
+    """What :func:`teardown` found at the source, and did (``done``)."""
+
+    slot: str
+    slot_exists: bool
+    slot_holder: int | None  # the pid of the process streaming from the slot
+    slot_retained_bytes: int | None
+    publication: str
+    publication_exists: bool
+    publication_owner: str | None  # the log path its mark names (None: no mark, not mirrorline's)
+    done: list[str] = field(default_factory=list)
+
+    def plan(self, owner: str) -> list[str]:
+        """What dropping would do, one line each."""
+        out = []
+        if self.slot_exists:
+            held = f"{self.slot_retained_bytes} bytes of WAL" if self.slot_retained_bytes is not None else "WAL"
+            out.append(f"drop the replication slot {self.slot} (it retains {held})")
+        if self.publication_exists and self.publication_owner == owner:
+            out.append(f"drop the publication {self.publication}")
+        elif self.publication_exists:
+            whose = f"the log at {self.publication_owner}" if self.publication_owner else "no mirrorline log"
+            out.append(f"keep the publication {self.publication}: it belongs to {whose}")
+        return out
+
+
+def inspect_teardown(conn: Any, slot: str, publication: str) -> Teardown:
+    """The slot and the publication as the source has them now."""
+    rows = _fetch(
+        conn,
+        "SELECT active_pid, pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)::bigint FROM pg_replication_slots "
+        "WHERE slot_name = %s",
+        (slot,),
+    )
+    pubs = _fetch(
+        conn, "SELECT obj_description(oid, 'pg_publication') FROM pg_publication WHERE pubname = %s", (publication,)
+    )
+    mark = str(pubs[0][0]) if pubs and pubs[0][0] else ""
+    return Teardown(
+        slot,
+        bool(rows),
+        int(rows[0][0]) if rows and rows[0][0] is not None else None,
+        int(rows[0][1]) if rows and rows[0][1] is not None else None,
+        publication,
+        bool(pubs),
+        mark[len(OWNER_MARK) :] if mark.startswith(OWNER_MARK) else None,
+    )
+
+
+def teardown(conn: Any, slot: str, publication: str, owner: str) -> Teardown:
+    """Drop what capture made at the source: the replication slot (refused while a process streams from it) and the
+    publication, when it belongs to this log (``owner``: its path). The log and the targets are left as they are."""
+    t = inspect_teardown(conn, slot, publication)
+    if t.slot_holder is not None:
+        raise SourceError(
+            f"the replication slot {slot} is in use by the process with pid {t.slot_holder} (a running capture)",
+            hint="stop `mirrorline run` (or `capture`) first",
+        )
+    if t.slot_exists:
+        _fetch(conn, "SELECT pg_drop_replication_slot(%s)", (slot,))
+        t.done.append(f"dropped the replication slot {slot}")
+    if t.publication_exists and t.publication_owner == owner:
+        _fetch(conn, f"DROP PUBLICATION {quote_ident(publication)}")
+        t.done.append(f"dropped the publication {publication}")
+    return t
+
+
 def reconcile_publication(conn: Any, publication: str, tables: Iterable[str], owner: str) -> PublicationReport:
     """Make the publication hold exactly the configured tables (DESIGN §3): create it, add the missing tables,
     remove the ones no longer configured, publish every operation, and publish a partitioned table's changes as its

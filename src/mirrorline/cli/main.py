@@ -28,6 +28,11 @@ COMMANDS: list[tuple[str, str, str]] = [
     ("maintain", "mirrorline.cli.maintain_cmd", "compact and clean up the files of Delta targets"),
     ("target", "mirrorline.cli.target_cmd", "list or drop the targets the change log keeps changes for"),
     (
+        "teardown",
+        "mirrorline.cli.teardown_cmd",
+        "drop the replication slot and publication this log made at the source",
+    ),
+    (
         "demo",
         "mirrorline.cli.demo_cmd",
         "the embedded default: a throwaway PostgreSQL replicated into SQLite, DuckDB, Delta",
