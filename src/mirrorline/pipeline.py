@@ -216,6 +216,18 @@ class Applier:
                 self._joining.add(n)
                 log.info("target %s loaded: it catches up with the others", n)
 
+    def remove(self, name: str) -> None:
+        """Stop applying to ``name`` (removed from the configuration while this pipeline runs)."""
+        target = self.targets.pop(name, None)
+        if name in self.names:
+            self.names.remove(name)
+        self._joining.discard(name)
+        self._failed.pop(name, None)
+        for key in [k for k in self._held if k[0] == name]:
+            del self._held[key]
+        if target is not None:
+            target.close()
+
     def positions(self) -> dict[str, Position]:
         """Each target's applied position (every change up to it is applied); a target that cannot be read now is
         left out (it is stopped, and retried: :meth:`_fail`)."""
@@ -908,10 +920,14 @@ class Applier:
         on_unit: Callable[[UnitReport], None] | None = None,
         poll: float = 0.05,
         until: Callable[[], bool] | None = None,
+        tick: Callable[[], None] | None = None,
     ) -> None:
-        """Apply continuously until ``stop`` is set (or ``until()`` holds), closing units by latency or size."""
+        """Apply continuously until ``stop`` is set (or ``until()`` holds), closing units by latency or size.
+        ``tick``: called before each step (``run``'s reload of its configuration)."""
         last_prune = last_unit = time.monotonic()
         while not stop.is_set():
+            if tick is not None:
+                tick()
             r = self.step(wait_latency=True)
             if r is not None:
                 last_unit = time.monotonic()
@@ -1043,10 +1059,63 @@ class Runner:
         self.metrics: Any = None  # RunMetrics when [metrics] listen is configured (served from run's start)
         self._applier: Applier | None = None
         self.metrics_address: tuple[str, int] | None = None
+        self._reload = threading.Event()
 
     def stop(self) -> None:
         self._stop.set()
         self.capture.stop()
+
+    def request_reload(self) -> None:
+        """Read the configuration file again at the next step (``run`` does on SIGHUP; signal-handler safe)."""
+        self._reload.set()
+
+    def _reload_config(self, applier: Applier) -> None:
+        """The configuration file read again: targets added are loaded beside the others (or wait for files),
+        targets removed are no longer applied; any other change is said to take effect at the next start. A file
+        that does not load is reported and the running configuration kept."""
+        import dataclasses
+
+        from mirrorline import config as config_mod
+
+        self._reload.clear()
+        try:
+            new = config_mod.load(self.config.file)
+        except MirrorlineError as e:
+            self.on_message(f"configuration not reloaded (run goes on as it was): {e}")
+            return
+        old = self.config
+        later = [
+            k for k in ("source", "log", "apply", "tables", "spark", "metrics") if getattr(new, k) != getattr(old, k)
+        ]
+        later += [f"targets.{n}" for n in old.targets if n in new.targets and new.targets[n] != old.targets[n]]
+        added = [n for n in new.targets if n not in old.targets]
+        removed = [n for n in old.targets if n not in new.targets]
+        kept = {n: t for n, t in old.targets.items() if n in new.targets}
+        self.config = applier.config = dataclasses.replace(old, targets={**kept, **{n: new.targets[n] for n in added}})
+        for n in removed:
+            applier.remove(n)
+            self.on_message(
+                f"target {n} removed from the configuration: no longer applied (the log keeps its changes until "
+                f"`mirrorline target drop {n}`)"
+            )
+        wire = [n for n in added if self.config.targets[n].initial == "wire"]
+        files = [n for n in added if n not in wire]
+        if wire:
+            self.on_message(f"target(s) {', '.join(wire)} added: loaded beside the others, then applied")
+            threading.Thread(
+                target=self._load_beside, args=(wire, applier), name="mirrorline-load", daemon=True
+            ).start()
+        if files:
+            self._keep_log_for(files)
+            threading.Thread(
+                target=self._watch_files, args=(files, applier), name="mirrorline-files", daemon=True
+            ).start()
+        if later:
+            self.on_message(
+                f"configuration reloaded; changed {', '.join(later)}: that takes effect when run starts again"
+            )
+        elif not added and not removed:
+            self.on_message("configuration reloaded: no change")
 
     def _capture_main(self) -> None:
         try:
@@ -1090,7 +1159,10 @@ class Runner:
 
     def _load_beside(self, names: list[str], applier: Applier) -> None:
         """In a thread of its own: load each of ``names`` (its Spark jobs in a scheduler pool of their own) and add
-        it to ``applier``, which meanwhile applies to the other targets."""
+        it to ``applier``, which meanwhile applies to the other targets. A load that fails stops that target alone
+        (recorded for ``status``): it is loaded again after 2 s, the delay doubling up to 60 s, while the others go
+        on. ``loaded`` is set once every target was tried once."""
+        left: dict[str, float] = {}  # a target whose load failed -> its delay before the next try
         try:
             from mirrorline.sparkenv import get_spark
 
@@ -1098,13 +1170,33 @@ class Runner:
             for name in names:
                 if self._stop.is_set():
                     return
-                self._reconcile([name])
-                applier.admit(name)
-        except BaseException as e:  # handed to the main thread, which stops
+                if not self._load_one(name, applier):
+                    left[name] = Applier.retry_first
+            self.loaded.set()
+            while left and not self._stop.wait(min(left.values())):
+                for name, delay in list(left.items()):
+                    if name not in self.config.targets or self._load_one(name, applier):  # (or removed meanwhile)
+                        del left[name]
+                    else:
+                        left[name] = min(delay * 2, Applier.retry_max)
+        except BaseException as e:  # (not a load's failure: handed to the main thread, which stops)
             self._load_error = e
             self._stop.set()
         finally:
             self.loaded.set()
+
+    def _load_one(self, name: str, applier: Applier) -> bool:
+        """Load target ``name`` and add it to ``applier``; False (recorded, said) when the load failed."""
+        try:
+            self._reconcile([name])
+        except Exception as e:
+            stopped.record(self.config.log.path, name, e, "")
+            text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            self.on_message(f"target {name}: loading failed: {text} (the other targets go on; it is tried again)")
+            return False
+        stopped.clear(self.config.log.path, name)
+        applier.admit(name)
+        return True
 
     def _removed_targets(self) -> None:
         from mirrorline.log.reader import ChangeLog
@@ -1263,7 +1355,12 @@ class Runner:
             applier = self._applier = self._start_targets(warm)
             self._positions.update(applier.positions())
             self._say_behind(applier)
-            applier.follow(self._stop, on_unit=self._unit, until=self._capture_done.is_set if self.once else None)
+            applier.follow(
+                self._stop,
+                on_unit=self._unit,
+                until=self._capture_done.is_set if self.once else None,
+                tick=lambda: self._reload_config(applier) if self._reload.is_set() else None,
+            )
             if self.once and self._capture_error is None and not self._stop.is_set():
                 for r in applier.catch_up():
                     self._unit(r)

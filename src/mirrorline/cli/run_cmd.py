@@ -38,6 +38,7 @@ def run(args: argparse.Namespace) -> int:
         forget_removed=args.forget_removed,
     )
     signal.signal(signal.SIGTERM, lambda *_: runner.stop())
+    signal.signal(signal.SIGHUP, lambda *_: runner.request_reload())  # targets added or removed: taken up live
     try:
         result = runner.run()
     except KeyboardInterrupt:
