@@ -1,6 +1,8 @@
 """Capture, compile and apply for every configured target, continuously: capture streams the source into the change
 log while units of work are compiled on Spark and applied to each target. A target that needs loading (new, or a
-table added to the configuration) is loaded beside the others, which keep applying, and joins them once loaded. With
+table added to the configuration) is loaded beside the others, which keep applying, and joins them once loaded. A
+target or a table that fails stops alone and is tried again. SIGHUP reads the configuration again: targets added are
+loaded, targets removed are no longer applied (other changes take effect at the next start). SIGTERM stops. With
 --once, load first, then stop when every target has applied everything the source had committed when the command
 started."""
 
