@@ -57,3 +57,42 @@ def test_files_are_the_users_alone(pg: Any, tmp_path: Path) -> None:
     assert len(written) > 5
     loose = {p: oct(m) for p, m in written.items() if m & 0o077}
     assert not loose, loose
+
+
+@pytest.mark.pg
+def test_a_full_disk_is_said_and_loses_nothing(pg: Any, tmp_path: Path) -> None:
+    """A write the machine refuses (a file size limit here, as a full disk would: EFBIG, ENOSPC) while capture
+    writes a segment: one line saying what is full and what to do, exit 3, no partial segment, nothing confirmed;
+    run again with room, capture takes every change."""
+    import resource
+    import signal
+
+    from mirrorline.log.reader import ChangeLog
+
+    pg.execute("CREATE TABLE public.items (id integer PRIMARY KEY, v text)")
+    cfg = tmp_path / "m.toml"
+    cfg.write_text(f'[source]\ndsn = "{pg.dsn}"\n[log]\npath = "log"\n[tables."public.items"]\n')
+    assert _cli("capture", "--once", "-c", str(cfg)).returncode == 0
+    pg.execute(
+        "INSERT INTO public.items SELECT g, (SELECT string_agg(md5(random()::text || g || i), '') "
+        "FROM generate_series(1, 20) i) FROM generate_series(1, 5000) g"
+    )
+
+    def limited() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (200_000, 200_000))
+
+    r = subprocess.run(
+        [sys.executable, "-m", "mirrorline.cli.main", "capture", "--once", "-c", str(cfg)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        preexec_fn=limited,
+    )
+    assert r.returncode == 3, r.stderr
+    assert "Traceback" not in r.stderr and "is full" in r.stderr and "nothing is lost" in r.stderr, r.stderr
+    assert ChangeLog(tmp_path / "log").durable() is None
+    assert not [p for p in (tmp_path / "log").rglob("*") if p.is_file() and ".tmp" in p.name]
+    r = _cli("capture", "--once", "-c", str(cfg))
+    assert r.returncode == 0, r.stderr
+    assert ChangeLog(tmp_path / "log").count(None, ChangeLog(tmp_path / "log").durable()) == 5000

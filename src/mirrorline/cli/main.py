@@ -96,6 +96,32 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"mirrorline {args.command}: interrupted", file=sys.stderr)
         return 130
+    except OSError as e:  # the machine refused a file operation (a full disk, a permission): said, not a traceback
+        logging.getLogger("mirrorline").debug("%s failed", args.command, exc_info=True)
+        print(f"mirrorline {args.command}: {os_error_text(e)}", file=sys.stderr)
+        return 3
+
+
+def os_error_text(e: OSError) -> str:
+    """What a refused file operation means for mirrorline, and what to do."""
+    import errno
+
+    what = e.strerror or str(e)
+    where = f" ({e.filename})" if e.filename else ""
+    code = e.errno
+    if code is None:  # (pyarrow's OSError carries the errno in its text only)
+        for c in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+            if f"errno {c}]" in str(e) or f"Errno {c}]" in str(e):
+                code = c
+    if code in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+        return (
+            f"{what}{where}: the disk, a quota or a file size limit is full (free space, or move the [log] path or "
+            "the target, then run again: what was not written was not confirmed to the source or recorded as "
+            "applied, so nothing is lost)"
+        )
+    if code in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return f"{what}{where}: mirrorline may not write there (check the folder's owner and mode, then run again)"
+    return f"{what}{where} (run again with -vv for details)"
 
 
 def entry() -> None:
