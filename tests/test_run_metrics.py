@@ -89,3 +89,21 @@ def test_a_bad_listen_address_is_refused(tmp_path: Path, listen: str) -> None:
     (tmp_path / "m.toml").write_text(f'[log]\npath = "log"\n[metrics]\nlisten = "{listen}"\n')
     with pytest.raises(C.ConfigError, match=r"metrics\.listen"):
         C.load(tmp_path / "m.toml")
+
+
+def test_metrics_open_to_other_hosts_are_warned_about(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Served beyond this machine (no authentication), the metrics start with a warning; on loopback, quietly."""
+    import logging
+
+    from mirrorline.metrics import RunMetrics, loopback
+
+    assert loopback("127.0.0.1") and loopback("::1") and loopback("localhost")
+    assert not loopback("0.0.0.0") and not loopback("10.1.2.3") and not loopback("db.example")
+    for listen, warned in (("127.0.0.1", False), ("0.0.0.0", True)):
+        (tmp_path / "m.toml").write_text(f'[log]\npath = "log"\n[metrics]\nlisten = "{listen}:{free_port()}"\n')
+        m = RunMetrics(C.load(tmp_path / "m.toml"), dict, lambda: None)
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="mirrorline.metrics"):
+            m.start()
+        m.stop()
+        assert any("without authentication" in r.message for r in caplog.records) is warned, listen

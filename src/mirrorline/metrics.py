@@ -28,6 +28,18 @@ _SLOT_SQL = "SELECT pg_current_wal_lsn() - restart_lsn FROM pg_replication_slots
 _BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
 
 
+def loopback(host: str) -> bool:
+    """Is ``host`` reachable from this machine only?"""
+    import ipaddress
+
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 class _Live(Collector):
     """What is computed at each scrape: lag per target, capture's counters, the slot's retained WAL."""
 
@@ -144,6 +156,13 @@ class RunMetrics:
             ) from None
         bound = self.server.server_address[:2]
         log.info("metrics served at http://%s:%d/metrics", bound[0], bound[1])
+        if not loopback(host):
+            log.warning(
+                "metrics served at %s:%d to every host that reaches it, without authentication (table names, "
+                "positions, lag): bind 127.0.0.1, or put a proxy or a firewall in front",
+                host,
+                bound[1],
+            )
         return str(bound[0]), int(bound[1])
 
     def stop(self) -> None:
