@@ -354,3 +354,30 @@ def test_units_stored_without_moved_from_still_load(spark: Any, tmp_path: Path) 
     spark.createDataFrame([("public.t", "I", ["1"], {"k": "1"}, [], 1, 0)], old_ddl).write.parquet(str(tmp_path / "n"))
     rows = spark.read.schema(NET_DDL).parquet(str(tmp_path / "n")).collect()
     assert [(r["key"], r["moved_from"]) for r in rows] == [(["1"], None)]
+
+
+@pytest.mark.parametrize("damage", ["truncated", "missing"])
+def test_a_stored_unit_whose_files_lost_rows_is_compiled_again(spark: Any, tmp_path: Path, damage: str) -> None:
+    """A stored unit records how many net rows its synced files hold; one whose files do not (a part cut short by
+    a crash of the machine, or gone) is removed and reported as damaged, never read as a smaller unit."""
+    from mirrorline.compile.batch import NetBatch
+    from mirrorline.compile.store import Damaged, UnitStore
+
+    store = UnitStore(tmp_path)
+    start, end = Position(1, 0), Position(9, 0)
+    rows = spark.createDataFrame(
+        [("public.t", "I", [str(i)], {"k": str(i)}, [], i, 0, None) for i in range(1, 40)], NET_DDL
+    ).repartition(3)
+    saved = store.save(spark, NetBatch(start=start, end=end, tables=["public.t"], net=rows, changes=39))
+    assert saved.frame(spark).count() == 39
+    assert store.load(spark, start, end).frame(spark).count() == 39
+    parts = sorted((store.path(start, end) / "net").glob("*.parquet"))
+    assert len(parts) > 1
+    if damage == "truncated":
+        data = parts[0].read_bytes()
+        parts[0].write_bytes(data[: len(data) // 2])
+    else:
+        parts[0].unlink()
+    with pytest.raises(Damaged, match="compiled again"):
+        store.load(spark, start, end)
+    assert store.starting_at(start) is None and not store.path(start, end).exists()

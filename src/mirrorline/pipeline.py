@@ -660,9 +660,14 @@ class Applier:
     def _compile(
         self, start: Position, end: Position, stored: bool, empty: bool = False
     ) -> tuple[NetBatch, bool, float]:
+        from mirrorline.compile.store import Damaged
+
         t0 = time.monotonic()
         if stored:
-            return self._store.load(self.spark, start, end), False, time.monotonic() - t0
+            try:
+                return self._store.load(self.spark, start, end), False, time.monotonic() - t0
+            except Damaged as e:
+                log.warning("%s", e)
         if empty:  # a unit that only moves the position: no Spark job
             from mirrorline.compile.batch import NET_ARROW, NetBatch
 
