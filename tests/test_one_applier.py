@@ -141,3 +141,53 @@ def test_verify_and_apply_beside_a_live_run(pg: Any, pg_cluster: Any, tmp_path: 
             run.kill()
     log = (tmp_path / "run.log").read_text(errors="replace")
     assert "Traceback" not in log, log[-3000:]
+
+
+@pytest.mark.pg
+@pytest.mark.spark
+def test_status_and_verify_beside_a_live_run_on_duckdb(pg: Any, pg_cluster: Any, tmp_path: Path) -> None:
+    """DuckDB lets one process open a database to write it. Beside a live ``run`` that keeps a DuckDB target open:
+    ``status`` reports it (its position from the log's registry, no error, ``--check`` OK), and ``verify`` compares
+    it (``run`` lets go of the file once verify holds the target's applier lock, then takes it up again)."""
+    from mirrorline import status as status_mod
+
+    pg.execute(
+        "CREATE TABLE public.bag (a integer, b text); ALTER TABLE public.bag REPLICA IDENTITY FULL;"
+        "CREATE TABLE public.keyed (id integer PRIMARY KEY, v text); INSERT INTO public.keyed VALUES (1, 'a')"
+    )
+    urls = {k: target_url(k, tmp_path, pg_cluster, f"dk_{k[:2]}_{pg.name[-6:]}") for k in ("duckdb", "sqlite")}
+    path = _config(pg, tmp_path, urls)
+    conf = cfg.load(path)
+    run = mirrorline_process("run", "-c", str(path), log_file=tmp_path / "run.log")
+    try:
+
+        def duck() -> Any:
+            st = status_mod.status(conf)
+            return st, next(t for t in st.targets if t.name == "duckdb")
+
+        deadline = time.monotonic() + 240
+        while duck()[1].state != "live" or not _all_same(pg, {"sqlite": urls["sqlite"]}):
+            assert run.poll() is None, (tmp_path / "run.log").read_text()[-3000:]
+            assert time.monotonic() < deadline, "run did not load the targets"
+            time.sleep(1)
+        st, t = duck()
+        assert not t.error and t.position is not None and st.problems(max_lag=60) == [], st.problems()
+        pg.execute("INSERT INTO public.keyed VALUES (10, 'v'); INSERT INTO public.bag VALUES (1, 'x')")
+        v = _cli("verify", "-c", str(path))
+        assert v.returncode == 0, f"verify: {v.returncode}\n{v.stdout}\n{v.stderr}"
+        assert "duckdb" in v.stdout and "could not be compared" not in v.stdout, v.stdout
+        pg.execute("UPDATE public.keyed SET v = 'after verify'")
+        deadline = time.monotonic() + 60
+        while duck()[1].lag_bytes != 0 or not _all_same(pg, {"sqlite": urls["sqlite"]}):
+            assert time.monotonic() < deadline, "run did not take the DuckDB target up again"
+            time.sleep(0.5)
+        assert run.poll() is None, (tmp_path / "run.log").read_text()[-3000:]
+    finally:
+        run.terminate()
+        try:
+            run.wait(30)
+        except subprocess.TimeoutExpired:
+            run.kill()
+    assert _all_same(pg, urls)  # the tests' own reader, once run has let go of the file
+    log = (tmp_path / "run.log").read_text(errors="replace")
+    assert "Traceback" not in log and "stopped" not in log, log[-3000:]

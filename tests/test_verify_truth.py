@@ -135,3 +135,27 @@ def test_a_table_that_lost_its_identity_does_not_stop_verify(pg: Any, pg_cluster
         lite.execute("UPDATE nulls SET v = 'changed' WHERE id = 2")
     assert verify(conf).targets[0].differing == ["public.nulls"]
     assert not _oracle_same(pg, "sqlite", urls["sqlite"], "public.nulls")
+
+
+@pytest.mark.pg
+@pytest.mark.spark
+def test_a_target_that_cannot_be_read_does_not_stop_verify(pg: Any, pg_cluster: Any, tmp_path: Path) -> None:
+    """One target cannot be opened (its folder is gone): verify says so for that target and compares the other."""
+    import shutil
+
+    pg.execute(
+        "CREATE TABLE public.nulls (id integer PRIMARY KEY); CREATE TABLE public.kept (id integer PRIMARY KEY);"
+        "INSERT INTO public.nulls VALUES (1); INSERT INTO public.kept VALUES (1)"
+    )
+    (tmp_path / "gone").mkdir()
+    urls = {"ok": target_url("sqlite", tmp_path, pg_cluster, "ok"), "gone": f"sqlite:///{tmp_path / 'gone' / 'g.db'}"}
+    conf = _config(pg, tmp_path, urls)
+    Capture(conf, once=True).run()
+    for name in urls:
+        snapshot_target(conf, name)
+    shutil.rmtree(tmp_path / "gone")
+    report = verify(conf)
+    by = {t.target: t for t in report.targets}
+    assert by["ok"].ok and len(by["ok"].tables) == 2
+    assert not by["gone"].ok and "could not be compared" in by["gone"].error, by["gone"].error
+    assert not report.ok

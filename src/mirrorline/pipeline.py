@@ -234,11 +234,16 @@ class Applier:
         return {n: st.position for n, st in self._states(list(self.targets)).items()}
 
     def _states(self, names: list[str]) -> dict[str, AppliedState]:
-        """The applied state of each of ``names`` that can be read; one that cannot is stopped (:meth:`_fail`)."""
+        """The applied state of each of ``names`` that can be read; one that cannot is stopped (:meth:`_fail`), and
+        one another process holds now (``verify`` reading it, :class:`~mirrorline.apply.lock.TargetBusy`) waits."""
+        from mirrorline.apply.lock import TargetBusy
+
         out = {}
         for n in names:
             try:
                 out[n] = self.targets[n].applied_positions()
+            except TargetBusy as e:
+                log.debug("%s: it is applied once that process lets go", e)
             except Exception as e:
                 self._fail(n, e, None)
         return out

@@ -248,12 +248,16 @@ def _log(config: Config, st: Status) -> Any:
 
 def _target(config: Config, name: str, st: Status, cl: Any) -> TargetStatus:
     from mirrorline.apply import open_target
+    from mirrorline.apply.lock import TargetBusy
+    from mirrorline.apply.state import AppliedState
     from mirrorline.snapshot import state as snapstate
 
     tcfg = config.targets[name]
     ts = TargetStatus(name, tcfg.kind, snapstate.NEW, None)
+    busy = False
     try:
         target = open_target(tcfg)
+        target.open_wait = 0.0  # (a database another process holds: reported from the log, not waited for)
         try:
             s = target.session()
             try:
@@ -265,6 +269,15 @@ def _target(config: Config, name: str, st: Status, cl: Any) -> TargetStatus:
             ts.details = target.describe()
         finally:
             target.close()
+    except TargetBusy:  # a process that applies to it holds the database (DuckDB): its position from the log
+        from mirrorline.log.retention import readers
+
+        reader = readers(cl).get(name) if cl is not None else None
+        if reader is None or reader.applied is None:
+            ts.error = f"another process holds the database open, and the log has no position of {name}"
+            return ts
+        busy, snaps, state, applied = True, {}, AppliedState(), reader.applied
+        ts.details = {"(database)": {"held by": "the process that applies to it; position from the log's registry"}}
     except MirrorlineError as e:
         ts.error = str(e)
         return ts
@@ -288,6 +301,8 @@ def _target(config: Config, name: str, st: Status, cl: Any) -> TargetStatus:
     ends = [r.end_lsn for t, r in snaps.items() if t in config.tables and r.state == "loaded"]
     caught_up = log_has_all and bool(ends) and confirmed >= max(ends)
     ts.state = snapstate.target_state(snaps, config.tables, applied, caught_up)
+    if busy:
+        ts.state = snapstate.LIVE if log_has_all else snapstate.CATCHING_UP
     if cl is not None:
         from mirrorline.log.retention import needs_reload, reload_reason
 

@@ -169,6 +169,7 @@ class Target(ABC):
     kind: str
     dialect: Dialect
     direct_inserts = False  # net inserts loaded straight into the table (Session.insert_rows), not via a worktable
+    open_wait = 0.0  # seconds a connection waits while another process holds the database (a DuckDB file)
 
     def __init__(
         self,

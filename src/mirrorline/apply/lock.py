@@ -57,6 +57,12 @@ _held: dict[str, list[Any]] = {}  # lock key -> [count, handle], this process's
 _held_guard = threading.Lock()
 
 
+def held_here(target: Lockable) -> bool:
+    """Does this process hold ``target``'s applier lock now?"""
+    with _held_guard:
+        return target.lock_key() in _held
+
+
 @contextlib.contextmanager
 def exclusive(target: Lockable, wait: float) -> Iterator[None]:
     """Hold ``target``'s applier lock for the block, waiting up to ``wait`` seconds for another process to release

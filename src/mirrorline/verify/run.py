@@ -409,6 +409,22 @@ def pick_buckets(src: Buckets, tgt: Buckets) -> tuple[set[int], bool]:
     return picked, len(picked) == len(differing)
 
 
+def _wait_readable(target: Target, wait: float) -> None:
+    """Open a session on ``target``, waiting up to ``wait`` seconds while another process holds the database (a
+    live ``run`` lets go of a DuckDB file once verify holds the target's applier lock)."""
+    from mirrorline.apply.lock import TargetBusy
+
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            target.session().close()
+            return
+        except TargetBusy:
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(0.1)
+
+
 def _snapshot_state(target: Target) -> dict[str, snapstate.TableSnapshot]:
     s = target.session()
     try:
@@ -441,10 +457,16 @@ def verify(
             # each target's applier lock first (in name order): a live run pauses applying to it until verify has
             # brought it to the verification point and read it, so that it is read exactly there
             opened: dict[str, Target] = {}
+            unreadable: dict[str, str] = {}  # a target that cannot be opened or locked: not compared, said so
             for name in sorted(names):
-                opened[name] = open_target(config.targets[name], threads=config.apply.threads)
-                held.callback(opened[name].close)
-                held.enter_context(opened[name].exclusive(wait_seconds))
+                try:
+                    target = open_target(config.targets[name], threads=config.apply.threads)
+                    held.callback(target.close)
+                    held.enter_context(target.exclusive(wait_seconds))
+                    _wait_readable(target, wait_seconds)
+                    opened[name] = target
+                except MirrorlineError as e:
+                    unreadable[name] = str(e)
             for attempt in range(1, ATTEMPTS + 1):
                 point = contextlib.ExitStack()
                 cp = point.enter_context(consistent_point(config, reconcile=False, create_main=False))
@@ -476,6 +498,9 @@ def verify(
             checks: list[TargetCheck] = []
             moved = False
             for name in names:
+                if name in unreadable:
+                    checks.append(TargetCheck(name, ZERO, error=f"could not be compared: {unreadable[name]}"))
+                    continue
                 target = opened[name]
                 tgt_buckets: dict[str, Buckets] = {}
                 snaps = _snapshot_state(target)
@@ -491,7 +516,13 @@ def verify(
                     )
                     continue
                 if target.applied_positions().live < cp.position:
-                    catch_up(config, name, upto=cp.position, target=target, held_ok=True)
+                    try:
+                        catch_up(config, name, upto=cp.position, target=target, held_ok=True)
+                    except MirrorlineError as e:  # (this target is stopped: the others are compared)
+                        checks.append(
+                            TargetCheck(name, ZERO, error=f"could not be brought to the verification point: {e}")
+                        )
+                        continue
                 holds = target.applied_positions().holds  # tables stopped alone: not at the point, not compared
                 pos, sums, notes = target_checksums(target, schemas, tgt_buckets if diff > 0 else None)
                 if pos != cp.position:
