@@ -363,6 +363,8 @@ class Applier:
     def _held_unit(self, states: dict[str, AppliedState], limit: Position) -> UnitReport | None:
         """One unit of a held table that is due, from its own position towards the target's other tables; the
         table's hold ends once it reaches them. None: no held table is due (or none had anything to apply)."""
+        from mirrorline.apply.engine import TargetMoved
+
         for n, t in self._held_due(states):
             st = states[n]
             start, end_cap = st.table(t), min(st.live, limit)
@@ -401,6 +403,9 @@ class Applier:
                     with target.exclusive(self.lock_wait):
                         report.results[n] = target.apply(batch, schemas, changes, table=t)
                 report.apply_seconds[n] = time.monotonic() - t0
+            except TargetMoved as e:  # another process moved the table meanwhile: formed again at the next step
+                log.info("%s", e)
+                return None
             except Exception as e:
                 batch.verify()
                 try:
