@@ -1,7 +1,8 @@
 """Partitioned tables (issue 35): a configured partitioned table is replicated as one table at every kind, its
 partitions' changes published under its name (``publish_via_partition_root``): several levels, a default partition,
 a partition attached with its columns in another order, rows moving between partitions, a TRUNCATE of the parent,
-``DROP v, ADD c ... DEFAULT, ADD v`` in one statement.
+``DROP v, ADD c ... DEFAULT, ADD v`` in one statement. Partitions attached with rows, detached, dropped or truncated
+alone (nothing sent) stop the table at the target until it is loaded again; those that change no row go on.
 A partition configured alone is replicated under its own name. Each target is read by the tests' own reader."""
 
 from __future__ import annotations
@@ -78,3 +79,109 @@ def test_a_partitioned_table_is_one_table(pg: Any, pg_cluster: Any, spark: Any, 
                 oracle.assert_same(pg.dsn, kind, url, t)
     finally:
         applier.close()
+
+
+EVENTS_DDL = """
+CREATE TABLE public.ev (id integer, d date, v text, PRIMARY KEY (id, d)) PARTITION BY RANGE (d);
+CREATE TABLE public.ev_2024 PARTITION OF public.ev FOR VALUES FROM ('2024-01-01') TO ('2025-01-01');
+CREATE TABLE public.ev_2025 PARTITION OF public.ev FOR VALUES FROM ('2025-01-01') TO ('2026-01-01');
+CREATE TABLE public.ev_2026 PARTITION OF public.ev FOR VALUES FROM ('2026-01-01') TO ('2027-01-01');
+INSERT INTO public.ev SELECT g, date '2024-01-01' + g, 'v' || g FROM generate_series(1, 600) g;
+CREATE TABLE public.ev_old (v text, d date NOT NULL, id integer NOT NULL);
+INSERT INTO public.ev_old VALUES ('old', '2020-05-05', 1), ('old', '2020-06-06', 2);
+"""
+
+# what the source does to a partition that logical decoding does not send, and whether the targets must stop the
+# table (the rows they hold are no longer the source's) or go on
+PARTITION_EVENTS = [
+    (
+        "a partition created empty, rows through the parent",
+        "CREATE TABLE public.ev_2027 PARTITION OF public.ev FOR VALUES FROM ('2027-01-01') TO ('2028-01-01');"
+        "INSERT INTO public.ev VALUES (1000, '2027-02-02', 'new year')",
+        False,
+    ),
+    ("a partition rewritten by VACUUM FULL", "VACUUM FULL public.ev_2024", False),
+    (
+        "the parent truncated (sent)",
+        "TRUNCATE public.ev; INSERT INTO public.ev SELECT g, date '2025-01-01' + g, "
+        "'again' || g FROM generate_series(1, 300) g",
+        False,
+    ),
+    (
+        "a table attached with rows",
+        "ALTER TABLE public.ev ATTACH PARTITION public.ev_old FOR VALUES FROM ('2020-01-01') TO ('2021-01-01')",
+        True,
+    ),
+    ("a partition truncated alone", "TRUNCATE public.ev_2025", True),
+    (
+        "a partition detached with its rows",
+        "INSERT INTO public.ev VALUES (5, '2026-03-03', 'x');ALTER TABLE public.ev DETACH PARTITION public.ev_2026",
+        True,
+    ),
+    ("a partition dropped with its rows", "DROP TABLE public.ev_old", True),
+]
+
+
+@pytest.mark.pg
+@pytest.mark.spark
+@pytest.mark.parametrize("kind", KINDS)
+def test_partitions_attached_detached_truncated_or_dropped(
+    pg: Any, pg_cluster: Any, spark: Any, tmp_path: Path, kind: str
+) -> None:
+    """Every event that changes which rows a partitioned table holds without a change logged stops the table at
+    the target until it is loaded again; those that do not change its rows (or are sent) go on. Each event comes
+    while capture is stopped (each capture is a run of its own), then a change of the table."""
+    pg.execute(EVENTS_DDL)
+    url = target_url(kind, tmp_path, pg_cluster, f"pe_{kind[:2]}_{pg.name[-6:]}")
+    lines = ["[source]", f'dsn = "{pg.dsn}"', "[log]", f'path = "{tmp_path / "log"}"', "[apply]", 'latency = "100ms"']
+    lines += ['[tables."public.ev"]', "[targets.t]", f'url = "{url}"']
+    (tmp_path / "m.toml").write_text("\n".join(lines) + "\n")
+    conf = cfg.load(tmp_path / "m.toml")
+    Capture(conf, once=True).run()
+    snapshot_target(conf, "t")
+    oracle.assert_same(pg.dsn, kind, url, "public.ev")
+    applier = Applier(conf, spark=spark)
+    try:
+        for i, (what, sql, stops) in enumerate(PARTITION_EVENTS):
+            pg.execute(sql)
+            Capture(conf, once=True).run()
+            pg.execute(f"INSERT INTO public.ev VALUES ({2000 + i}, '2027-05-05', 'after: {what}')")
+            Capture(conf, once=True).run()
+            applier.catch_up(held_ok=True)
+            held = applier.held()
+            if not stops:
+                assert held == {}, f"{what}: stopped needlessly: {held}"
+                oracle.assert_same(pg.dsn, kind, url, "public.ev")
+                continue
+            assert list(held) == [("t", "public.ev")], f"{what}: not stopped ({held})"
+            assert "not the source's" in str(held["t", "public.ev"]), held
+            applier.close()
+            snapshot_target(conf, "t", tables=["public.ev"])
+            applier = Applier(conf, spark=spark)
+            pg.execute(f"UPDATE public.ev SET v = v || ' again' WHERE id = {2000 + i}")
+            Capture(conf, once=True).run()
+            applier.catch_up()
+            assert applier.held() == {}, f"{what}: still stopped after the reload"
+            oracle.assert_same(pg.dsn, kind, url, "public.ev")
+    finally:
+        applier.close()
+
+
+def test_partition_looks_compared() -> None:
+    """The pure comparison of two looks: what appeared, went, or had its storage replaced with its columns kept."""
+    from mirrorline.capture import partitions as p
+
+    a = p.Leaf(1, "public.a", 100, 8192, "id integer")
+    b = p.Leaf(2, "public.b", 200, 0, "id integer")
+    before = {10: {1: a, 2: b}}
+    assert p.changes(before, before) == []
+    assert p.changes({}, before) == []  # a root the last look lacks: nothing known of it
+    c = p.Leaf(3, "public.c", 300, 8192, "id integer")
+    now = {10: {1: p.Leaf(1, "public.a", 101, 8192, "id integer"), 3: c}}
+    assert [(x.kind, x.leaf.relid) for x in p.changes(before, now)] == [("added", 3), ("removed", 2), ("refilled", 1)]
+    rewritten = {10: {1: p.Leaf(1, "public.a", 101, 8192, "id bigint"), 2: p.Leaf(2, "public.b", 201, 0, "id integer")}}
+    assert p.changes(before, rewritten) == []  # an ALTER rewrote one; the other held no pages
+    look = p.Look(5, 9, now, (p.Suspect(10, a, 5, 9),))
+    assert p.from_json(p.to_json(look)) == look
+    with pytest.raises(ValueError):
+        p.from_json({"roots": {"x": []}})

@@ -108,6 +108,9 @@ class TableSchema:
     # no primary key (REPLICA IDENTITY FULL): a bag of rows, every column identifies a row, duplicates allowed
     bag: bool = False
     relid: int = 0  # the source's oid of the table (0: not recorded), which a rename keeps
+    # what made the targets' rows of it untrustworthy without a change logged (a partition attached with rows,
+    # detached, dropped or truncated: capture/partitions.py), and where; kept by every later version
+    resync: str = ""
 
     @property
     def column_names(self) -> tuple[str, ...]:

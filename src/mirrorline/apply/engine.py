@@ -833,7 +833,7 @@ class _Counted:
 
 def _same_shape(a: TableSchema | None, b: TableSchema) -> bool:
     """Do two records of a table's shape describe the same table (its columns, types, key)?"""
-    return a is not None and a.columns == b.columns and a.key == b.key and a.bag == b.bag
+    return a is not None and a.columns == b.columns and a.key == b.key and a.bag == b.bag and a.resync == b.resync
 
 
 def check_unknown_types(dialect: Dialect, schemas: Iterable[TableSchema], known: Callable[[str], bool]) -> None:

@@ -120,6 +120,14 @@ def plan(
             f"{new.table} is another table at the source now (relation {old.relid}, then {new.relid}: dropped and "
             "created again, or another table renamed to its name), whose rows the target does not have",
         )
+    if old is not None and new.resync and old.resync != new.resync:
+        raise SchemaChangeStop(
+            f"target {target}: {new.table} at the source changed without a change logged ({new.resync}): the "
+            "target's rows of it are not the source's any more",
+            hint=_reload(new.table, target),
+            target=target,
+            table=new.table,
+        )
     if old is None or old == new or (old.columns == new.columns and old.key == new.key and old.bag == new.bag):
         return [Step("add", c) for c in missing]
     steps: list[Step] = []

@@ -361,6 +361,14 @@ class Assembler:
             return name
         return self.types.get(oid) or f"oid {oid}"
 
+    def set_version(self, relid: int, version: int) -> None:
+        """Relation ``relid``'s changes carry schema ``version`` from now on (a version capture recorded without a
+        Relation message: capture/partitions.py)."""
+        for rels in (self.relations, *(st.relations for st in self._streams.values())):
+            rel = rels.get(relid)
+            if rel is not None:
+                rels[relid] = dataclasses.replace(rel, version=version)
+
     def forget(self, relid: int) -> None:
         """No change of relation ``relid`` is captured from now on (its table was found renamed or dropped at the
         source), whatever name the last Relation message gave it; rows of it not taken yet are dropped too."""

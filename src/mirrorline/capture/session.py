@@ -14,15 +14,17 @@ discarding open stream spills (PostgreSQL streams those transactions again from 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import select
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from mirrorline import stopped
+from mirrorline.capture import partitions
 from mirrorline.capture.batching import BatchAssembler
 from mirrorline.capture.events import (
     Committed,
@@ -48,7 +50,8 @@ from mirrorline.capture.source import (
     whereabouts,
 )
 from mirrorline.config import Config
-from mirrorline.errors import ConfigError, SourceError, TransientSourceError
+from mirrorline.errors import ConfigError, LogError, SourceError, TransientSourceError
+from mirrorline.log.layout import read_json, write_json_atomic
 from mirrorline.log.stream import StreamSpill
 from mirrorline.log.writer import LogWriter
 from mirrorline.model import TableSchema
@@ -65,6 +68,7 @@ def _fetch_one(conn: Any, sql: str, *args: Any) -> Any:
 
 TAKE_ROWS = 20_000  # hand committed rows to the writer in batches of about this many
 IDLE_WAIT = 0.1  # seconds to wait for the server when it has nothing for us
+PARTITIONS_FILE = "partitions.json"  # the last look at the configured partitioned tables' leaves
 DROP_CHECK_SECONDS = 5.0  # how often capture looks for configured tables dropped at the source
 
 
@@ -127,6 +131,8 @@ class Capture:
         self._oids: dict[int, str] = {}  # configured tables' relids (until found dropped)
         self._gone_infos: dict[str, TableInfo] = {}  # configured tables no longer at the source, as the log knew them
         self._next_drop_check = 0.0
+        self._look: partitions.Look | None = None  # the last look at configured partitioned tables' leaves
+        self._resyncs: dict[int, str] = {}  # relid -> what happened, until the next transaction boundary
 
     def stop(self) -> None:
         """Ask the run to end at the next message or idle tick (signal-handler safe)."""
@@ -280,6 +286,116 @@ class Capture:
                 self._gone(name, "dropped at the source", self._wal_end)
             else:
                 self._gone(name, f"renamed to {name_now} at the source", self._wal_end)
+        self._check_partitions(asm)
+
+    # ------------------------------------------------------------------------------------------------- partitions
+
+    def _check_partitions(self, asm: BatchAssembler) -> None:
+        """The look at configured partitioned tables' leaves (capture/partitions.py): a partition attached with
+        rows, detached or dropped with rows, or truncated alone marks its table (a schema version with ``resync``),
+        and every target stops that table until it is loaded again."""
+        assert self._types is not None
+        found = self._types.leaves(self._oids)
+        if found is None:
+            return
+        since, lsn, now = found
+        last = self._look if self._look is not None else self._kept_look()
+        keep = {root: dict(leaves) for root, leaves in now.items()}
+        suspects = list(last.suspects) if self._look is None else list(self._look.suspects)
+        for ch in partitions.changes(last.tree, now):
+            verdict = self._verdict(ch)
+            if verdict is None:  # could not tell yet: looked at again next time
+                keep[ch.root] = dict(last.tree[ch.root])
+            elif verdict == "suspect":
+                suspects.append(partitions.Suspect(ch.root, ch.leaf, last.since, lsn))
+            elif verdict:
+                self._resyncs.setdefault(ch.root, verdict)
+        self._look = partitions.Look(since, lsn, keep, tuple(suspects))
+        if keep or suspects or last.tree:
+            write_json_atomic(self.config.log.path / PARTITIONS_FILE, partitions.to_json(self._look))
+        self._mark(asm)
+
+    def _mark(self, asm: BatchAssembler) -> None:
+        """Suspects the log now explains or not; marks recorded between transactions (a transaction's changes of a
+        table carry one version)."""
+        look = self._look
+        if look is not None and look.suspects:
+            settled = [x for x in look.suspects if x.lsn <= self.stats.durable_lsn]
+            for sus in settled:
+                table = self._oids.get(sus.root)
+                if table is not None and table not in self._logged_truncates(sus.since, sus.lsn):
+                    self._resyncs.setdefault(sus.root, partitions.Change("refilled", sus.root, sus.leaf).describe())
+            if settled:
+                self._look = dataclasses.replace(look, suspects=tuple(x for x in look.suspects if x not in settled))
+                write_json_atomic(self.config.log.path / PARTITIONS_FILE, partitions.to_json(self._look))
+        if self._resyncs and not asm.in_transaction:
+            for relid, what in sorted(self._resyncs.items()):
+                self._resync(asm, relid, what)
+            self._resyncs.clear()
+
+    def _kept_look(self) -> partitions.Look:
+        """The last look of an earlier run (what happened while capture was stopped is found against it)."""
+        path = self.config.log.path / PARTITIONS_FILE
+        empty = partitions.Look(0, 0, {})
+        if not path.exists():
+            return empty
+        try:
+            return partitions.from_json(read_json(path))
+        except (OSError, ValueError) as e:
+            log.warning("cannot read %s (%s): partitions are compared from now on", path, e)
+            return empty
+
+    def _logged_truncates(self, after: int, upto: int) -> set[str]:
+        """The tables the log holds a TRUNCATE of, committed in ``(after, upto]`` (source positions)."""
+        import pyarrow.compute as pc
+
+        from mirrorline.log.reader import ChangeLog
+
+        out: set[str] = set()
+        try:
+            for b in ChangeLog(self.config.log.path).read_arrow(Position(after), Position(upto, 1 << 62)):
+                t = b.filter(pc.equal(b.column("op"), "T"))
+                out.update(t.column("table").to_pylist())
+        except LogError as e:  # (no longer retained: nothing explains a replaced partition)
+            log.debug("truncates after %s not read: %s", format_lsn(after), e)
+        return out
+
+    def _verdict(self, ch: partitions.Change) -> str | None:
+        """What ``ch`` did to its table's rows: a description when the targets' rows are no longer the source's,
+        "" when nothing, "suspect" when a TRUNCATE of the root may explain it, None when it cannot be told yet."""
+        assert self._types is not None
+        if ch.kind == "added":
+            older = self._types.rows_before(ch.leaf)
+            return None if older is None else ch.describe() if older else ""
+        if ch.kind == "removed":
+            held = self._types.holds_rows(ch.leaf.relid)
+            if held is None:  # dropped (or unreadable): what it held at the last look decides
+                return ch.describe("dropped (or detached) with its rows") if ch.leaf.size > 0 else ""
+            return ch.describe("detached with its rows") if held else ""
+        older = self._types.rows_before(ch.leaf)
+        return None if older is None else "" if older else "suspect"
+
+    def _resync(self, asm: BatchAssembler, relid: int, what: str) -> None:
+        """Mark ``relid``'s table: a schema version like its latest with ``resync`` set, which its later changes
+        carry, and which stops the table at every target that loaded it before (apply/reshape.py)."""
+        assert self._writer is not None
+        table = self._oids.get(relid)
+        latest = self._writer.schemas.latest(table) if table is not None else None
+        if table is None or latest is None:  # no change of it logged yet: nothing at the targets to mark
+            log.warning("table %s: %s at the source", table or relid, what)
+            return
+        durable = self._writer.durable
+        at = Position(max(self._wal_end, durable.lsn if durable is not None else 0))
+        mark = f"{what} at {format_lsn(at.lsn)}"
+        s = self._record_schema(replace(latest, resync=mark, since=at))
+        asm.set_version(relid, s.version)
+        log.warning(
+            "table %s: %s at the source; its rows at the targets are not the source's: every target stops it "
+            "until it is loaded again (mirrorline snapshot --target NAME --table %s)",
+            table,
+            mark,
+            table,
+        )
 
     def _record_schema(self, schema: Any) -> Any:
         assert self._writer is not None
@@ -414,6 +530,8 @@ class Capture:
                 self._periodic(cur, asm, writer)
             if once:
                 if self._wal_end >= target and not asm.in_transaction:
+                    self._check_catalog(asm)  # (at least one look in a run, however short)
+                    self._mark(asm)
                     self._take(asm, writer)
                     writer.flush()
                     self._feedback(cur, asm, writer)
@@ -432,6 +550,7 @@ class Capture:
         """Every ~0.2 s: committed rows to the writer, segments flushed by its time limit, feedback; every few
         seconds, a look for configured tables dropped at the source."""
         self._check_catalog(asm)
+        self._mark(asm)
         if asm.buffered:
             self._take(asm, writer)
         writer.tick()
@@ -441,6 +560,8 @@ class Capture:
         """Everything the source had committed when we started is durable: the server has sent past that point and
         nothing received is waiting."""
         if asm.in_transaction or asm.buffered or writer.pending or self._ends:
+            return False
+        if self._look is not None and (self._look.suspects or self._resyncs):  # (settled as the log passes them)
             return False
         return max(self._wal_end, self.stats.durable_lsn) >= self.stats.target_lsn
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mirrorline.capture.assembler import TableInfo
+from mirrorline.capture.partitions import Leaf
 from mirrorline.config import Config, redact_dsn
 from mirrorline.errors import ConfigError, SourceError, TransientSourceError
 from mirrorline.model import Column, default_key, quote_ident, quote_table, split_table_name
@@ -551,6 +552,67 @@ class TypeNames:
                 out[int(oid)] = now
         return out
 
+    def _sql(self, doing: str) -> Any:
+        if self._conn is None or self._conn.closed:
+            self._conn = connect(self.dsn, doing=doing)
+        return self._conn
+
+    def leaves(self, roots: Iterable[int]) -> tuple[int, int, dict[int, dict[int, Leaf]]] | None:
+        """Each of these relations that is a partitioned table, with its leaf partitions (every level), and the
+        source's WAL positions before and after the look (every change it saw was committed before the second).
+        None when the lookup fails (asked again later)."""
+        import psycopg2
+
+        try:
+            conn = self._sql("cannot look up partitions on the source")
+            ((before,),) = _fetch(conn, "SELECT pg_current_wal_lsn()::text")
+            rows = _fetch(conn, _LEAVES_SQL, (list(roots),))
+            ((lsn,),) = _fetch(conn, "SELECT pg_current_wal_lsn()::text")
+        except psycopg2.Error as e:
+            log.warning("cannot look up the partitions of the configured tables on the source: %s", str(e).strip())
+            self.close()
+            return None
+        out: dict[int, dict[int, Leaf]] = {}
+        for root, relid, nsp, rel, filenode, size, columns in rows:
+            leaves = out.setdefault(int(root), {})
+            if relid is not None and rel is not None:
+                leaves[int(relid)] = Leaf(int(relid), f"{nsp}.{rel}", int(filenode), int(size or 0), columns or "")
+        return parse_lsn(before), parse_lsn(lsn), out
+
+    def rows_before(self, leaf: Leaf) -> bool | None:
+        """Does the table ``leaf`` hold a row written before its catalog row was last written (by ``ATTACH``,
+        ``CREATE`` or ``TRUNCATE``)? None when it cannot be read, or is gone."""
+        return self._ask_table(
+            leaf.relid,
+            "SELECT EXISTS (SELECT 1 FROM ONLY {} WHERE age(xmin) > (SELECT age(xmin) FROM pg_class WHERE oid = %s))",
+        )
+
+    def holds_rows(self, relid: int) -> bool | None:
+        """Does relation ``relid`` hold a row? None when it is gone, or cannot be read."""
+        return self._ask_table(relid, "SELECT EXISTS (SELECT 1 FROM ONLY {})")
+
+    def _ask_table(self, relid: int, sql: str) -> bool | None:
+        import psycopg2
+
+        try:
+            conn = self._sql("cannot read a table on the source")
+            found = _fetch(
+                conn,
+                "SELECT n.nspname, c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+                "WHERE c.oid = %s",
+                (relid,),
+            )
+            if not found:
+                return None
+            nsp, rel = found[0]
+            args = (relid,) if "%s" in sql else ()
+            ((answer,),) = _fetch(conn, sql.format(f"{quote_ident(nsp)}.{quote_ident(rel)}"), args)
+        except psycopg2.Error as e:
+            log.warning("cannot read relation %s on the source: %s", relid, str(e).strip().splitlines()[0])
+            self.close()
+            return None
+        return bool(answer)
+
     def close(self) -> None:
         if self._conn is not None:
             try:
@@ -558,6 +620,19 @@ class TypeNames:
             finally:
                 self._conn = None
 
+
+# each configured relation that is a partitioned table, with its leaves (a partitioned table without partitions: one
+# row of NULLs): capture/partitions.py
+_LEAVES_SQL = """
+SELECT r.root, c.oid, n.nspname, c.relname, c.relfilenode, pg_relation_size(c.oid),
+  (SELECT string_agg(quote_ident(a.attname) || ' ' || format_type(a.atttypid, a.atttypmod), ', ' ORDER BY a.attnum)
+   FROM pg_attribute a WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped)
+FROM unnest(%s::oid[]) AS r(root)
+JOIN pg_class p ON p.oid = r.root AND p.relkind = 'p'
+LEFT JOIN LATERAL (SELECT relid FROM pg_partition_tree(r.root::regclass) WHERE isleaf) t ON true
+LEFT JOIN pg_class c ON c.oid = t.relid
+LEFT JOIN pg_namespace n ON n.oid = c.relnamespace
+"""
 
 # a partitioned table holds no rows: the value its existing rows got for an added column is its leaves' (the
 # relation itself, and its leaf partitions when it is partitioned; pg_partition_tree of a plain table is empty)

@@ -26,6 +26,7 @@ def schema_to_json(s: TableSchema) -> dict[str, Any]:
         "key": list(s.key),
         **({"bag": True} if s.bag else {}),
         **({"relid": s.relid} if s.relid else {}),
+        **({"resync": s.resync} if s.resync else {}),
         "columns": [
             {
                 "name": c.name,
@@ -65,6 +66,7 @@ def schema_from_json(d: dict[str, Any]) -> TableSchema:
         since=Position(int(since[0]), int(since[1])),
         bag=bool(d.get("bag", False)),
         relid=int(d.get("relid", 0)),
+        resync=str(d.get("resync", "")),
     )
 
 
@@ -124,6 +126,9 @@ class SchemaStore:
         (a table dropped and created again, or another renamed to its name, is a new version), else the next
         number."""
         versions = self._by_table.get(schema.table, {})
+        latest = versions[max(versions)] if versions else None
+        if latest is not None and latest.resync and not schema.resync and latest.relid == schema.relid:
+            schema = replace(schema, resync=latest.resync)  # a Relation message knows nothing of it
         # a column the catalog no longer names as it was (capture looked it up after a later rename or drop) keeps
         # the facts its logged versions recorded for it
         known = {(c.name, c.type_name): c for v in sorted(versions) for c in versions[v].columns if c.attnum}
@@ -145,7 +150,8 @@ class SchemaStore:
         for v in sorted(versions):
             s = versions[v]
             same_relation = not s.relid or not schema.relid or s.relid == schema.relid
-            if s.columns == schema.columns and s.key == schema.key and s.bag == schema.bag and same_relation:
+            same = s.columns == schema.columns and s.key == schema.key and s.bag == schema.bag
+            if same and same_relation and s.resync == schema.resync:
                 return s
         return replace(schema, version=max(versions, default=0) + 1)
 

@@ -17,7 +17,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -296,6 +296,9 @@ def describe_tables(
         if unknown:
             raise ConfigError(str(config.file), "tables", f"not configured: {', '.join(sorted(unknown))}")
         stats = {k: v for k, v in stats.items() if k in only}
+    for name, mark in cp.resync.items():  # what the table as loaded here has caught up with
+        if name in stats:
+            stats[name] = replace(stats[name], schema=replace(stats[name].schema, resync=mark))
     return stats
 
 

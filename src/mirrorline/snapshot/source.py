@@ -14,8 +14,8 @@ from __future__ import annotations
 import contextlib
 import os
 import uuid
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from mirrorline.capture.source import check_server, connect, describe_tables, reconcile_publication, source_error
@@ -40,6 +40,9 @@ class ConsistentPoint:
     snapshot: str  # the exported snapshot's name, for SET TRANSACTION SNAPSHOT
     slot: str
     temporary: bool  # True: our own temporary slot; False: the main slot was created by this snapshot
+    # the log's marks of tables whose rows changed without a change logged (TableSchema.resync), as read before the
+    # point was taken: what a table loaded here has caught up with
+    resync: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def position(self) -> Position:
@@ -85,6 +88,7 @@ def consistent_point(config: Config, *, reconcile: bool = True, create_main: boo
             raise source_error(e, src.dsn, "source check failed") from None
     finally:
         conn.close()
+    resync = _resync_marks(config)  # read before the point: a mark recorded after it may be of a later event
     if not main_exists and not create_main:
         raise SnapshotError(
             f"the source has no replication slot {src.slot}: nothing replicates from it yet",
@@ -100,10 +104,22 @@ def consistent_point(config: Config, *, reconcile: bool = True, create_main: boo
                 _name, point, snapshot, _plugin = cur.fetchone()
         except psycopg2.Error as e:
             raise source_error(e, src.dsn, f"cannot create replication slot {slot} with an exported snapshot") from None
-        yield ConsistentPoint(parse_lsn(point), snapshot, slot, main_exists)
+        yield ConsistentPoint(parse_lsn(point), snapshot, slot, main_exists, resync)
     finally:
         with contextlib.suppress(Exception):
             rconn.close()
+
+
+def _resync_marks(config: Config) -> dict[str, str]:
+    from mirrorline.log.layout import Layout
+    from mirrorline.log.schemas import SchemaStore
+
+    folder = Layout(config.log.path).schemas
+    if not folder.is_dir():
+        return {}
+    store = SchemaStore(folder)
+    store.refresh()
+    return {t: s.resync for t in config.tables if (s := store.latest(t)) is not None and s.resync}
 
 
 def snapshot_connection(
