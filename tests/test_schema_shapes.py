@@ -262,3 +262,69 @@ def test_names_with_spaces_quotes_and_mixed_case(pg: Any, pg_cluster: Any, spark
     for k, url in urls.items():
         for t in conf.tables:
             oracle.assert_same(pg.dsn, k, url, t)
+
+
+def _target_sql(kind: str, url: str, sql: str) -> list[tuple[Any, ...]]:
+    """Run ``sql`` at the target as its user would, with a connection of the test's own."""
+    if kind == "postgresql":
+        import psycopg2
+
+        conn = psycopg2.connect(url)
+        try:
+            with conn, conn.cursor() as cur:
+                cur.execute(sql)
+                return list(cur.fetchall()) if cur.description else []
+        finally:
+            conn.close()
+    path = url.split(":///", 1)[1]
+    if kind == "sqlite":
+        import sqlite3
+
+        with sqlite3.connect(path) as sconn:
+            return sconn.execute(sql).fetchall()
+    import duckdb
+
+    dconn = duckdb.connect(path)
+    try:
+        return dconn.execute(sql).fetchall()
+    finally:
+        dconn.close()
+
+
+INDEXES_OF = {
+    "postgresql": "SELECT indexname FROM pg_indexes WHERE tablename IN ('s_bag', 's_wide') ORDER BY 1",
+    "sqlite": "SELECT name FROM sqlite_master WHERE type = 'index' AND sql IS NOT NULL ORDER BY 1",
+    "duckdb": "SELECT index_name FROM duckdb_indexes() ORDER BY 1",
+}
+
+
+@pytest.mark.pg
+@pytest.mark.spark
+@pytest.mark.parametrize("kind", ["postgresql", "sqlite", "duckdb"])
+def test_indexes_made_at_the_target_outlive_a_rebuild(
+    pg: Any, pg_cluster: Any, spark: Any, tmp_path: Path, kind: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A schema change that builds the target's table again (a keyless table at every kind; any change but an added
+    column at DuckDB) makes the indexes the target's users had made on it again; one on a column that went is named
+    in a warning."""
+    pg.execute(DDL)
+    url = target_url(kind, tmp_path, pg_cluster, f"ix_{kind[:2]}_{pg.name[-6:]}")
+    conf = _config(pg, tmp_path, url)
+    Capture(conf, once=True).run()
+    snapshot_target(conf, "t")
+    wide = "s_wide" if kind != "postgresql" else "public.s_wide"
+    bag = "s_bag" if kind != "postgresql" else "public.s_bag"
+    _target_sql(kind, url, f"CREATE INDEX user_c ON {bag} (c)")
+    _target_sql(kind, url, f"CREATE INDEX user_b ON {bag} (b)")
+    _target_sql(kind, url, f"CREATE INDEX user_n ON {wide} (n)")
+    before = [r[0] for r in _target_sql(kind, url, INDEXES_OF[kind])]
+    assert {"user_b", "user_c", "user_n"} <= set(before)
+    pg.execute(ALTERS)
+    pg.execute(DML)
+    with caplog.at_level("WARNING", logger="mirrorline"):
+        capture_and_apply(conf, spark)
+    _same(pg, kind, url)
+    after = {r[0] for r in _target_sql(kind, url, INDEXES_OF[kind])}
+    assert {"user_c", "user_n"} <= after, after
+    assert "user_b" not in after
+    assert any("index user_b could not be made again" in r.getMessage() for r in caplog.records), caplog.text

@@ -21,7 +21,7 @@ from mirrorline.apply.chunks import read_chunk
 from mirrorline.apply.engine import Target
 from mirrorline.apply.lock import TargetBusy
 from mirrorline.apply.session import Session
-from mirrorline.apply.sql import Dialect, lit
+from mirrorline.apply.sql import OWN_INDEX, Dialect, lit
 from mirrorline.apply.state import AppliedState
 from mirrorline.errors import TargetError
 from mirrorline.model import Column, TableSchema, quote_ident
@@ -154,6 +154,15 @@ class DuckdbSession(Session):
             [schema, name],
         ).fetchall()
         return [r[0] for r in rows] or None
+
+    def user_indexes(self, table: str) -> list[tuple[str, str]]:
+        schema, name = self.dialect.names(table)
+        rows = self.cur.execute(
+            "SELECT index_name, sql FROM duckdb_indexes() WHERE database_name = current_database() "
+            "AND schema_name = ? AND table_name = ? AND sql IS NOT NULL",
+            [schema, name],
+        ).fetchall()
+        return [(n, q) for n, q in rows if not n.startswith(OWN_INDEX)]
 
     def is_data_error(self, exc: BaseException) -> bool:
         return isinstance(exc, _DATA_ERRORS)

@@ -385,6 +385,7 @@ class Target(ABC):
         nothing changed. Returns what was done, one line each."""
         done: list[str] = []
         changed: list[str] = []
+        rebuilt: dict[str, list[tuple[str, str]]] = {}  # tables built again: the indexes others had made on them
         with self.transaction() as s:
             self.check_types(s, schemas)
             for ts in schemas:
@@ -411,6 +412,8 @@ class Target(ABC):
                     if old is not None and any(m is None for m in made):  # (a type this kind alters only so)
                         steps = [as_rebuild(old, ts, steps, have)]
                         made = [self.dialect.reshape(ts.table, steps[0], ts)]
+                    if any(st.kind in ("rebuild", "rekey") for st in steps):
+                        rebuilt[ts.table] = s.user_indexes(ts.table)
                     for step, stmts in zip(steps, made, strict=True):
                         if stmts is None:
                             raise stop(
@@ -432,7 +435,26 @@ class Target(ABC):
                     write_shape(s, ts, ts.version)
         for line in changed:
             log.info("target %s: schema change committed: %s", self.name, line)
+        self._index_again(rebuilt)
         return done
+
+    def _index_again(self, rebuilt: Mapping[str, Sequence[tuple[str, str]]]) -> None:
+        """Make again, each in a transaction of its own, the indexes others had made on tables a schema change
+        built again; one whose columns went (dropped, renamed) or no longer fit is said in a warning."""
+        for table, indexes in rebuilt.items():
+            for name, stmt in indexes:
+                try:
+                    with self.transaction() as s:
+                        s.execute(stmt)
+                except Exception as e:
+                    log.warning(
+                        "target %s: %s was built again for a schema change; its index %s could not be made again "
+                        "(%s): make it again as fits the new columns",
+                        self.name,
+                        table,
+                        name,
+                        str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__,
+                    )
 
     def _followed(self, table: str, recorded: int | None, state: AppliedState) -> TableSchema | None:
         """The shape the target's table has: as recorded with it, by content (what the snapshot loaded, or the

@@ -30,7 +30,7 @@ from mirrorline.apply import rows as work_rows
 from mirrorline.apply import types as type_map
 from mirrorline.apply.engine import Target, TargetRead, check_unknown_types
 from mirrorline.apply.session import Session
-from mirrorline.apply.sql import STATE_TABLE, Dialect
+from mirrorline.apply.sql import OWN_INDEX, STATE_TABLE, Dialect
 from mirrorline.apply.stage import Stager, generic_flatten, pick
 from mirrorline.apply.state import parse as parse_state
 from mirrorline.config import redact_dsn
@@ -194,6 +194,15 @@ class PgSession(Session):
             (self.dialect.table(table),),
         )
         return [r[0] for r in rows] or None
+
+    def user_indexes(self, table: str) -> list[tuple[str, str]]:
+        rows = self.query(
+            "SELECT c.relname, pg_get_indexdef(i.indexrelid) FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid "
+            "WHERE i.indrelid = to_regclass(%s) "
+            "AND NOT EXISTS (SELECT 1 FROM pg_constraint k WHERE k.conindid = i.indexrelid)",
+            (self.dialect.table(table),),
+        )
+        return [(n, q) for n, q in rows if not n.startswith(OWN_INDEX)]
 
     def is_data_error(self, exc: BaseException) -> bool:
         code = getattr(exc, "pgcode", None)

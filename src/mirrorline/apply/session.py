@@ -90,6 +90,11 @@ class Session(ABC):
     def table_columns(self, table: str) -> list[str] | None:
         """The columns of the target's table for the source table ``table``, or None when it does not exist."""
 
+    def user_indexes(self, table: str) -> list[tuple[str, str]]:
+        """The indexes made on the target's table by others than mirrorline (name, the statement that makes it):
+        what a rebuild makes again afterwards. None known by default."""
+        return []
+
     @abstractmethod
     def is_data_error(self, exc: BaseException) -> bool:
         """True when ``exc`` is about the data (a bad value, a constraint), not the connection or the server."""

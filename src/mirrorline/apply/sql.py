@@ -59,6 +59,9 @@ def parse_mask(mask: str | None) -> frozenset[str]:
     return frozenset(x for x in (mask or "").split(MASK_SEP) if x)
 
 
+OWN_INDEX = "mirrorline_key_"  # the prefix of the index mirrorline makes on a table without a usable key
+
+
 class Dialect(ABC):
     """The SQL of one target kind: statements in the form most engines take (PostgreSQL's and DuckDB's), each kind's
     module (:mod:`mirrorline.apply.postgresql`, ``sqlite``, ``duckdb``) subclassing it where its engine differs."""
@@ -157,7 +160,7 @@ class Dialect(ABC):
         index = index_columns(s) if s.bag else (s.key if key_nullable else ())
         if index:
             _, name = split_table_name(s.table)
-            idx = quote_ident(f"mirrorline_key_{name}"[:63])
+            idx = quote_ident(f"{OWN_INDEX}{name}"[:63])
             out.append(
                 f"CREATE INDEX IF NOT EXISTS {idx} ON {self.table(s.table)} ("
                 + ", ".join(quote_ident(k) for k in index)

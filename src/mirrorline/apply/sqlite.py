@@ -19,7 +19,7 @@ from mirrorline.apply import types as type_map
 from mirrorline.apply.chunks import read_chunk
 from mirrorline.apply.engine import Target
 from mirrorline.apply.session import Session
-from mirrorline.apply.sql import Dialect, lit
+from mirrorline.apply.sql import OWN_INDEX, Dialect, lit
 from mirrorline.errors import TargetError
 from mirrorline.model import Column, TableSchema, quote_ident, split_table_name
 
@@ -188,6 +188,14 @@ class SqliteSession(Session):
         _, name = self.dialect.names(table)
         cols = [r[1] for r in self.conn.execute("SELECT * FROM pragma_table_info(?)", (name,)).fetchall()]
         return cols or None
+
+    def user_indexes(self, table: str) -> list[tuple[str, str]]:
+        _, name = self.dialect.names(table)
+        rows = self.conn.execute(
+            "SELECT name, sql FROM sqlite_master WHERE type = 'index' AND tbl_name = ? AND sql IS NOT NULL",
+            (name,),
+        ).fetchall()
+        return [(n, q) for n, q in rows if not n.startswith(OWN_INDEX)]
 
     def is_data_error(self, exc: BaseException) -> bool:
         if isinstance(exc, sqlite3.IntegrityError | sqlite3.DataError):
