@@ -1,24 +1,34 @@
-"""Benchmark: faults survived, and counted (issue 16). pgbench runs against a throwaway source for several minutes
-while faults are injected at random times; mirrorline is restarted after each as a supervisor would; at the end every
-target is compared with the source.
+"""Benchmark: faults survived, and counted. pgbench runs against a throwaway source for several minutes while faults
+are injected at random times; mirrorline is restarted after each as a supervisor would; at the end every target is
+compared with the source.
 
 - Source: ``pgbench -i -s --scale`` (``pgbench_history`` REPLICA IDENTITY FULL), load ``pgbench -R --rate`` restarted
-  whenever it stops (the source restarts under it).
-- Targets: SQLite, and PostgreSQL in a cluster of its own (so that it can be stopped while the source goes on).
+  whenever it stops (the source restarts under it); ``logical_decoding_work_mem = 64kB``, so that a large
+  transaction is streamed while in progress.
+- Targets: SQLite, DuckDB, a Delta folder, and PostgreSQL in a cluster of its own (so that it can be stopped while
+  the source goes on).
 - mirrorline runs either as one ``run`` process or as ``capture`` and ``apply`` processes, switching every ten kills.
 - Faults: SIGKILL of a random mirrorline process (``run``, ``capture`` or ``apply``) every 1 to ``--kill-every`` s
-  until ``--kills``; an immediate restart of the source (``pg_ctl -m immediate``); ``pg_terminate_backend`` of the
-  walsender; the PostgreSQL target stopped for ``--outage`` s; the SQLite target locked by another writer for
-  ``--lock`` s. A process that exits (killed, or stopped by an error such as the target being away) is started again
-  after 0.2 s.
+  until ``--kills``; among them, at random kills: an immediate restart of the source (``pg_ctl -m immediate``);
+  ``pg_terminate_backend`` of the walsender; the PostgreSQL target stopped for ``--outage`` s; the SQLite target
+  locked by another writer for ``--lock`` s; a transaction of ``--streamed-rows`` rows (streamed while in progress);
+  a ``TRUNCATE pgbench_history``; a schema change (``ALTER TABLE pgbench_history ADD COLUMN ... DEFAULT``, a
+  column the later rows fill); ``mirrorline verify`` beside ``run`` (exit 0: every target equal at its point); the
+  replication slot dropped while mirrorline is stopped, changes made, mirrorline started again: it must mark every
+  target *needs reload* (counted as ``slot_drops_refused_clearly``), after which each target is loaded again with
+  ``mirrorline snapshot --target``. A process that exits (killed, or stopped by an error such as the target being
+  away) is started again after 0.2 s.
 - A fault's recovery: from the fault until every target's applied position (the log's reader registry) has passed
   the source's WAL position at the fault (after a source restart: once it is back).
 
 After the faults the load stops, everything is drained, mirrorline is stopped, and each table of each target is
-compared with the source as a multiset. Prints one JSON line: ``kills`` (by process kind), ``source_restarts``,
-``walsender_kills``, ``target_outages``, ``target_locks``, ``recoveries`` (faults recovered from),
-``longest_recovery_s``, ``recovery_p50_s``, ``rows_lost`` and ``rows_duplicated`` (over every table and target: must
-be 0), ``lag_after_last_fault_s``, ``seconds``.
+compared with the source as a multiset, every column the source has. Prints one JSON line: ``kills`` (by process
+kind), one count per other fault (``source_restarts``, ``walsender_kills``, ``target_outages``, ``target_locks``,
+``streamed_transactions``, ``truncates``, ``schema_changes``, ``verify_runs`` with ``verify_exit_codes``,
+``slot_drops`` with ``slot_drops_refused_clearly``), ``recoveries`` (faults recovered from), ``longest_recovery_s``,
+``recovery_p50_s``, ``rows_lost`` and ``rows_duplicated`` (over every table and target: must be 0),
+``nothing_lost`` (true when both are 0 and every slot drop was refused clearly), ``lag_after_last_fault_s``,
+``seconds``.
 
     .venv/bin/python bench/faults.py [--kills 100] [--kill-every 6] [--scale 1] [--rate 100] [--outage 30] [--lock 10]
 """
@@ -45,11 +55,22 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from live import TABLES, read_table
 from mirrorline.log.reader import ChangeLog
-from mirrorline.log.retention import readers
+from mirrorline.log.retention import needs_reload, readers
 from mirrorline.pgcluster import PgCluster, _as_server_user
 
 SRC_DB, TGT_DB = "faults_src", "faults_tgt"
-TARGETS = ("sqlite", "pg")
+TARGETS = ("sqlite", "pg", "duckdb", "delta")
+FAULTS = (
+    "source_restarts",
+    "walsender_kills",
+    "target_outages",
+    "target_locks",
+    "streamed_transactions",
+    "truncates",
+    "schema_changes",
+    "verify_runs",
+    "slot_drops",
+)
 
 
 def say(msg: str) -> None:
@@ -102,6 +123,8 @@ class Supervisor:
         while not self.stop.wait(0.2):
             with self.lock:
                 want = ["run"] if self.mode == "run" else ["capture", "apply"]
+                if self.mode.startswith("paused:"):
+                    want = []
                 for kind in list(self.procs):
                     if kind not in want or self.procs[kind].poll() is not None:
                         self._kill(kind)
@@ -125,6 +148,17 @@ class Supervisor:
             kind = rng.choice(live)
             self._kill(kind)
             return kind
+
+    def pause(self) -> None:
+        """Stop every process and start none until :meth:`resume`."""
+        with self.lock:
+            self.mode = "paused:" + self.mode
+            for kind in list(self.procs):
+                self._kill(kind)
+
+    def resume(self) -> None:
+        with self.lock:
+            self.mode = self.mode.removeprefix("paused:")
 
     def switch(self) -> None:
         with self.lock:
@@ -211,14 +245,34 @@ class Recoveries(threading.Thread):
                 self.sweep(low, time.monotonic())
 
 
+def columns(src: PgCluster, table: str) -> tuple[tuple[str, str], ...]:
+    """The source table's columns now, with the kind the reader canonicalises them as."""
+    rows = src.execute(
+        "SELECT column_name, data_type FROM information_schema.columns WHERE table_schema = 'public' "
+        f"AND table_name = '{table}' ORDER BY ordinal_position",
+        SRC_DB,
+    )
+    kinds = {"integer": "int", "bigint": "int", "timestamp without time zone": "ts"}
+    return tuple((str(c), kinds.get(str(t), "text")) for c, t in rows)
+
+
+def where(tgt: PgCluster, work: Path) -> dict[str, tuple[str, str]]:
+    return {
+        "sqlite": ("sqlite", str(work / "target.sqlite")),
+        "pg": ("postgresql", tgt.dsn(TGT_DB)),
+        "duckdb": ("duckdb", str(work / "target.duckdb")),
+        "delta": ("delta", str(work / "target.lake")),
+    }
+
+
 def compare(src: PgCluster, tgt: PgCluster, work: Path) -> tuple[int, int, dict[str, Any]]:
     lost = duplicated = 0
     detail: dict[str, Any] = {}
-    where = {"sqlite": ("sqlite", str(work / "target.sqlite")), "pg": ("postgresql", tgt.dsn(TGT_DB))}
     for table in TABLES:
-        want = collections.Counter(read_table("postgresql", src.dsn(SRC_DB), table))
-        for name, (kind, path) in where.items():
-            got = collections.Counter(read_table(kind, path, table))
+        cols = columns(src, table)
+        want = collections.Counter(read_table("postgresql", src.dsn(SRC_DB), table, cols))
+        for name, (kind, path) in where(tgt, work).items():
+            got = collections.Counter(read_table(kind, path, table, cols))
             missing, extra = sum((want - got).values()), sum((got - want).values())
             lost += missing
             duplicated += extra
@@ -226,9 +280,52 @@ def compare(src: PgCluster, tgt: PgCluster, work: Path) -> tuple[int, int, dict[
     return lost, duplicated, detail
 
 
+def mirrorline(config: Path, work: Path, *args: str, timeout: float = 600) -> int:
+    """A mirrorline command beside the supervised ones; its exit code."""
+    with open(work / f"{args[0]}.log", "ab") as log:
+        p = subprocess.run(
+            [sys.executable, "-m", "mirrorline.cli.main", *args, "-c", str(config)],
+            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=str(work), timeout=timeout,
+        )  # fmt: skip
+    return p.returncode
+
+
+def drop_slot(src: PgCluster, sup: Supervisor, work: Path, config: Path) -> bool:
+    """The slot dropped while mirrorline is stopped, a few seconds of load, mirrorline started again: True when it
+    marked every target *needs reload*; then each is loaded again."""
+    sup.pause()
+    for _ in range(100):
+        try:
+            src.execute(
+                "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = 'mirrorline' "
+                "AND active_pid IS NOT NULL",
+                SRC_DB,
+            )
+            src.execute("SELECT pg_drop_replication_slot('mirrorline')", SRC_DB)
+            break
+        except Exception:
+            time.sleep(0.2)
+    time.sleep(3)
+    sup.resume()
+    deadline = time.monotonic() + 120
+    marked = False
+    while time.monotonic() < deadline:
+        if set(needs_reload(ChangeLog(work / "log"))) >= set(TARGETS):
+            marked = True
+            break
+        time.sleep(0.5)
+    sup.pause()
+    for t in TARGETS:
+        code = mirrorline(config, work, "snapshot", "--target", t)
+        if code != 0:
+            raise RuntimeError(f"snapshot --target {t} exited {code} (see {work / 'snapshot.log'})")
+    sup.resume()
+    return marked
+
+
 def bench(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     rng = random.Random(args.seed)
-    src = PgCluster({"wal_sender_timeout": "10s"}).start()
+    src = PgCluster({"wal_sender_timeout": "10s", "logical_decoding_work_mem": "64kB"}).start()
     tgt = PgCluster().start()
     sup: Supervisor | None = None
     load: Load | None = None
@@ -247,6 +344,8 @@ def bench(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             + "".join(f'[tables."public.{t}"]\n' for t in TABLES)
             + f"\n[targets.sqlite]\nurl = {q('sqlite:///' + str(work / 'target.sqlite'))}\n"
             f"[targets.pg]\nurl = {q(tgt.url(TGT_DB))}\n"
+            f"[targets.duckdb]\nurl = {q('duckdb:///' + str(work / 'target.duckdb'))}\n"
+            f"[targets.delta]\nurl = {q('delta:///' + str(work / 'target.lake'))}\n"
         )
         sup = Supervisor(config, work)
         sup.thread.start()
@@ -264,8 +363,10 @@ def bench(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         counts: collections.Counter[str] = collections.Counter()
         kills: collections.Counter[str] = collections.Counter()
         # the other faults at random moments among the kills
-        others = ["source_restarts"] * args.source_restarts + ["walsender_kills"] * args.walsender_kills
-        others += ["target_outages"] * args.target_outages + ["target_locks"] * args.target_locks
+        others = [f for f in FAULTS for _ in range(getattr(args, f))]
+        verify_codes: collections.Counter[int] = collections.Counter()
+        refused_clearly = 0
+        added = 0
         at_kill = sorted(rng.sample(range(1, max(args.kills, len(others) + 1)), len(others)))
         plan = dict(zip(at_kill, rng.sample(others, len(others)), strict=True))
         last_fault = t0
@@ -297,6 +398,24 @@ def bench(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                 time.sleep(args.lock)
                 db.rollback()
                 db.close()
+            elif other == "streamed_transactions":
+                src.execute(
+                    "INSERT INTO pgbench_history (tid, bid, aid, delta, mtime) SELECT 1 + g % 10, 1, g, -g, now() "
+                    f"FROM generate_series(1, {args.streamed_rows}) g",
+                    SRC_DB,
+                )
+            elif other == "truncates":
+                src.execute("TRUNCATE pgbench_history", SRC_DB)
+            elif other == "schema_changes":
+                added += 1
+                src.execute(f"ALTER TABLE pgbench_history ADD COLUMN extra_{added} integer DEFAULT {added}", SRC_DB)
+            elif other == "verify_runs":
+                code = mirrorline(config, work, "verify")
+                verify_codes[code] += 1
+                if code != 0:
+                    say(f"verify exited {code}: see {work / 'verify.log'}")
+            elif other == "slot_drops":
+                refused_clearly += drop_slot(src, sup, work, config)
             if other is not None:
                 counts[other] += 1
                 last_fault = time.monotonic()
@@ -329,10 +448,10 @@ def bench(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         return {
             "kills": sum(kills.values()),
             "kills_by_process": dict(kills),
-            "source_restarts": counts["source_restarts"],
-            "walsender_kills": counts["walsender_kills"],
-            "target_outages": counts["target_outages"],
-            "target_locks": counts["target_locks"],
+            **{f: counts[f] for f in FAULTS},
+            "verify_exit_codes": {str(k): v for k, v in sorted(verify_codes.items())},
+            "slot_drops_refused_clearly": refused_clearly,
+            "nothing_lost": lost == 0 and duplicated == 0 and refused_clearly == counts["slot_drops"],
             "recoveries": len(durations),
             "unrecovered": len(rec.pending),
             "longest_recovery_s": round(max(durations), 2) if durations else None,
@@ -366,12 +485,23 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--walsender-kills", type=int, default=3)
     p.add_argument("--target-outages", type=int, default=1)
     p.add_argument("--target-locks", type=int, default=1)
+    p.add_argument("--streamed-transactions", type=int, default=2)
+    p.add_argument("--streamed-rows", type=int, default=20_000, help="rows of each streamed transaction")
+    p.add_argument("--truncates", type=int, default=1)
+    p.add_argument("--schema-changes", type=int, default=2)
+    p.add_argument("--verify-runs", type=int, default=2)
+    p.add_argument("--slot-drops", type=int, default=1)
     p.add_argument("--outage", type=float, default=30.0, help="seconds the PostgreSQL target is stopped")
     p.add_argument("--lock", type=float, default=10.0, help="seconds the SQLite target is locked")
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--work", help="a folder to work in and keep (logs of every process); default: a temporary one")
     args = p.parse_args(argv)
-    with tempfile.TemporaryDirectory(prefix="mirrorline-faults-") as d:
-        out = bench(args, Path(d))
+    if args.work:
+        Path(args.work).mkdir(parents=True, exist_ok=True)
+        out = bench(args, Path(args.work))
+    else:
+        with tempfile.TemporaryDirectory(prefix="mirrorline-faults-") as d:
+            out = bench(args, Path(d))
     print(json.dumps(out), flush=True)
     return out
 

@@ -824,9 +824,19 @@ def _rows(raw: list[tuple[Any, ...]], kinds: list[str]) -> list[tuple[Any, ...]]
     return rows
 
 
-def read_table(kind: str, where: str, table: str) -> list[tuple[Any, ...]]:
-    cols = ", ".join(f'"{c}"' for c, _ in TABLES[table])
-    kinds = [k for _, k in TABLES[table]]
+def read_table(
+    kind: str, where: str, table: str, columns: tuple[tuple[str, str], ...] | None = None
+) -> list[tuple[Any, ...]]:
+    """A table of the source or a target (``where``: a DSN, a file, or a Delta folder) as sorted rows of canonical
+    values. ``columns``: (name, kind) to read; default: pgbench's own."""
+    columns = columns or TABLES[table]
+    cols = ", ".join(f'"{c}"' for c, _ in columns)
+    kinds = [k for _, k in columns]
+    if kind == "delta":
+        from deltalake import DeltaTable
+
+        data = DeltaTable(str(Path(where) / table)).to_pyarrow_table(columns=[c for c, _ in columns])
+        return _rows(list(zip(*(data[c].to_pylist() for c, _ in columns), strict=True)), kinds)
     if kind == "postgresql":
         conn = psycopg2.connect(where)
         try:

@@ -328,3 +328,27 @@ def test_indexes_made_at_the_target_outlive_a_rebuild(
     assert {"user_c", "user_n"} <= after, after
     assert "user_b" not in after
     assert any("index user_b could not be made again" in r.getMessage() for r in caplog.records), caplog.text
+
+
+@pytest.mark.pg
+@pytest.mark.spark
+def test_a_unit_cut_inside_the_transaction_that_brings_a_keyless_tables_new_shape(
+    pg: Any, pg_cluster: Any, spark: Any, tmp_path: Path
+) -> None:
+    """A keyless table changes shape; the first transaction after it changes another table first, then it (as a
+    pgbench transaction does: the history row last). The unit is cut before the keyless table's first change of the
+    new shape, inside that transaction; the keyless rows before the cut are compiled with the shape they carry
+    (before: the shape in force at the cut, one column more than their rows, and Spark failed)."""
+    pg.execute(DDL)
+    url = target_url("sqlite", tmp_path, pg_cluster, "cut")
+    conf = _config(pg, tmp_path, url)
+    Capture(conf, once=True).run()
+    snapshot_target(conf, "t")
+    pg.execute("INSERT INTO public.s_bag VALUES (500, 'p', 5), (500, 'p', 5)")
+    pg.execute("ALTER TABLE public.s_bag ADD COLUMN extra integer DEFAULT 1")
+    pg.execute(
+        "BEGIN; UPDATE public.busy SET v = 'first' WHERE id = 1;"
+        "INSERT INTO public.s_bag VALUES (600, 'q', 6, 2); COMMIT"
+    )
+    capture_and_apply(conf, spark)
+    _same(pg, "sqlite", url)

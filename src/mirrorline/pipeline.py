@@ -721,7 +721,7 @@ class Applier:
         stats = self.log.stats(start, end)
         if self.config.tables:
             stats = {t: s for t, s in stats.items() if t in self.config.tables}
-        bags = self._bags(sorted(stats), end)
+        bags = self._bags(sorted(stats), end, start)
         if qualifies(stats, self.small_unit):
             rows = unit_rows(self.config.tables, self.log.read_arrow(start, end))
             return shared(self.spark, self.actions or None, bags).compile(rows, stats, start, end)
@@ -767,13 +767,12 @@ class Applier:
             in_range=True,
         )
 
-    def _bags(self, tables: list[str], end: Position) -> dict[str, tuple[str, ...]]:
+    def _bags(self, tables: list[str], end: Position, start: Position) -> dict[str, tuple[str, ...]]:
         """The tables without a key the pipeline has seen so far, with their columns (every unit's plan gets them
-        all, so that the small units' plan stays the same while they do not change)."""
-        for t in tables:
-            s = self.log.schema_at(t, end)
-            if s is None:  # (the general path names what is missing when it needs the schema)
-                continue
+        all, so that the small units' plan stays the same while they do not change): for the unit's tables, the
+        schema their changes carry (a unit cut at a schema change may end inside the transaction whose changes carry
+        the new version, which the version in force at its end would be)."""
+        for t, s in self._schemas(tables, end, start, missing_ok=True).items():
             if s.bag:
                 self._bag_cols[t] = s.key
             else:
@@ -826,15 +825,20 @@ class Applier:
         target.table_policy = policy
         return target
 
-    def _schemas(self, tables: list[str], end: Position, start: Position | None = None) -> dict[str, TableSchema]:
+    def _schemas(
+        self, tables: list[str], end: Position, start: Position | None = None, missing_ok: bool = False
+    ) -> dict[str, TableSchema]:
         """Each table's logged schema for the unit ``(start, end]``: the version its changes carry (units are cut
-        where it changes), else the one in force at ``end``."""
+        where it changes), else the one in force at ``end``. ``missing_ok``: a table the log has no schema of is
+        left out (else an error)."""
         versions: dict[str, int] = {}
         if start is not None and end > start and self.log.changing_schemas():
             versions = self.log.unit_versions(start, end, tables)[2]
         out: dict[str, TableSchema] = {}
         for t in tables:
             s = self.log.schemas.get(t, versions[t]) if t in versions else self.log.schema_at(t, end)
+            if s is None and missing_ok:
+                continue
             if s is None:
                 raise MirrorlineError(
                     f"the change log has no schema for {t}",
