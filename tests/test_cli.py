@@ -72,3 +72,16 @@ def test_verbose_before_or_after_the_command() -> None:
         0,
         2,
     ]
+
+
+def test_an_internal_error_is_not_a_difference(capsys, monkeypatch):
+    """A bug ends a command with its traceback and exit 4, never 1 (which verify gives for a difference)."""
+    from mirrorline.cli import verify_cmd
+
+    def broken(args):
+        raise RuntimeError("the key array and value array must have the same length")
+
+    monkeypatch.setattr(verify_cmd, "run", broken)
+    assert main(["verify", "-c", "nowhere.toml"]) == 4
+    err = capsys.readouterr().err
+    assert "Traceback" in err and "internal error: RuntimeError: the key array" in err

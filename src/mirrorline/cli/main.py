@@ -1,7 +1,8 @@
 """Entry point: ``mirrorline COMMAND -c CONFIG``.
 
 Exit status: 0 success, 1 when ``verify`` finds a difference or ``status`` finds replication unhealthy, 2 usage or
-configuration error, 3 any other failure; each failure with a one-line reason on stderr.
+configuration error, 3 any other failure, each with a one-line reason on stderr; 4 an internal error (a bug), with
+its traceback.
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
         "a durable change log, compile net row changes with Spark, apply set-based to PostgreSQL, SQLite, "
         "DuckDB and Delta Lake targets, exactly once.",
         epilog="Exit status: 0 success, 1 verify found a difference or status found replication unhealthy, 2 usage or "
-        "configuration error, 3 other failure.",
+        "configuration error, 3 other failure, 4 an internal error (a bug; its traceback is printed).",
     )
     parser.add_argument("--version", action="version", version=f"mirrorline {__version__}")
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more log output (-vv for debug)")
@@ -69,6 +70,9 @@ def build_parser() -> argparse.ArgumentParser:
         mod.add_arguments(p)
         p.set_defaults(_module=mod)
     return parser
+
+
+INTERNAL_ERROR = 4  # (see the module's docstring)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -100,6 +104,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         logging.getLogger("mirrorline").debug("%s failed", args.command, exc_info=True)
         print(f"mirrorline {args.command}: {os_error_text(e)}", file=sys.stderr)
         return 3
+    except Exception as e:  # a bug: its traceback, and an exit code no command gives for anything else
+        import traceback
+
+        traceback.print_exc()
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        print(
+            f"mirrorline {args.command}: internal error: {type(e).__name__}: {first} (a bug: report it with the "
+            "lines above; positions are where they were, so a restart continues correctly)",
+            file=sys.stderr,
+        )
+        return INTERNAL_ERROR
 
 
 def os_error_text(e: OSError) -> str:
