@@ -58,9 +58,16 @@ def test_two_instances_share_a_target_database(pg: Any, spark: Any, tmp_path: Pa
     with sqlite3.connect(tmp_path / "shared.db") as c:
         names = {r[0] for r in c.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
     assert {"a_applied", "b_applied", "items", "parts"} <= names and "mirrorline_applied" not in names
-    for cfg in (a, b):
+    for cfg, table in ((a, "public.items"), (b, "public.parts")):
         st = status(cfg)  # each instance sees its own state only
         assert all(t.state in ("live", "catching up") and t.position is not None for t in st.targets), st.targets
+        assert all(set(t.tables) == {table} for t in st.targets), [(t.name, t.tables) for t in st.targets]
+    for prefix, table in (("a_", "public.items"), ("b_", "public.parts")):  # each state table names its own only
+        scopes = {r[0] for r in cluster.execute(f"SELECT scope FROM {prefix}applied", dw)}
+        with sqlite3.connect(tmp_path / "shared.db") as c:
+            scopes |= {r[0] for r in c.execute(f"SELECT scope FROM {prefix}applied")}
+        named = {x.split(":", 1)[-1] for x in scopes if x}
+        assert named == {table}, scopes
 
 
 def test_state_prefix_is_validated(tmp_path: Path) -> None:
