@@ -104,7 +104,7 @@ def test_a_next_unit_still_open_when_the_targets_finish_is_left_for_the_next_ste
 
 def test_a_target_moves_past_the_logs_last_change_only_to_a_covered_position(tmp_path: Path, spark: Any) -> None:
     from mirrorline.model import Column, TableSchema
-    from mirrorline.snapshot import catch_up
+    from mirrorline.pipeline import catch_up_target
 
     with LogWriter(tmp_path / "log") as w:
         w.record_schema(TableSchema("public.t", (Column("id", "text", nullable=False),), ("id",)))
@@ -122,7 +122,7 @@ def test_a_target_moves_past_the_logs_last_change_only_to_a_covered_position(tmp
     a.catch_up(beyond)  # not known to be covered: the log's end
     assert a.positions() == {"t": Position(10, 0)}
     a.close()
-    assert catch_up(conf, "t", upto=beyond) == beyond  # the caller knows capture passed it
+    assert catch_up_target(conf, "t", upto=beyond) == beyond  # the caller knows capture passed it
 
 
 def test_a_unit_closes_when_its_first_change_is_latency_old_by_its_commit_time(tmp_path: Path) -> None:

@@ -362,7 +362,8 @@ def test_schema_changed_after_an_export_is_followed_after_its_load(
     import subprocess
     import sys
 
-    from mirrorline.snapshot import catch_up, export_snapshot, load_snapshot
+    from mirrorline.pipeline import catch_up_target
+    from mirrorline.snapshot import export_snapshot, load_snapshot
 
     pg.execute(DDL + "; INSERT INTO public.sc SELECT i, i, 'b' || i, i, 'd' || i FROM generate_series(1, 50) i")
     url = target_url(kind, tmp_path, pg_cluster, f"ex_{kind[:2]}_{pg.name[-6:]}")
@@ -389,7 +390,7 @@ def test_schema_changed_after_an_export_is_followed_after_its_load(
     assert any("\ta\t100" in line for line in sc) and any("\ta2\t101" in line for line in sc), sc[:5]
     assert not any("\ta\t101" in line for line in sc)
     load_snapshot(conf, "t", folder)
-    catch_up(conf, "t")
+    catch_up_target(conf, "t")
     for t in (TABLE, OTHER):
         oracle.assert_same(pg.dsn, kind, url, t)
     report = verify(conf)

@@ -14,7 +14,8 @@ import pytest
 
 import oracle
 from mirrorline.errors import SnapshotError
-from mirrorline.snapshot import Options, catch_up, check_folder, export_snapshot, load_snapshot
+from mirrorline.pipeline import catch_up_target
+from mirrorline.snapshot import Options, check_folder, export_snapshot, load_snapshot
 from mirrorline.snapshot.plan import parse_chunk_file_name
 from mirrorline.snapshot.tasks import file_sha256
 from mirrorline.verify import verify
@@ -53,7 +54,7 @@ def test_export_load_catch_up_verify(pg: Any, spark: Any, tmp_path: Path, target
     Workload(pg.dsn, max_id=work.next_id + 100, seed=7).run_some(200)  # more changes after the loads
     capture_once(cfg)
     for name in ("postgresql", "sqlite", "delta"):
-        catch_up(cfg, name)
+        catch_up_target(cfg, name)
         for table in ("public.items", "public.parts"):  # read independently before verify is asked
             oracle.assert_same(pg.dsn, name, urls[name], table)
     report = verify(cfg)

@@ -15,7 +15,8 @@ import pytest
 
 import oracle
 from mirrorline.cli.main import main
-from mirrorline.snapshot import Options, catch_up, reconcile_targets
+from mirrorline.pipeline import catch_up_target
+from mirrorline.snapshot import Options, reconcile_targets
 from mirrorline.status import render_prometheus, status
 from mirrorline.verify import verify
 from snapshot_support import CaptureThread, Workload, capture_once, create_items, target_urls, write_config
@@ -48,7 +49,7 @@ def test_targets_and_tables_added_while_live(
     cap = _started(one)
     work = Workload(pg.dsn, max_id=1000).start()
     try:
-        catch_up(one, "cache")
+        catch_up_target(one, "cache")
         # a second target while the first is live (replication keeps going)
         two = write_config(
             tmp_path, pg.dsn, {"cache": urls["sqlite"], "dw": urls["postgresql"]}, {"public.items": {}}, "two.toml"
@@ -82,7 +83,7 @@ def test_targets_and_tables_added_while_live(
         cap.stop()
     capture_once(three)
     for name, kind in (("cache", "sqlite"), ("dw", "postgresql")):
-        catch_up(three, name)
+        catch_up_target(three, name)
         for table in ("public.items", "public.parts"):  # read independently before verify is asked
             oracle.assert_same(pg.dsn, kind, urls[kind], table)
     report = verify(three)

@@ -17,7 +17,8 @@ import pytest
 
 import oracle
 from mirrorline.apply import open_target
-from mirrorline.snapshot import Options, catch_up, snapshot_target
+from mirrorline.pipeline import catch_up_target
+from mirrorline.snapshot import Options, snapshot_target
 from mirrorline.verify import verify
 from snapshot_support import capture_once, target_urls, write_config
 
@@ -120,7 +121,7 @@ def test_snapshot_of_a_table_truncated_meanwhile_is_whole(
     assert got == {"duckdb": (ROWS, ROWS, ["g1"]), "postgresql": (ROWS, ROWS, ["g2"])}
     capture_once(cfg)
     for res in results:
-        catch_up(cfg, str(res.target))
+        catch_up_target(cfg, str(res.target))
         oracle.assert_same(pg.dsn, str(res.target), urls[str(res.target)], "public.events")  # before verify
     report = verify(cfg)
     assert report.ok, report.text()

@@ -10,7 +10,8 @@ import pytest
 
 import oracle
 from mirrorline.apply import open_target
-from mirrorline.snapshot import Options, catch_up, consistent_position, snapshot_target
+from mirrorline.pipeline import catch_up_target
+from mirrorline.snapshot import Options, consistent_position, snapshot_target
 from mirrorline.snapshot.plan import SEQ_MAX
 from mirrorline.verify import verify
 from snapshot_support import Workload, capture_once, create_items, target_urls, write_config
@@ -52,7 +53,7 @@ def test_snapshot_under_a_workload_then_catch_up_equals_source(
         t.close()
     capture_once(cfg)
     for name in ("postgresql", "sqlite", "duckdb", "delta"):
-        catch_up(cfg, name)
+        catch_up_target(cfg, name)
         oracle.assert_same(pg.dsn, name, urls[name], "public.items")  # read independently before verify is asked
     report = verify(cfg)
     assert report.ok, report.text()

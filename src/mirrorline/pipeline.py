@@ -14,7 +14,7 @@ import functools
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass, field
@@ -89,8 +89,10 @@ class Applier:
         open_targets: bool = True,
         warm_up: WarmUp | None = None,
         later: Sequence[str] = (),
+        given: Mapping[str, Target] | None = None,
     ) -> None:
-        """``later``: targets this process loads and then adds (:meth:`admit`) while the others apply."""
+        """``later``: targets this process loads and then adds (:meth:`admit`) while the others apply. ``given``:
+        targets the caller opened (and closes), applied to instead of opening them."""
         from mirrorline.log.reader import ChangeLog
 
         if not config.targets:
@@ -136,7 +138,10 @@ class Applier:
             t.name: t.actions for t in config.tables.values() if t.actions != frozenset("IDU")
         }
         self.targets: dict[str, Target] = {}
-        if open_targets:
+        self._given = set(given or ())
+        for n, t in (given or {}).items():
+            self.targets[n] = self.wire(t)
+        if open_targets and not given:
             from mirrorline.apply import open_target
 
             for n in names:
@@ -192,8 +197,9 @@ class Applier:
         if self._ahead is not None:
             self._ahead[0].release()
             self._ahead = None
-        for t in self.targets.values():
-            t.close()
+        for n, t in self.targets.items():
+            if n not in self._given:
+                t.close()
 
     # -- positions ---------------------------------------------------------------------------------------------
 
@@ -1400,3 +1406,29 @@ class Runner:
         if self._load_error is not None:
             raise self._load_error
         return self.result
+
+
+def catch_up_target(
+    config: Config,
+    name: str,
+    upto: Position | None = None,
+    *,
+    target: Target | None = None,
+    on_unit: Callable[[UnitReport], None] | None = None,
+    held_ok: bool = False,
+) -> Position:
+    """Apply the log's changes of the configured tables to target ``name`` after its applied position, up to
+    ``upto`` (default: everything the log holds now); returns the applied position: what a loaded target does to
+    catch up, and what ``verify`` does to bring a target to the exact position it compares at. The same units as
+    :meth:`Applier.catch_up` (never straddling a per-table applied position above the unit's start, so that a table
+    snapshotted into a live target skips the changes its snapshot holds), compile routes, stored units and failure
+    path. An ``upto`` given is one the log is known to hold every change up to (the caller made sure capture passed
+    it): the target's position becomes ``upto`` itself, beyond the log's last change if need be. ``target``: that
+    target already open (left open). ``held_ok``: a table stopped alone at the target (:mod:`mirrorline.apply.state`)
+    is not an error: the other tables reach ``upto``."""
+    applier = Applier(config, [name], given={name: target} if target is not None else None)
+    try:
+        applier.catch_up(upto, on_unit=on_unit, covered=upto is not None, held_ok=held_ok)
+        return applier.targets[name].applied_positions().position
+    finally:
+        applier.close()

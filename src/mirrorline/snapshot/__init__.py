@@ -3,13 +3,12 @@ reconciliation of targets with the configuration at start.
 
 What other stages use::
 
-    from mirrorline.snapshot import snapshot_target, export_snapshot, load_snapshot, reconcile_targets, catch_up
+    from mirrorline.snapshot import snapshot_target, export_snapshot, load_snapshot, reconcile_targets
     snapshot_target(config, "cache")                  # a consistent initial load; applied position = its point
     snapshot_target(config, "cache", tables=["public.new"])   # just these tables, into a live target
     export_snapshot(config, "/media/dvd")             # -> SnapshotResult(folder=.../<timestamp>)
     load_snapshot(config, "cache", folder)            # checks everything first, then loads in one transaction
     reconcile_targets(config)                         # at start: new targets / added tables loaded; removed left
-    catch_up(config, "cache", upto=None)              # apply the log to one target (units cut at table positions)
     target_states(config)                             # see mirrorline.status
 
 For ``verify``, the consistent-read building blocks: ``describe_tables`` (the tables at a consistent point),
@@ -17,7 +16,6 @@ For ``verify``, the consistent-read building blocks: ``describe_tables`` (the ta
 (a table rewritten under the snapshot: take a new point), ``target_config``.
 """
 
-from mirrorline.snapshot.catchup import catch_up
 from mirrorline.snapshot.folder import Manifest, check_folder
 from mirrorline.snapshot.plan import SEQ_MAX, consistent_position, point_of
 from mirrorline.snapshot.run import (
@@ -52,7 +50,6 @@ __all__ = [
     "Rewritten",
     "SnapshotResult",
     "TargetReconcile",
-    "catch_up",
     "check_folder",
     "check_rewritten",
     "consistent_position",

@@ -444,8 +444,8 @@ def verify(
     """Compare the configured tables of each target (or of ``targets``) with the source at one position. ``diff``:
     for a table that differs, find its differing rows (up to that many reported) by key-bucket checksums; the
     source's snapshot is then held until they are read."""
+    from mirrorline.pipeline import catch_up_target as catch_up
     from mirrorline.snapshot import ATTEMPTS, Rewritten, describe_tables, retrying, target_config
-    from mirrorline.snapshot.catchup import catch_up
 
     names = list(targets) if targets is not None else sorted(config.targets)
     for n in names:
