@@ -114,7 +114,7 @@ def main() -> int:
 
     import pyarrow.parquet as pq
 
-    from mirrorline.compile import workload
+    from mirrorline.compile import generated
     from mirrorline.compile.spark import compile_changes
     from mirrorline.log.rows import SPARK_DDL
     from mirrorline.sparkenv import get_spark
@@ -133,7 +133,7 @@ def main() -> int:
                 shutil.rmtree(src)
             src.mkdir()
             t0 = time.monotonic()
-            table = workload.generate(size, seed=size)
+            table = generated.generate(size, seed=size)
             # several files, as log segments would be, so that the scan runs in parallel
             step = max(1, -(-size // 8))
             for i, off in enumerate(range(0, size, step)):

@@ -11,14 +11,14 @@ from typing import Any
 import pyarrow.parquet as pq
 import pytest
 
-from mirrorline.compile import workload
+from mirrorline.compile import generated
 from mirrorline.compile.reference import fold, replay
 from mirrorline.log.rows import table_to_changes
 
 
 def test_workload_is_a_valid_unit_of_the_size_asked() -> None:
-    unit = workload.generate(20_000, seed=3)
-    assert unit.num_rows == 20_000 and unit.schema.equals(workload.ARROW_SCHEMA)
+    unit = generated.generate(20_000, seed=3)
+    assert unit.num_rows == 20_000 and unit.schema.equals(generated.ARROW_SCHEMA)
     changes = list(table_to_changes(unit))
     assert [c.pos for c in changes] == sorted(c.pos for c in changes)
     ops = {op: sum(c.op.value == op for c in changes) for op in "IUD"}
@@ -30,7 +30,7 @@ def test_workload_is_a_valid_unit_of_the_size_asked() -> None:
 
 
 def test_workload_replays_from_the_state_it_assumes() -> None:
-    changes = list(table_to_changes(workload.generate(3000, seed=5)))
+    changes = list(table_to_changes(generated.generate(3000, seed=5)))
     # keys whose first op is U or D existed before the unit
     state: dict[str, dict[Any, dict[str, Any]]] = {}
     seen: set[Any] = set()
@@ -50,7 +50,7 @@ def test_demo_prints_what_happened(spark: Any, tmp_path: Path) -> None:
     out = io.StringIO()
     assert run_demo(4000, str(tmp_path), seed=2, out=out) == 0
     text = out.getvalue()
-    expected = fold(table_to_changes(workload.generate(4000, seed=2)))
+    expected = fold(table_to_changes(generated.generate(4000, seed=2)))
     net = len(expected.rows())
     assert re.search(rf"compiled 4,000 changes into {net:,} net row changes", text), text
     lines = [line.split() for line in text.splitlines() if line.startswith("  public.")]

@@ -314,10 +314,10 @@ def test_reads_the_log_layout_from_parquet(spark: Any, tmp_path: Any) -> None:
     """Segments written by pyarrow in ARROW_SCHEMA, read back by Spark with SPARK_DDL, compile like the reference."""
     import pyarrow.parquet as pq
 
-    from mirrorline.compile import workload
+    from mirrorline.compile import generated
     from mirrorline.log.rows import SPARK_DDL, table_to_changes
 
-    table = workload.generate(6000, seed=7)
+    table = generated.generate(6000, seed=7)
     for i in range(3):
         pq.write_table(table.slice(i * 2000, 2000), tmp_path / f"seg-{i}.parquet")
     batch = compile_changes(spark.read.schema(SPARK_DDL).parquet(str(tmp_path)))

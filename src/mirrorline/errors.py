@@ -10,6 +10,12 @@ from __future__ import annotations
 from typing import Any
 
 
+def first_line(e: BaseException) -> str:
+    """What an error says, in one line (its type's name when it says nothing): for messages that quote it."""
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
+
+
 class MirrorlineError(Exception):
     """Base of every mirrorline error. ``context`` holds the table, key, position, file... it is about."""
 

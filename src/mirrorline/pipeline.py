@@ -20,9 +20,9 @@ from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from mirrorline import stopped
+from mirrorline import limits, stopped
 from mirrorline.config import Config
-from mirrorline.errors import ConfigError, MirrorlineError, Unverified
+from mirrorline.errors import ConfigError, MirrorlineError, Unverified, first_line
 from mirrorline.model import Change, TableSchema
 from mirrorline.position import ZERO, Position
 
@@ -64,16 +64,10 @@ class Applier:
     """Applies the change log to the configured targets (all, or the ones named). A target that fails stops alone
     (:meth:`failed`); the others go on, and it is tried again with a growing delay."""
 
-    small_unit = 50_000  # units of at most this many changes compile on the driver's plan (compile/small.py)
-    # larger units of at most this many changes bring their net rows to the driver through Arrow, in the fold's job,
-    # rather than through Parquet (a quarter of the rows the inserts-only path may hold there; apply brings them
-    # to the driver table by table anyway): compile_changes(to_driver=True)
-    driver_unit = 1_000_000
+    small_unit = limits.SMALL_UNIT  # (the sizes: mirrorline/limits.py)
+    driver_unit = limits.DRIVER_UNIT
     overlap = True  # compile the next unit while the targets apply this one
-    # a backlog this large is caught up in units of max_changes, else in units of small_unit. Under load the general
-    # path's many stages starve (bench/live unthrottled: a 209k-change unit compiled in 42 s and applied in 29 s while
-    # pgbench saturated the cores; units of 50,000 took 4 to 6 s), so only a large backlog takes it.
-    catch_up_changes = 1_000_000
+    catch_up_changes = limits.CATCH_UP_CHANGES
     # follow() warms the large-unit route up (compile/warmup.py: warm_large) once, in the background, when no unit
     # has been applied for this many seconds (a local Spark only; 0: never)
     idle_warm_up = 10.0
@@ -275,7 +269,7 @@ class Applier:
         stopped.record(self.config.log.path, name, error, str(position) if position is not None else "")
         self._stopped.add(name)
         self._joining.discard(name)
-        text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        text = first_line(error)
         log.error("target %s stopped: %s (the other targets go on; trying it again in %.0f s)", name, text, delay)
 
     def _ready(self) -> list[str]:
@@ -334,7 +328,7 @@ class Applier:
         before = self._held.get((name, table))
         delay = self.retry_first if before is None or not before.delay else min(before.delay * 2, self.retry_max)
         self._held[(name, table)] = _Failed(time.monotonic() + delay, delay, error)
-        text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        text = first_line(error)
         text = text.removeprefix(f"target {name}: ")
         log.error(
             "target %s: table %s stopped at %s: %s (the target's other tables go on; trying it again in %.0f s)",
@@ -1216,7 +1210,7 @@ class Runner:
             self._reconcile([name])
         except Exception as e:
             stopped.record(self.config.log.path, name, e, "")
-            text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            text = first_line(e)
             self.on_message(f"target {name}: loading failed: {text} (the other targets go on; it is tried again)")
             return False
         stopped.clear(self.config.log.path, name)

@@ -14,6 +14,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote, unquote
 
+from mirrorline.errors import first_line
+
 FOLDER = "stopped"
 
 
@@ -23,7 +25,7 @@ def _path(log_root: Path, target: str) -> Path:
 
 def record(log_root: Path, target: str, error: BaseException, position: str) -> None:
     """``target`` stopped on ``error`` while applying the unit ending at ``position``."""
-    text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    text = first_line(error)
     doc = {
         "target": target,
         "error": text,

@@ -51,7 +51,7 @@ from mirrorline.apply.state import ensure as ensure_state
 from mirrorline.apply.state import now as now_stamp
 from mirrorline.apply.state import parse as parse_state
 from mirrorline.apply.state import read as read_state
-from mirrorline.errors import ApplyError, TargetError, TransientTargetError
+from mirrorline.errors import ApplyError, TargetError, TransientTargetError, first_line
 from mirrorline.model import Column, TableSchema, quote_ident, split_table_name
 from mirrorline.position import ZERO, Position
 
@@ -199,7 +199,7 @@ def _open(path: Path) -> DeltaTable | None:
         return DeltaTable(str(path)) if DeltaTable.is_deltatable(str(path)) else None
     except (DeltaError, OSError) as e:
         raise TargetError(
-            f"cannot read the Delta table in {path}: {_first_line(e)}",
+            f"cannot read the Delta table in {path}: {first_line(e)}",
             hint="repair the table (or move the folder away and snapshot the table again)",
             path=str(path),
         ) from e
@@ -497,7 +497,7 @@ class DeltaTarget(Target):
                             raise stop(
                                 ts,
                                 self.name,
-                                f"{step.describe()}, and the table's values do not fit it: {_first_line(e)}",
+                                f"{step.describe()}, and the table's values do not fit it: {first_line(e)}",
                             ) from e
                     elif c.missing_value is not None:
                         one = con.execute(f"SELECT {self.dialect.convert(lit(c.missing_value), ts, c)}").fetchone()
@@ -679,15 +679,15 @@ class DeltaTarget(Target):
             yield
         except CommitFailedError as e:
             if redo:  # the caller applies again on the new version
-                raise _Conflict(_first_line(e)) from e
+                raise _Conflict(first_line(e)) from e
             raise TransientTargetError(
-                f"target {self.name}: another writer committed to the Delta table {table} first: {_first_line(e)}",
+                f"target {self.name}: another writer committed to the Delta table {table} first: {first_line(e)}",
                 hint="nothing was committed; run again",
                 target=self.name,
                 table=table,
             ) from e
         except (DeltaError, OSError, pa.ArrowException) as e:
-            msg = _first_line(e)
+            msg = first_line(e)
             ctx: dict[str, Any] = {"target": self.name, "table": table, "position": str(end)}
             if "violat" in msg.lower() or "failed validation" in msg.lower():
                 raise ApplyError(
@@ -791,7 +791,7 @@ class DeltaTarget(Target):
                         m = dt.optimize.compact()
                     entry["compacted"] = {"removed": m.get("numFilesRemoved", 0), "added": m.get("numFilesAdded", 0)}
                 except CommitFailedError as e:  # a unit committed first: compact at the next round
-                    entry["compacted"] = {"skipped": _first_line(e)}
+                    entry["compacted"] = {"skipped": first_line(e)}
             if vacuum:
                 try:
                     with self._lock(_table_of(folder)):
@@ -801,7 +801,7 @@ class DeltaTarget(Target):
                     )
                     entry["vacuumed"] = len(removed)
                 except CommitFailedError as e:
-                    entry["vacuumed"] = {"skipped": _first_line(e)}
+                    entry["vacuumed"] = {"skipped": first_line(e)}
         return entry
 
     def describe(self) -> dict[str, dict[str, Any]]:
@@ -1147,10 +1147,6 @@ def _table_of(folder: str) -> str:
 
 class _Conflict(Exception):
     """A commit lost to a concurrent one (a compaction, another writer): the table's apply is redone."""
-
-
-def _first_line(e: BaseException) -> str:
-    return str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
 
 
 def _ids(ids: Iterable[int]) -> str:

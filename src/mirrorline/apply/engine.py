@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from mirrorline import limits
 from mirrorline.apply import lock
 from mirrorline.apply import rows as work_rows
 from mirrorline.apply import state as applied
@@ -46,7 +47,7 @@ from mirrorline.apply.state import read as read_state
 from mirrorline.apply.state import write as write_state
 from mirrorline.apply.state import write_missing as write_missing_state
 from mirrorline.apply.types import cannot_hold, lossy_note
-from mirrorline.errors import ApplyError, TargetError, TransientTargetError
+from mirrorline.errors import ApplyError, TargetError, TransientTargetError, first_line
 from mirrorline.model import Change, TableSchema, quote_ident
 from mirrorline.position import Position
 
@@ -179,7 +180,7 @@ class Target(ABC):
         mode: str = "update",
         on_error: str = "stop",
         threads: int = 1,
-        driver_rows: int = 200_000,
+        driver_rows: int = limits.DRIVER_ROWS,
         state_prefix: str | None = None,
     ) -> None:
         if state_prefix is not None:  # this target's own tables: named with its prefix (its sessions use it too)
@@ -453,7 +454,7 @@ class Target(ABC):
                         self.name,
                         table,
                         name,
-                        str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__,
+                        first_line(e),
                     )
 
     def _followed(self, table: str, recorded: int | None, state: AppliedState) -> TableSchema | None:
@@ -582,7 +583,7 @@ class Target(ABC):
     def hold(self, table: str, error: BaseException) -> Position:
         """Stop ``table`` alone at this target (it failed with ``error``): held at the position it has applied up
         to, left out of the target's units from now on. Returns that position."""
-        text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        text = first_line(error)
         state = self.applied_positions()  # (the caller holds the target's lock: nothing moves meanwhile)
         at = state.table(table)
         with self.transaction() as s:

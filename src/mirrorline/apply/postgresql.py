@@ -26,6 +26,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 
+from mirrorline import limits
 from mirrorline.apply import rows as work_rows
 from mirrorline.apply import types as type_map
 from mirrorline.apply.engine import Target, TargetRead, check_unknown_types
@@ -241,7 +242,7 @@ class PostgresTarget(Target):
     direct_inserts = True  # COPY parses text with the column's input function, exactly as CAST(text AS type)
     dialect = POSTGRESQL
 
-    def __init__(self, *args: Any, parallel_rows: int = 1_000_000, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, parallel_rows: int = limits.PARALLEL_ROWS, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.parallel_rows = parallel_rows  # units with at least this many net rows load worktables from Spark tasks
         self._lock_conn: Any = None  # the applier lock's connection, kept open between units

@@ -11,6 +11,7 @@ from typing import Any
 import pyarrow as pa
 
 from mirrorline.apply.sql import Dialect
+from mirrorline.errors import first_line
 from mirrorline.model import TableSchema
 
 
@@ -100,7 +101,7 @@ class Session(ABC):
         """True when ``exc`` is about the data (a bad value, a constraint), not the connection or the server."""
 
     def error_text(self, exc: BaseException) -> str:
-        return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        return first_line(exc)
 
     def reusable(self) -> bool:
         """Can this connection serve the next unit: open, no transaction, no error (engines that keep their

@@ -23,7 +23,7 @@ def run_demo(changes: int, keep: str | None, *, seed: int = 1, out: TextIO | Non
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
-    from mirrorline.compile import workload
+    from mirrorline.compile import generated
     from mirrorline.compile.spark import compile_changes
     from mirrorline.errors import UsageError
     from mirrorline.log.rows import SPARK_DDL
@@ -44,7 +44,7 @@ def run_demo(changes: int, keep: str | None, *, seed: int = 1, out: TextIO | Non
 
     say("mirrorline compile demo: a generated unit of work compiled into net row changes on Spark")
     t0 = time.monotonic()
-    unit = workload.generate(changes, seed=seed)
+    unit = generated.generate(changes, seed=seed)
     segment = 100_000
     for i, off in enumerate(range(0, changes, segment)):
         pq.write_table(unit.slice(off, segment), log_dir / f"segment-{i:06d}.parquet")

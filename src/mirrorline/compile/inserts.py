@@ -38,6 +38,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from mirrorline import limits
 from mirrorline.compile.batch import POSITION_COLUMNS, Feed, Inserts, NetBatch
 from mirrorline.compile.reference import ALL_ACTIONS, Actions
 from mirrorline.compile.small import unit_rows
@@ -52,7 +53,7 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
-MAX_ROWS = 4_000_000  # larger units take the general path: these rows are held in the driver's memory
+MAX_ROWS = limits.INSERTS_MAX_ROWS
 _HASH = "_ml_hash"
 
 

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from mirrorline import scratch
+from mirrorline import limits, scratch
 from mirrorline.compile.batch import NET_ARROW, NetBatch
 from mirrorline.compile.reference import Actions, Bags
 from mirrorline.errors import InvalidSequenceError
@@ -40,7 +40,7 @@ from mirrorline.position import ZERO, Position
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
-SMALL_UNIT = 50_000
+SMALL_UNIT = limits.SMALL_UNIT
 UNIT_PROPERTY = "mirrorline.unit"  # the local property naming the Arrow file of the unit being compiled
 
 

@@ -11,7 +11,7 @@ What other stages use::
     reconcile_targets(config)                         # at start: new targets / added tables loaded; removed left
     target_states(config)                             # see mirrorline.status
 
-For ``verify``, the consistent-read building blocks: ``describe_tables`` (the tables at a consistent point),
+For ``verify``, the consistent-read building blocks: ``tables_at`` (the tables at a consistent point),
 ``run_tasks`` (chunk tasks under its snapshot), ``check_rewritten`` / ``Rewritten`` / ``retrying`` / ``ATTEMPTS``
 (a table rewritten under the snapshot: take a new point), ``target_config``.
 """
@@ -25,7 +25,6 @@ from mirrorline.snapshot.run import (
     SnapshotResult,
     TargetReconcile,
     check_rewritten,
-    describe_tables,
     export_snapshot,
     load_snapshot,
     missing_tables,
@@ -34,6 +33,7 @@ from mirrorline.snapshot.run import (
     retrying,
     run_tasks,
     snapshot_target,
+    tables_at,
     target_config,
 )
 from mirrorline.snapshot.state import CATCHING_UP, LIVE, LOADING, NEW
@@ -53,7 +53,6 @@ __all__ = [
     "check_folder",
     "check_rewritten",
     "consistent_position",
-    "describe_tables",
     "export_snapshot",
     "load_snapshot",
     "missing_tables",
@@ -63,5 +62,6 @@ __all__ = [
     "retrying",
     "run_tasks",
     "snapshot_target",
+    "tables_at",
     "target_config",
 ]

@@ -222,7 +222,7 @@ def snapshot_target(
         for attempt in _attempts(f"snapshot of {name}"):
             try:
                 with consistent_point(config) as cp:
-                    stats = describe_tables(config, cp, only)
+                    stats = tables_at(config, cp, only)
                     schemas = [s.schema for s in stats.values()]
                     if only is not None:  # a table reloaded whole takes the source's shape of now
                         target.recreate(schemas)
@@ -280,7 +280,7 @@ def _parallelism() -> int:
     return max(int(get_spark().sparkContext.defaultParallelism), 1)
 
 
-def describe_tables(
+def tables_at(
     config: Config, cp: ConsistentPoint, only: set[str] | None, keyless_ok: bool = False
 ) -> dict[str, TableStat]:
     """The configured tables (or ``only`` these) as the source holds them at the consistent point: schema, size.
@@ -476,7 +476,7 @@ def export_snapshot(config: Config, directory: str | Path, *, options: Options |
         for attempt in _attempts(f"export to {folder}"):
             try:
                 with consistent_point(config) as cp:
-                    stats = describe_tables(config, cp, None)
+                    stats = tables_at(config, cp, None)
                     _register(config.log.path, f"export-{folder.name}", cp.position)
                     chunks = plan_chunks(stats.values(), _chunk_blocks(opts), _parallelism())
                     specs = _chunk_specs(config, cp, stats, chunks, folder, export_id)

@@ -1,0 +1,36 @@
+"""The sizes at which mirrorline changes how it works, in one place. Each is a count of changes (or net rows) in one
+unit of work; each says where it is used, and why (with the benchmark that showed it, where one did).
+
+- Unit sizing (``pipeline.Applier._advance``): a backlog below :data:`CATCH_UP_CHANGES` is applied in units of at
+  most :data:`SMALL_UNIT` changes, a larger one in units of ``[apply] max_changes``.
+- Compile routes (``pipeline.Applier._compile_unit``): a unit of at most :data:`SMALL_UNIT` changes compiles on the
+  driver's prepared plan (``compile/small.py``); a unit of inserts only of at most :data:`INSERTS_MAX_ROWS` rows
+  by the inserts route (``compile/inserts.py``); up to :data:`DRIVER_UNIT` changes the net rows come to the driver
+  through Arrow in the fold's job, beyond it through Parquet (``compile/spark.py``).
+- Apply (``apply/engine.py``, ``apply/postgresql.py``): a unit of more than :data:`DRIVER_ROWS` changes is loaded
+  table by table; a PostgreSQL target loads units of at least :data:`PARALLEL_ROWS` net rows into its worktables
+  from Spark tasks.
+"""
+
+from __future__ import annotations
+
+# the small route's unit: a plan prepared once on the driver, no job planning per unit (compile/small.py)
+SMALL_UNIT = 50_000
+
+# a backlog at least this large is caught up in units of max_changes, a smaller one in units of SMALL_UNIT: under
+# load the general route's many stages starve (bench/live unthrottled: a 209k-change unit compiled in 42 s and
+# applied in 29 s while pgbench saturated the cores; units of 50,000 took 4 to 6 s), so only a large backlog takes it
+CATCH_UP_CHANGES = 1_000_000
+
+# net rows of larger units come back through Parquet rather than Arrow in the fold's job: a quarter of what the
+# inserts route may hold on the driver (apply brings the rows to the driver table by table anyway)
+DRIVER_UNIT = 1_000_000
+
+# the inserts route holds the unit's rows in the driver's memory; larger units take the general route
+INSERTS_MAX_ROWS = 4_000_000
+
+# apply loads a unit of more changes than this table by table (bounded driver memory)
+DRIVER_ROWS = 200_000
+
+# a PostgreSQL target loads worktables of units of at least this many net rows from Spark tasks in parallel
+PARALLEL_ROWS = 1_000_000
