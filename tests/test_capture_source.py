@@ -293,3 +293,21 @@ def test_teardown_drops_the_slot_and_the_publication_of_this_log(
     assert pg.execute(slots) == [] and pg.execute(pubs) == [("theirs",)]
     assert main(["teardown", "-c", str(cfg)]) == 0
     assert "nothing to tear down" in capsys.readouterr().out
+
+
+def test_failover_needs_postgresql_17(pg: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``[source] failover = true`` on a server without failover slots (this machine's PostgreSQL 15): capture and a
+    snapshot each refuse in one line, before any slot or publication is made."""
+    from mirrorline.cli.main import main
+
+    pg.execute("CREATE TABLE a (id int PRIMARY KEY)")
+    cfg = write_config(tmp_path, pg.dsn, ["public.a"])
+    text = cfg.read_text().replace(f'dsn = "{pg.dsn}"\n', f'dsn = "{pg.dsn}"\nfailover = true\n')
+    cfg.write_text(text + '[targets.t]\nurl = "sqlite:///t.db"\n')
+    for args in (["capture", "--once"], ["snapshot", "--target", "t"]):
+        assert main([*args, "-c", str(cfg)]) == 3
+        err = capsys.readouterr().err
+        assert "failover = true needs PostgreSQL 17 or later (the source runs 15)" in err, err
+        assert "Traceback" not in err
+    assert pg.execute("SELECT slot_name FROM pg_replication_slots WHERE database = current_database()") == []
+    assert pg.execute("SELECT pubname FROM pg_publication") == []

@@ -16,6 +16,7 @@ from mirrorline import config as cfg
 from mirrorline.capture.session import Capture
 from mirrorline.pipeline import Applier
 from mirrorline.snapshot.run import snapshot_target
+from mirrorline.status import status
 from tests import oracle
 from tests.pipeline_support import target_url
 
@@ -145,6 +146,9 @@ def test_partitions_attached_detached_truncated_or_dropped(
         for i, (what, sql, stops) in enumerate(PARTITION_EVENTS):
             pg.execute(sql)
             Capture(conf, once=True).run()
+            # before the table's next change: status says so already
+            said = {t.name: t.stopped_tables for t in status(conf).targets}
+            assert ("public.ev" in said["t"]) == stops, f"{what}: {said}"
             pg.execute(f"INSERT INTO public.ev VALUES ({2000 + i}, '2027-05-05', 'after: {what}')")
             Capture(conf, once=True).run()
             applier.catch_up(held_ok=True)
@@ -185,3 +189,36 @@ def test_partition_looks_compared() -> None:
     assert p.from_json(p.to_json(look)) == look
     with pytest.raises(ValueError):
         p.from_json({"roots": {"x": []}})
+
+
+@pytest.mark.pg
+@pytest.mark.spark
+def test_detached_partitions_kept_at_the_targets(pg: Any, pg_cluster: Any, spark: Any, tmp_path: Path) -> None:
+    """``detached_partitions = "keep"``: a partition detached with its rows, and one dropped with its rows, leave
+    their rows at the target (an archive), nothing stops, and ``verify`` says the table is not comparable rather
+    than different."""
+    from mirrorline.cli.main import main
+
+    pg.execute(EVENTS_DDL)
+    url = target_url("sqlite", tmp_path, pg_cluster, "keep")
+    lines = ["[source]", f'dsn = "{pg.dsn}"', "[log]", f'path = "{tmp_path / "log"}"', "[apply]", 'latency = "100ms"']
+    lines += ['[tables."public.ev"]', 'detached_partitions = "keep"', "[targets.t]", f'url = "{url}"']
+    (tmp_path / "m.toml").write_text("\n".join(lines) + "\n")
+    conf = cfg.load(tmp_path / "m.toml")
+    Capture(conf, once=True).run()
+    snapshot_target(conf, "t")
+    dropped = oracle.source(pg.dsn, "public.ev_2025")
+    pg.execute("ALTER TABLE public.ev DETACH PARTITION public.ev_2024")
+    pg.execute("DROP TABLE public.ev_2025")
+    pg.execute("INSERT INTO public.ev VALUES (3000, '2026-06-06', 'later')")
+    Capture(conf, once=True).run()
+    applier = Applier(conf, spark=spark)
+    try:
+        applier.catch_up()
+        assert applier.held() == {}
+    finally:
+        applier.close()
+    assert all(not t.stopped_tables for t in status(conf).targets)
+    got = oracle.target("sqlite", url, "public.ev", oracle.columns(pg.dsn, "public.ev"))
+    assert got == oracle.source(pg.dsn, "public.ev") + oracle.source(pg.dsn, "public.ev_2024") + dropped
+    assert main(["verify", "-c", str(conf.file)]) == 0

@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mirrorline.position import Position, format_lsn, parse_lsn
+from mirrorline.position import SEQ_MAX, Position, format_lsn, parse_lsn
 
 
 def test_lsn_prints_as_postgresql_does():
@@ -19,6 +19,14 @@ def test_position_prints_lsn_and_sequence():
     assert Position.parse("16/B374D848") == Position(0x16B374D848, 0)
 
 
+def test_the_end_of_a_transaction_prints_as_end():
+    """A unit's end or a snapshot's point (after every change of its transaction) prints without the sentinel
+    sequence; the sentinel's digits, as earlier versions wrote them, are still read."""
+    assert str(Position(0x70F4CBF, SEQ_MAX)) == "0/70F4CBF:end"
+    assert Position.parse("0/70F4CBF:end") == Position(0x70F4CBF, SEQ_MAX)
+    assert Position.parse(f"0/70F4CBF:{SEQ_MAX}") == Position(0x70F4CBF, SEQ_MAX)
+
+
 def test_positions_order_by_commit_lsn_then_sequence():
     assert Position(5, 9) < Position(6, 0) < Position(6, 1)
     assert sorted([Position(6, 1), Position(5, 9), Position(6, 0)]) == [Position(5, 9), Position(6, 0), Position(6, 1)]
@@ -30,6 +38,6 @@ def test_malformed_positions_are_refused(bad):
         Position.parse(bad)
 
 
-@given(st.integers(0, 2**64 - 1), st.integers(0, 2**31))
+@given(st.integers(0, 2**64 - 1), st.one_of(st.integers(0, 2**31), st.just(SEQ_MAX)))
 def test_position_text_round_trips(lsn, seq):
     assert Position.parse(str(Position(lsn, seq))) == Position(lsn, seq)

@@ -59,6 +59,9 @@ class SourceConfig:
     dsn: str
     slot: str = "mirrorline"
     publication: str = "mirrorline"
+    # the slot is created as a failover slot (PostgreSQL 17 and later): kept in step on standbys that sync slots, so
+    # that capture continues from a promoted standby
+    failover: bool = False
 
 
 @dataclass(frozen=True)
@@ -113,6 +116,9 @@ class TableConfig:
     columns: dict[str, str] = field(default_factory=dict)  # column -> PostgreSQL type, for tables fed from files
     on_schema_change: str = "follow"  # follow the source's schema changes, or stop the target at each one
     dropped_columns: str = "drop"  # a column dropped at the source: drop it at the target, or keep it (then NULL)
+    # a partition detached or dropped with its rows (nothing sent): stop the table until it is loaded again, or keep
+    # those rows at the targets (an archive of what the source let go)
+    detached_partitions: str = "stop"
 
 
 @dataclass(frozen=True)
@@ -315,14 +321,16 @@ def parse(data: dict[str, Any], path: Path) -> Config:
     source = None
     if "source" in data:
         r = _Reader(file, "source", data["source"])
-        r.only("dsn", "slot", "publication")
+        r.only("dsn", "slot", "publication", "failover")
         slot = r.get("slot", str, "mirrorline")
         if not re.fullmatch(r"[a-z0-9_]{1,63}", slot):
             raise r.fail("slot", f"{slot!r} is not a valid slot name (lower-case letters, digits and _, at most 63)")
         dsn = r.get("dsn", str, required=True)
         if not dsn.strip():
             raise r.fail("dsn", "is empty")
-        source = SourceConfig(dsn=dsn, slot=slot, publication=r.get("publication", str, slot))
+        source = SourceConfig(
+            dsn=dsn, slot=slot, publication=r.get("publication", str, slot), failover=r.get("failover", bool, False)
+        )
 
     r = _Reader(file, "log", data.get("log", {}))
     r.only("path", "segment_changes", "segment_seconds", "export_expiry", "max_age", "max_size")
@@ -526,7 +534,7 @@ def storage_path(text: str) -> Path:
 
 def _table(file: str, name: str, spec: Any) -> TableConfig:
     r = _Reader(file, f'tables."{name}"', spec)
-    r.only("actions", "sequence", "key", "columns", "on_schema_change", "dropped_columns")
+    r.only("actions", "sequence", "key", "columns", "on_schema_change", "dropped_columns", "detached_partitions")
     actions = r.get("actions", str, "IDU").upper()
     on_schema_change = r.get("on_schema_change", str, "follow")
     if on_schema_change not in ("follow", "stop"):
@@ -534,6 +542,9 @@ def _table(file: str, name: str, spec: Any) -> TableConfig:
     dropped_columns = r.get("dropped_columns", str, "drop")
     if dropped_columns not in ("drop", "keep"):
         raise r.fail("dropped_columns", f'expected "drop" or "keep", got {dropped_columns!r}')
+    detached = r.get("detached_partitions", str, "stop")
+    if detached not in ("stop", "keep"):
+        raise r.fail("detached_partitions", f'expected "stop" or "keep", got {detached!r}')
     if not actions or any(a not in "IDU" for a in actions):
         raise r.fail("actions", f'expected letters among I, D and U (e.g. "IDU"), got {actions!r}')
     sequence = r.get("sequence", int, -1)
@@ -557,4 +568,5 @@ def _table(file: str, name: str, spec: Any) -> TableConfig:
         columns=dict(columns),
         on_schema_change=on_schema_change,
         dropped_columns=dropped_columns,
+        detached_partitions=detached,
     )

@@ -15,16 +15,20 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psycopg2
 
 from mirrorline import stopped
 from mirrorline.config import Config, redact_dsn
-from mirrorline.errors import MirrorlineError
+from mirrorline.errors import MirrorlineError, first_line
 from mirrorline.log.retention import tree_size
 from mirrorline.model import quote_ident
 from mirrorline.position import Position, format_lsn, parse_lsn
+
+if TYPE_CHECKING:
+    from mirrorline.apply.state import AppliedState
+    from mirrorline.log.reader import ChangeLog
 
 STOPPED = "stopped"  # a target stopped by an error (its record under the log's stopped/)
 LAG_WARN_SECONDS = 300.0
@@ -282,7 +286,7 @@ def _target(config: Config, name: str, st: Status, cl: Any) -> TargetStatus:
         ts.error = str(e)
         return ts
     except Exception as e:
-        ts.error = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        ts.error = first_line(e)
         return ts
     stop = stopped.read(config.log.path).get(name)
     if stop is not None:
@@ -291,6 +295,14 @@ def _target(config: Config, name: str, st: Status, cl: Any) -> TargetStatus:
     for t in state.held:
         ts.tables[t] = STOPPED
         ts.stopped_tables[t] = {**state.holds.get(t, {}), "position": str(state.table(t))}
+    for t, why in _untrusted(cl, state).items():  # its rows changed at the source with nothing logged
+        ts.tables[t] = STOPPED
+        ts.stopped_tables[t] = {
+            "error": f"{t} at the source changed without a change logged ({why}): the target's rows of it are not "
+            f"the source's any more; reload it: mirrorline snapshot --target {name} --table {t}",
+            "kind": "Resync",
+            "position": str(state.table(t)),
+        }
     ts.position = applied
     if applied is None:
         if tcfg.initial == "files" and not any(r.state == "loading" for r in snaps.values()):
@@ -413,6 +425,20 @@ def _warn(
             f"slot {st.slot} retains {_size(st.slot_retained_bytes)} of WAL on the source: capture "
             f"is behind or stopped (confirmed {_lsn(st.slot_confirmed_lsn)})"
         )
+
+
+def _untrusted(cl: ChangeLog | None, state: AppliedState) -> dict[str, str]:
+    """The tables not held at the target whose rows the log marks as changed at the source with nothing logged
+    after the target took its shape (``TableSchema.resync``: capture/partitions.py): the target stops each at its
+    next change; said now."""
+    if cl is None:
+        return {}
+    out = {}
+    for t, shape in state.shape_docs.items():
+        latest = cl.schemas.latest(t) if t not in state.held else None
+        if latest is not None and latest.resync and latest.resync != shape.resync:
+            out[t] = latest.resync
+    return out
 
 
 # ------------------------------------------------------------------------------------------------------ Prometheus

@@ -39,6 +39,7 @@ from mirrorline.capture.events import (
 from mirrorline.capture.source import (
     PublicationReport,
     TypeNames,
+    check_failover,
     check_server,
     connect,
     current_wal_lsn,
@@ -148,6 +149,7 @@ class Capture:
         try:
             try:
                 check_server(conn)
+                check_failover(conn, self.source.failover)
                 replicated = self._replicated()
                 tables = describe_tables(conn, self.config, replicated)
                 self._gone_infos = {}
@@ -169,7 +171,7 @@ class Capture:
                 )
                 log.debug("%s", self.stats.publication.summary())
                 self._check_source(conn)
-                self.stats.slot_created = ensure_slot(conn, self.source.slot)
+                self.stats.slot_created = ensure_slot(conn, self.source.slot, self.source.failover)
                 if self.stats.slot_created:
                     log.info("replication slot %s created", self.source.slot)
                 if self.once:
@@ -368,6 +370,10 @@ class Capture:
             older = self._types.rows_before(ch.leaf)
             return None if older is None else ch.describe() if older else ""
         if ch.kind == "removed":
+            table = self._oids.get(ch.root)
+            if table is not None and self.config.table(table).detached_partitions == "keep":
+                log.info("table %s: %s at the source: its rows stay at the targets", table, ch.describe())
+                return ""
             held = self._types.holds_rows(ch.leaf.relid)
             if held is None:  # dropped (or unreadable): what it held at the last look decides
                 return ch.describe("dropped (or detached) with its rows") if ch.leaf.size > 0 else ""

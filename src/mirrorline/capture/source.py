@@ -438,9 +438,25 @@ def reconcile_publication(conn: Any, publication: str, tables: Iterable[str], ow
 # --------------------------------------------------------------------------------------------------------- slot
 
 
-def ensure_slot(conn: Any, slot: str) -> bool:
-    """Create the logical replication slot (pgoutput) if it is missing; True when created. An existing slot must be
-    a logical pgoutput slot of this database."""
+def check_failover(conn: Any, failover: bool) -> None:
+    """``failover = true`` needs a server that has failover slots (PostgreSQL 17 and later)."""
+    if not failover:
+        return
+    ((version,),) = _fetch(conn, "SELECT current_setting('server_version_num')::int")
+    if version < 170000:
+        raise SourceError(
+            f"[source] failover = true needs PostgreSQL 17 or later (the source runs {version // 10000}): before it, a "
+            "logical slot is not carried over to a promoted standby",
+            hint="remove failover (after a failover, reload every target: mirrorline snapshot --target NAME), or "
+            "upgrade the source",
+        )
+
+
+def ensure_slot(conn: Any, slot: str, failover: bool = False) -> bool:
+    """Create the logical replication slot (pgoutput) if it is missing, as a failover slot when ``failover``
+    (:func:`check_failover` first); True when created. An existing slot must be a logical pgoutput slot of this
+    database."""
+    check_failover(conn, failover)
     rows = _fetch(
         conn,
         "SELECT plugin, slot_type, database = current_database() FROM pg_replication_slots WHERE slot_name = %s",
@@ -458,8 +474,21 @@ def ensure_slot(conn: Any, slot: str) -> bool:
                 f"replication slot {slot} belongs to another database",
                 hint="set [source] slot to a name of its own for this source",
             )
+        if (
+            failover
+            and not _fetch(conn, "SELECT failover FROM pg_replication_slots WHERE slot_name = %s", (slot,))[0][0]
+        ):
+            log.warning(
+                "replication slot %s is not a failover slot: a promoted standby will not have it (on a replication "
+                "connection, ALTER_REPLICATION_SLOT %s (FAILOVER true) makes it one)",
+                slot,
+                slot,
+            )
         return False
-    _fetch(conn, "SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
+    if failover:
+        _fetch(conn, "SELECT pg_create_logical_replication_slot(%s, 'pgoutput', false, false, true)", (slot,))
+    else:
+        _fetch(conn, "SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
     return True
 
 

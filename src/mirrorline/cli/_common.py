@@ -21,14 +21,16 @@ def load_config(args: argparse.Namespace) -> Config:
 
 
 def print_unit(r: UnitReport) -> None:
-    """One stderr line per applied unit."""
+    """One stderr line per applied unit, ending with when it was applied (local time, as the log lines)."""
     import sys
+    import time
 
     secs = ", ".join(f"{n} {s:.2f}s" for n, s in r.apply_seconds.items())
     if r.table is not None:  # a table stopped alone, catching up on its own
         secs += f" (table {r.table} only)"
     how = "compiled" if r.compiled else "reused"
     print(
-        f"unit {r.start}..{r.end}: {r.changes} changes, {how} in {r.compile_seconds:.2f}s, applied: {secs}",
+        f"unit {r.start}..{r.end}: {r.changes} changes, {how} in {r.compile_seconds:.2f}s, applied: {secs}; "
+        f"at {time.strftime('%Y-%m-%d %H:%M:%S')}",
         file=sys.stderr,
     )

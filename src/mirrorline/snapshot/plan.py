@@ -17,9 +17,8 @@ from dataclasses import dataclass
 from urllib.parse import quote, unquote
 
 from mirrorline.model import Column, TableSchema, default_key, quote_ident, quote_table
-from mirrorline.position import Position
+from mirrorline.position import SEQ_MAX, Position
 
-SEQ_MAX = (1 << 63) - 1
 CHUNK_RE = re.compile(r"^(\d{4})-(\d{6})-(.+)\.csv$")
 HEADER_PREFIX = "#mirrorline-chunk"
 

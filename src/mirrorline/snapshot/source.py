@@ -18,7 +18,14 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from mirrorline.capture.source import check_server, connect, describe_tables, reconcile_publication, source_error
+from mirrorline.capture.source import (
+    check_failover,
+    check_server,
+    connect,
+    describe_tables,
+    reconcile_publication,
+    source_error,
+)
 from mirrorline.config import Config
 from mirrorline.errors import ConfigError, SnapshotError, SourceError
 from mirrorline.position import Position, format_lsn, parse_lsn
@@ -81,6 +88,7 @@ def consistent_point(config: Config, *, reconcile: bool = True, create_main: boo
     try:
         try:
             check_server(conn)
+            check_failover(conn, src.failover)
             if reconcile and config.tables:
                 reconcile_publication(conn, src.publication, describe_tables(conn, config), str(config.log.path))
             main_exists = _slot_exists(conn, src.slot)
@@ -98,9 +106,11 @@ def consistent_point(config: Config, *, reconcile: bool = True, create_main: boo
     try:
         slot = src.slot if not main_exists else f"mirrorline_snap_{os.getpid()}_{uuid.uuid4().hex[:8]}"
         kind = "TEMPORARY LOGICAL" if main_exists else "LOGICAL"
+        # (the option list: PostgreSQL 15 and later; a failover slot: 17 and later, checked above)
+        options = "(SNAPSHOT 'export', FAILOVER true)" if src.failover and not main_exists else "EXPORT_SNAPSHOT"
         try:
             with rconn.cursor() as cur:
-                cur.execute(f'CREATE_REPLICATION_SLOT "{slot}" {kind} pgoutput EXPORT_SNAPSHOT')
+                cur.execute(f'CREATE_REPLICATION_SLOT "{slot}" {kind} pgoutput {options}')
                 _name, point, snapshot, _plugin = cur.fetchone()
         except psycopg2.Error as e:
             raise source_error(e, src.dsn, f"cannot create replication slot {slot} with an exported snapshot") from None

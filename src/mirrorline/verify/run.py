@@ -445,7 +445,7 @@ def verify(
     for a table that differs, find its differing rows (up to that many reported) by key-bucket checksums; the
     source's snapshot is then held until they are read."""
     from mirrorline.pipeline import catch_up_target as catch_up
-    from mirrorline.snapshot import ATTEMPTS, Rewritten, describe_tables, retrying, target_config
+    from mirrorline.snapshot import ATTEMPTS, Rewritten, retrying, tables_at, target_config
 
     names = list(targets) if targets is not None else sorted(config.targets)
     for n in names:
@@ -471,7 +471,7 @@ def verify(
                 point = contextlib.ExitStack()
                 cp = point.enter_context(consistent_point(config, reconcile=False, create_main=False))
                 try:
-                    stats = describe_tables(config, cp, None, keyless_ok=True)  # (compared as a bag of rows)
+                    stats = tables_at(config, cp, None, keyless_ok=True)  # (compared as a bag of rows)
                     held_by = target_views(config, names, stats)
                     views = {t: sorted({v[t] for v in held_by.values() if v[t]}) for t in stats}
                     source, src_buckets = source_checksums(config, cp.snapshot, stats, buckets=diff > 0, views=views)
@@ -574,9 +574,12 @@ def _held_text(why: dict[str, str]) -> str:
 
 
 def _not_comparable(config: Config, table: str) -> str:
-    """Why ``table``'s rows at a target need not be the source's: its ``actions`` drop some kinds of change."""
+    """Why ``table``'s rows at a target need not be the source's: its ``actions`` drop some kinds of change, or it
+    keeps the rows of partitions detached at the source."""
     acts = config.table(table).actions
     if acts >= frozenset("IUD"):
+        if config.table(table).detached_partitions == "keep":
+            return "detached_partitions = keep: the target keeps the rows of partitions the source detached or dropped"
         return ""
     left = ", ".join({"I": "inserts", "U": "updates", "D": "deletes"}[k] for k in "IUD" if k not in acts)
     return f"actions = {''.join(k for k in 'IUD' if k in acts)}: the target does not take the source's {left}"
