@@ -272,12 +272,56 @@ def compare(src: PgCluster, tgt: PgCluster, work: Path) -> tuple[int, int, dict[
         cols = columns(src, table)
         want = collections.Counter(read_table("postgresql", src.dsn(SRC_DB), table, cols))
         for name, (kind, path) in where(tgt, work).items():
+            lacking = [c for c, _ in cols if c not in target_columns(kind, path, table)]
+            if lacking:  # (SQLite would read a missing "column" as a string)
+                lost += sum(want.values())
+                detail[f"{name}.{table}"] = {"lacks columns": lacking}
+                continue
             got = collections.Counter(read_table(kind, path, table, cols))
             missing, extra = sum((want - got).values()), sum((got - want).values())
             lost += missing
             duplicated += extra
             detail[f"{name}.{table}"] = {"rows": sum(got.values()), "missing": missing, "extra": extra}
     return lost, duplicated, detail
+
+
+def target_columns(kind: str, where: str, table: str) -> set[str]:
+    """The columns a target's table has, read as its own clients would."""
+    if kind == "postgresql":
+        import psycopg2
+
+        conn = psycopg2.connect(where)
+        try:
+            with conn.cursor() as cur:
+                cur.execute(
+                    "SELECT column_name FROM information_schema.columns WHERE table_schema = 'public' "
+                    "AND table_name = %s",
+                    (table,),
+                )
+                return {r[0] for r in cur.fetchall()}
+        finally:
+            conn.close()
+    if kind == "sqlite":
+        sconn = sqlite3.connect(f"file:{where}?mode=ro", uri=True)
+        try:
+            return {r[1] for r in sconn.execute("SELECT * FROM pragma_table_info(?)", (table,))}
+        finally:
+            sconn.close()
+    if kind == "delta":
+        from deltalake import DeltaTable
+
+        return {f.name for f in DeltaTable(str(Path(where) / table)).schema().fields}
+    import duckdb
+
+    dconn = duckdb.connect(where, read_only=True)
+    try:
+        rows = dconn.execute(
+            "SELECT column_name FROM information_schema.columns WHERE table_schema = 'main' AND table_name = ?",
+            [table],
+        ).fetchall()
+        return {r[0] for r in rows}
+    finally:
+        dconn.close()
 
 
 def mirrorline(config: Path, work: Path, *args: str, timeout: float = 600) -> int:
@@ -426,7 +470,13 @@ def bench(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         load.done.set()
         load.join()
         end = lsn(src)
-        src.execute("UPDATE pgbench_branches SET bbalance = bbalance WHERE bid = 1", SRC_DB)  # a change past it
+        # a change past it, of every table (a schema change reaches the targets with its table's next change)
+        src.execute(
+            "UPDATE pgbench_branches SET bbalance = bbalance WHERE bid = 1; UPDATE pgbench_tellers SET tbalance = "
+            "tbalance WHERE tid = 1; UPDATE pgbench_accounts SET abalance = abalance WHERE aid = 1; INSERT INTO "
+            "pgbench_history (tid, bid, aid, delta, mtime) VALUES (1, 1, 1, 0, now())",
+            SRC_DB,
+        )
         rec.fault("end", time.monotonic(), end)
         say("load stopped: draining")
         deadline = time.monotonic() + 600

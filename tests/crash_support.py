@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-KILLS = 20
+KILLS = 15
 
 
 def mirrorline_process(*args: str, log_file: Path) -> subprocess.Popen[bytes]:

@@ -222,3 +222,72 @@ def test_detached_partitions_kept_at_the_targets(pg: Any, pg_cluster: Any, spark
     got = oracle.target("sqlite", url, "public.ev", oracle.columns(pg.dsn, "public.ev"))
     assert got == oracle.source(pg.dsn, "public.ev") + oracle.source(pg.dsn, "public.ev_2024") + dropped
     assert main(["verify", "-c", str(conf.file)]) == 0
+
+
+def _equal(pg: Any, kind: str, url: str, table: str) -> bool:
+    try:
+        oracle.assert_same(pg.dsn, kind, url, table)
+    except Exception:
+        return False
+    return True
+
+
+@pytest.mark.pg
+@pytest.mark.spark
+def test_run_loads_a_marked_table_again_by_itself(pg: Any, pg_cluster: Any, tmp_path: Path) -> None:
+    """A live ``run`` with a SQLite and a PostgreSQL target: a partition detached with its rows, then one truncated
+    alone. Each time every target stops the table, ``run`` loads it again there by itself, and the other table stays
+    current meanwhile."""
+    import time
+
+    from tests.crash_support import mirrorline_process
+
+    pg.execute(
+        EVENTS_DDL
+        + "CREATE TABLE public.other (id integer PRIMARY KEY, v text); INSERT INTO public.other VALUES (1, 'a');"
+    )
+    urls = {
+        "lite": target_url("sqlite", tmp_path, pg_cluster, "lite"),
+        "pg": target_url("postgresql", tmp_path, pg_cluster, f"rl_{pg.name[-6:]}"),
+    }
+    kinds = {"lite": "sqlite", "pg": "postgresql"}
+    body = f'[source]\ndsn = "{pg.dsn}"\n[log]\npath = "log"\n[apply]\nlatency = "100ms"\n'
+    body += '[tables."public.ev"]\n[tables."public.other"]\n'
+    body += "".join(f'[targets.{n}]\nurl = "{u}"\n' for n, u in urls.items())
+    cfg = tmp_path / "m.toml"
+    cfg.write_text(body)
+
+    def current() -> bool:
+        return all(_equal(pg, kinds[n], u, t) for n, u in urls.items() for t in ("public.ev", "public.other"))
+
+    def wait(what: str, cond: Any, timeout: float = 180.0) -> None:
+        deadline = time.monotonic() + timeout
+        while not cond():
+            assert time.monotonic() < deadline, f"timed out waiting until {what}: {log.read_text()[-3000:]}"
+            time.sleep(0.5)
+
+    log = tmp_path / "run.log"
+    proc = mirrorline_process("run", "-c", str(cfg), log_file=log)
+    try:
+        wait("every target is current", current)
+        for i, sql in enumerate(
+            [
+                "INSERT INTO public.ev VALUES (5, '2026-03-03', 'x');"
+                "ALTER TABLE public.ev DETACH PARTITION public.ev_2026",
+                "TRUNCATE public.ev_2025",
+            ]
+        ):
+            pg.execute(sql)
+            time.sleep(6)  # (capture's look at the partitions comes every 5 s)
+            pg.execute(
+                f"INSERT INTO public.ev VALUES ({100 + i}, '2024-02-02', 'after'); UPDATE public.other SET v = 'v{i}'"
+            )
+            wait(
+                f"the table is loaded again after event {i}",
+                lambda i=i: log.read_text().count("loaded again") >= 2 * (i + 1),
+            )
+            wait(f"every target is current after event {i}", current)
+        assert proc.poll() is None, log.read_text()[-3000:]
+    finally:
+        proc.terminate()
+        proc.wait(60)

@@ -349,7 +349,10 @@ class Applier:
                 if f is None:  # held by an earlier process: tried once now
                     reason = st.holds.get(t, {})
                     why = reason.get("error") or "stopped"
-                    err = MirrorlineError(
+                    from mirrorline.apply.reshape import ResyncStop
+
+                    kind = ResyncStop if reason.get("kind") == ResyncStop.__name__ else MirrorlineError
+                    err = kind(
                         f"{why} (table {t} at target {n}, stopped since {reason.get('since', '?')})",
                         hint=f"fix the target's table, or reload it: mirrorline snapshot --target {n} --table {t}",
                         target=n,
@@ -370,6 +373,9 @@ class Applier:
             start, end_cap = st.table(t), min(st.live, limit)
             target = self.targets[n]
             f = self._held[(n, t)]
+            if _loading(target, t):  # a snapshot loads it now (snapshot --table, or run's reload): it ends the hold
+                f.retry_at = time.monotonic() + self.retry_first
+                continue
             if start >= st.live:  # nothing left to catch up
                 try:
                     with target.exclusive(self.lock_wait):
@@ -1079,6 +1085,8 @@ class Runner:
         self._applier: Applier | None = None
         self.metrics_address: tuple[str, int] | None = None
         self._reload = threading.Event()
+        self._reloading: set[tuple[str, str]] = set()  # (target, table)s being loaded again now (_reload_marked)
+        self._reload_due: dict[tuple[str, str], tuple[float, float]] = {}  # when to try each again, and the delay
 
     def stop(self) -> None:
         self._stop.set()
@@ -1135,6 +1143,57 @@ class Runner:
             )
         elif not added and not removed:
             self.on_message("configuration reloaded: no change")
+
+    def _tick(self, applier: Applier) -> None:
+        """Before each step of the live loop: the configuration read again when asked (SIGHUP), and tables whose
+        rows changed at the source with nothing logged loaded again."""
+        if self._reload.is_set():
+            self._reload_config(applier)
+        if not self.once:
+            self._reload_marked(applier)
+
+    def _reload_marked(self, applier: Applier) -> None:
+        """A table stopped at a target because its rows changed at the source with nothing logged (a partition
+        attached with rows, detached, dropped or truncated alone: ``ResyncStop``) is loaded again at that target, in
+        a thread of its own, while the target's other tables and the other targets go on (the pipeline does not try
+        the table while its snapshot state is ``loading``; the load ends its hold). A load that fails is tried again
+        after 2 s, doubling up to 60 s."""
+        from mirrorline.apply.reshape import ResyncStop
+
+        now = time.monotonic()
+        for (n, t), err in applier.held().items():
+            if not isinstance(err, ResyncStop) or (n, t) in self._reloading:
+                continue
+            due, delay = self._reload_due.get((n, t), (0.0, Applier.retry_first))
+            if now < due:
+                continue
+            self._reloading.add((n, t))
+            threading.Thread(
+                target=self._reload_table, args=(n, t, delay), name="mirrorline-reload", daemon=True
+            ).start()
+
+    def _reload_table(self, name: str, table: str, delay: float) -> None:
+        from mirrorline.snapshot import snapshot_target
+        from mirrorline.sparkenv import get_spark
+
+        try:
+            get_spark().sparkContext.setLocalProperty("spark.scheduler.pool", "load")
+            self.on_message(
+                f"target {name}: loading table {table} again (its rows changed at the source with nothing logged)"
+            )
+            r = snapshot_target(self.config, name, tables=[table])
+            # (until the pipeline's next step sees the hold ended, it still lists the table as held)
+            self._reload_due[(name, table)] = (time.monotonic() + 10.0, Applier.retry_first)
+            self.on_message(
+                f"target {name}: table {table} loaded again ({r.rows.get(table, 0)} rows), applied from {r.position}"
+            )
+        except Exception as e:
+            self._reload_due[(name, table)] = (time.monotonic() + delay, min(delay * 2, Applier.retry_max))
+            self.on_message(
+                f"target {name}: loading table {table} again failed: {first_line(e)} (tried again in {delay:.0f} s)"
+            )
+        finally:
+            self._reloading.discard((name, table))
 
     def _capture_main(self) -> None:
         try:
@@ -1378,7 +1437,7 @@ class Runner:
                 self._stop,
                 on_unit=self._unit,
                 until=self._capture_done.is_set if self.once else None,
-                tick=lambda: self._reload_config(applier) if self._reload.is_set() else None,
+                tick=lambda: self._tick(applier),
             )
             if self.once and self._capture_error is None and not self._stop.is_set():
                 for r in applier.catch_up():
@@ -1426,3 +1485,15 @@ def catch_up_target(
         return applier.targets[name].applied_positions().position
     finally:
         applier.close()
+
+
+def _loading(target: Target, table: str) -> bool:
+    """Is a snapshot loading ``table`` into ``target`` now (its snapshot state ``loading``)?"""
+    from mirrorline.snapshot import state as snapstate
+
+    s = target.session()
+    try:
+        r = snapstate.read(s).get(table)
+    finally:
+        s.close()
+    return r is not None and r.state == snapstate.LOADING

@@ -433,6 +433,7 @@ def _untrusted(cl: ChangeLog | None, state: AppliedState) -> dict[str, str]:
     next change; said now."""
     if cl is None:
         return {}
+    cl.schemas.refresh()
     out = {}
     for t, shape in state.shape_docs.items():
         latest = cl.schemas.latest(t) if t not in state.held else None

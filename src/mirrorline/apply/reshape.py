@@ -57,6 +57,11 @@ class SchemaChangeStop(ApplyError):
     """A schema change the target does not follow: the target stops before the unit, nothing of it applied."""
 
 
+class ResyncStop(SchemaChangeStop):
+    """The table's rows changed at the source with nothing logged (``TableSchema.resync``): only loading it again
+    brings the target back to the source (``run`` does so by itself)."""
+
+
 _INTS = {"smallint": 1, "integer": 2, "bigint": 3}
 _NUMERIC = re.compile(r"^numeric(?:\((\d+)(?:,(\d+))?\))?$")
 _VARCHAR = re.compile(r"^character varying(?:\((\d+)\))?$")
@@ -121,7 +126,7 @@ def plan(
             "created again, or another table renamed to its name), whose rows the target does not have",
         )
     if old is not None and new.resync and old.resync != new.resync:
-        raise SchemaChangeStop(
+        raise ResyncStop(
             f"target {target}: {new.table} at the source changed without a change logged ({new.resync}): the "
             "target's rows of it are not the source's any more",
             hint=_reload(new.table, target),
