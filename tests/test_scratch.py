@@ -83,3 +83,24 @@ def test_an_unusable_tmpdir_is_a_clear_error(tmp_path: Path) -> None:
     )
     assert out.returncode == 0, out.stderr
     assert "cannot make a scratch folder under" in out.stdout and "set TMPDIR to a writable folder" in out.stdout
+
+
+def test_the_default_root_must_be_the_users_own(tmp_path: Path) -> None:
+    """The shared temporary folder's ``mirrorline-scratch`` is refused when others may write in it or it is a link
+    (another user could swap a process's folder for one of theirs); a folder of the user's own is taken."""
+    import pytest
+
+    from mirrorline.errors import MirrorlineError
+
+    own = tmp_path / "own"
+    own.mkdir(mode=0o700)
+    scratch._check_own(own)
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    with pytest.raises(MirrorlineError, match="not this user's own"):
+        scratch._check_own(shared)
+    link = tmp_path / "link"
+    link.symlink_to(own)
+    with pytest.raises(MirrorlineError, match="not this user's own"):
+        scratch._check_own(link)

@@ -14,6 +14,7 @@ import atexit
 import fcntl
 import os
 import shutil
+import stat
 import tempfile
 import threading
 from pathlib import Path
@@ -79,7 +80,9 @@ def folder() -> Path:
         root = base()
         while True:
             try:
-                root.mkdir(parents=True, exist_ok=True)
+                root.mkdir(parents=True, exist_ok=True, mode=0o700)
+                if _base is None:
+                    _check_own(root)
                 d = Path(tempfile.mkdtemp(prefix=f"{os.getpid()}-", dir=root))
                 fd = os.open(d / _LOCK, os.O_RDWR | os.O_CREAT, 0o600)
             except OSError as e:
@@ -96,6 +99,19 @@ def folder() -> Path:
         atexit.register(_remove_own, os.getpid())
         sweep(root, keep=d)
         return d
+
+
+def _check_own(root: Path) -> None:
+    """The default root, in the shared temporary folder, must be this user's alone: another user who owns it (or may
+    write in it) could swap a process's folder for one of theirs and read the rows written there."""
+    st = root.lstat()
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o022:
+        raise MirrorlineError(
+            f"the scratch folder {root} is not this user's own (a link, another user's, or writable by others): "
+            "mirrorline writes replicated rows there",
+            hint=f"remove {root} (mirrorline makes it again, 0700), or set TMPDIR to a folder of your own",
+            path=str(root),
+        )
 
 
 def _remove_own(pid: int) -> None:
