@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-KILLS = 15
+KILLS = 10
 
 
 def mirrorline_process(*args: str, log_file: Path) -> subprocess.Popen[bytes]:

@@ -27,7 +27,8 @@ def test_faults_survived_nothing_lost_or_duplicated() -> None:
          "--truncates", "1", "--schema-changes", "1", "--verify-runs", "1", "--slot-drops", "1", "--seed", "7"]
     )  # fmt: skip
     assert out["rows_lost"] == 0 and out["rows_duplicated"] == 0, out["tables"]
-    assert out["kills"] == 11 and set(out["kills_by_process"]) == {"run", "capture", "apply"}, out
+    # (every tenth kill switches between one run process and capture + apply: run and at least one of those)
+    assert out["kills"] == 11 and {"run"} < set(out["kills_by_process"]) <= {"run", "capture", "apply"}, out
     assert (out["source_restarts"], out["walsender_kills"], out["target_outages"], out["target_locks"]) == (1, 1, 1, 1)
     assert (out["streamed_transactions"], out["truncates"], out["schema_changes"], out["slot_drops"]) == (1, 1, 1, 1)
     assert out["verify_exit_codes"] == {"0": 1} and out["slot_drops_refused_clearly"] == 1 and out["nothing_lost"], out
