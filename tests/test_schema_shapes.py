@@ -337,8 +337,8 @@ def test_a_unit_cut_inside_the_transaction_that_brings_a_keyless_tables_new_shap
 ) -> None:
     """A keyless table changes shape; the first transaction after it changes another table first, then it (as a
     pgbench transaction does: the history row last). The unit is cut before the keyless table's first change of the
-    new shape, inside that transaction; the keyless rows before the cut are compiled with the shape they carry
-    (before: the shape in force at the cut, one column more than their rows, and Spark failed)."""
+    new shape, inside that transaction; the keyless rows before the cut are compiled with the shape they carry, not
+    the one in force at the cut (one column more than their rows)."""
     pg.execute(DDL)
     url = target_url("sqlite", tmp_path, pg_cluster, "cut")
     conf = _config(pg, tmp_path, url)

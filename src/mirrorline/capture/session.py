@@ -14,7 +14,6 @@ discarding open stream spills (PostgreSQL streams those transactions again from 
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import select
 import time
@@ -315,7 +314,6 @@ class Capture:
         self._look = partitions.Look(since, lsn, keep, tuple(suspects))
         if keep or suspects or last.tree:
             write_json_atomic(self.config.log.path / PARTITIONS_FILE, partitions.to_json(self._look))
-        self._mark(asm)
 
     def _mark(self, asm: BatchAssembler) -> None:
         """Suspects the log now explains or not; marks recorded between transactions (a transaction's changes of a
@@ -328,7 +326,7 @@ class Capture:
                 if table is not None and table not in self._logged_truncates(sus.since, sus.lsn):
                     self._resyncs.setdefault(sus.root, partitions.Change("refilled", sus.root, sus.leaf).describe())
             if settled:
-                self._look = dataclasses.replace(look, suspects=tuple(x for x in look.suspects if x not in settled))
+                self._look = replace(look, suspects=tuple(x for x in look.suspects if x not in settled))
                 write_json_atomic(self.config.log.path / PARTITIONS_FILE, partitions.to_json(self._look))
         if self._resyncs and not asm.in_transaction:
             for relid, what in sorted(self._resyncs.items()):
@@ -397,7 +395,7 @@ class Capture:
         asm.set_version(relid, s.version)
         log.warning(
             "table %s: %s at the source; its rows at the targets are not the source's: every target stops it "
-            "until it is loaded again (mirrorline snapshot --target NAME --table %s)",
+            "until it is loaded again (a live run does so; else mirrorline snapshot --target NAME --table %s)",
             table,
             mark,
             table,
