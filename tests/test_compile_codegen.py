@@ -80,7 +80,8 @@ def test_a_later_unit_at_other_positions_runs_the_classes_of_the_first(
         new_classes = []
         for start, end in ((ZERO, segs[1].last), (segs[1].last, segs[3].last)):
             before = _compiled_classes(a.spark)
-            batch = a._compile_unit(start, end)
+            batch = a.compiler.compile(start, end)
+            assert a.compiler.last_route == route
             got = collect_result(batch)
             batch.verify()
             new_classes.append(_compiled_classes(a.spark) - before)

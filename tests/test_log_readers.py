@@ -178,4 +178,5 @@ def test_the_warm_up_builds_the_plan_for_the_pipelines_tables_without_a_key(tmp_
         w.record_schema(TableSchema("public.t", cols, ("a", "note"), bag=True))
         w.record_schema(TableSchema("public.other", cols, ("a", "note"), bag=True))  # not configured
     assert known_bags(cfg) == {"public.t": ("a", "note")}
-    assert Applier(cfg, open_targets=False, spark=object())._bag_cols == {"public.t": ("a", "note")}
+    compiler = Applier(cfg, open_targets=False, spark=object()).compiler
+    assert compiler.bags([], ZERO, ZERO) == {"public.t": ("a", "note")}

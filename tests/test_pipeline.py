@@ -81,7 +81,7 @@ def test_large_units_replicate_exactly_with_net_rows_on_the_driver_or_through_pa
     applier = Applier(conf, spark=spark)
     applier.small_unit, applier.catch_up_changes = 50, 100
     if where == "parquet":
-        applier.driver_unit = 0
+        applier.compiler.driver_unit = 0
     try:
         work.run(transactions=150)
         work.every_kind()

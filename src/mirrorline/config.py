@@ -162,6 +162,11 @@ class Config:
     def table(self, name: str) -> TableConfig:
         return self.tables.get(name) or TableConfig(name)
 
+    @property
+    def actions(self) -> dict[str, frozenset[str]]:
+        """The tables that replicate only some kinds of change (``actions``), with the kinds they replicate."""
+        return {t.name: t.actions for t in self.tables.values() if t.actions != frozenset("IDU")}
+
     def tables_in_load_order(self) -> list[TableConfig]:
         """DESIGN §7: negative or missing sequence first (any order), then ascending sequence."""
         return sorted(self.tables.values(), key=lambda t: (max(t.sequence, -1), t.name))

@@ -3,7 +3,7 @@ unit of work; each says where it is used, and why (with the benchmark that showe
 
 - Unit sizing (``pipeline.Applier._advance``): a backlog below :data:`CATCH_UP_CHANGES` is applied in units of at
   most :data:`SMALL_UNIT` changes, a larger one in units of ``[apply] max_changes``.
-- Compile routes (``pipeline.Applier._compile_unit``): a unit of at most :data:`SMALL_UNIT` changes compiles on the
+- Compile routes (``compile/compiler.py``): a unit of at most :data:`SMALL_UNIT` changes compiles on the
   driver's prepared plan (``compile/small.py``); a unit of inserts only of at most :data:`INSERTS_MAX_ROWS` rows
   by the inserts route (``compile/inserts.py``); up to :data:`DRIVER_UNIT` changes the net rows come to the driver
   through Arrow in the fold's job, beyond it through Parquet (``compile/spark.py``).

@@ -64,8 +64,6 @@ class Applier:
     """Applies the change log to the configured targets (all, or the ones named). A target that fails stops alone
     (:meth:`failed`); the others go on, and it is tried again with a growing delay."""
 
-    small_unit = limits.SMALL_UNIT  # (the sizes: mirrorline/limits.py)
-    driver_unit = limits.DRIVER_UNIT
     overlap = True  # compile the next unit while the targets apply this one
     catch_up_changes = limits.CATCH_UP_CHANGES
     # follow() warms the large-unit route up (compile/warmup.py: warm_large) once, in the background, when no unit
@@ -128,9 +126,7 @@ class Applier:
         self.log: ChangeLog = ChangeLog(config.log.path)
         self._spark = spark
         self._warm_up = warm_up  # the first compile waits for it (see mirrorline.compile.warmup)
-        self.actions: dict[str, frozenset[str]] = {
-            t.name: t.actions for t in config.tables.values() if t.actions != frozenset("IDU")
-        }
+        self.actions = config.actions
         self.targets: dict[str, Target] = {}
         self._given = set(given or ())
         for n, t in (given or {}).items():
@@ -150,7 +146,17 @@ class Applier:
         self._stopped = {n for n in stopped.read(config.log.path) if n in self.names}  # stop records to clear
         self._upkept: dict[str, float] = {}  # target -> when its last storage upkeep started (monotonic)
         self._upkeep: dict[str, threading.Thread] = {}
-        self._bag_cols: dict[str, tuple[str, ...]] = known_bags(config)  # see _bags
+        from mirrorline.compile.compiler import Compiler
+
+        self.compiler = Compiler(
+            self.log,
+            tables=list(config.tables),
+            actions=self.actions,
+            spark=lambda: self.spark,
+            schemas_of=self._schemas,
+            bags=known_bags(config),
+            keep_on_driver=not self._save_units,
+        )
         self._admitted: list[str] = []  # loaded targets to add at the next unit (admit)
         self._admit_lock = threading.Lock()
         self._joining: set[str] = set()  # added targets still catching up with the others
@@ -164,11 +170,18 @@ class Applier:
         self._held: dict[tuple[str, str], _Failed] = {}
         self._held_turn = False  # a held table's unit was the last step: a live unit goes first now
 
+    @property
+    def small_unit(self) -> int:
+        """The small route's largest unit (see mirrorline/limits.py), also the unit size of a small backlog."""
+        return self.compiler.small_unit
+
+    @small_unit.setter
+    def small_unit(self, changes: int) -> None:
+        self.compiler.small_unit = changes
+
     def start_warm_up(self) -> None:
         """Warm Spark up in the background now; the first compile waits for it."""
-        from mirrorline.compile.warmup import WarmUp
-
-        self._warm_up = WarmUp(lambda: self.spark, self.actions or None, dict(self._bag_cols) or None)
+        self._warm_up = self.compiler.warm_up()
 
     def _warmed(self) -> None:
         if self._warm_up is not None:
@@ -405,7 +418,7 @@ class Applier:
                     with target.exclusive(self.lock_wait):
                         report.results[n] = target.apply(batch, schemas, changes, table=t)
                 except Unverified as e:
-                    batch = self._compile_general(batch, e)
+                    batch = self.compiler.again(batch, e)
                     with target.exclusive(self.lock_wait):
                         report.results[n] = target.apply(batch, schemas, changes, table=t)
                 report.apply_seconds[n] = time.monotonic() - t0
@@ -536,7 +549,7 @@ class Applier:
                 self._apply_group(batch, schemas, group, report, next_unit)
             except Unverified as e:  # nothing of it was committed: the general path compiles it, or names its error
                 t0 = time.monotonic()
-                batch = self._compile_general(batch, e)
+                batch = self.compiler.again(batch, e)
                 report.compile_seconds += time.monotonic() - t0
                 self._apply_group(batch, schemas, group, report, next_unit)
         finally:
@@ -689,101 +702,10 @@ class Applier:
 
             return NetBatch(start=start, end=end, tables=[], rows=NET_ARROW.empty_table()), False, 0.0
         self._warmed()
-        batch = self._compile_unit(start, end)
+        batch = self.compiler.compile(start, end)
         if self._save_units:
-            batch = self._store.save(self.spark, self._verified(batch))
+            batch = self._store.save(self.spark, self.compiler.verified(batch))
         return batch, True, time.monotonic() - t0
-
-    def _verified(self, batch: NetBatch) -> NetBatch:
-        """``batch`` once its route's check holds (:meth:`NetBatch.verify`), else the unit compiled the general way:
-        for a unit kept in the log, where no apply checks it before it is used."""
-        try:
-            batch.verify()
-        except Unverified as e:
-            return self._compile_general(batch, e)
-        except BaseException:
-            batch.release()
-            raise
-        return batch
-
-    def _compile_general(self, batch: NetBatch, why: Unverified) -> NetBatch:
-        """The unit of ``batch``, whose route's check failed (``why``), compiled the general way; ``batch`` released."""
-        log.info("unit %s..%s: %s; compiling it the general way", batch.start, batch.end, why)
-        batch.release()
-        return self._compile_unit(batch.start, batch.end, general=True)
-
-    def _compile_unit(self, start: Position, end: Position, general: bool = False) -> NetBatch:
-        """Compile ``(start, end]`` of the configured tables on Spark, the tables' metadata from the log's
-        statistics (segment footers) rather than a job. ``general``: not by the inserts route (its check failed).
-        A unit of inserts comes back before its check ends: see :meth:`NetBatch.verify`."""
-        from pyspark.sql import functions as F
-
-        from mirrorline.compile import inserts, updates
-        from mirrorline.compile.small import qualifies, shared, unit_rows
-        from mirrorline.compile.spark import compile_changes
-        from mirrorline.log.segments import ROW_GROUP_ROWS
-        from mirrorline.log.spark import read_spark
-
-        stats = self.log.stats(start, end)
-        if self.config.tables:
-            stats = {t: s for t, s in stats.items() if t in self.config.tables}
-        bags = self._bags(sorted(stats), end, start)
-        if qualifies(stats, self.small_unit):
-            rows = unit_rows(self.config.tables, self.log.read_arrow(start, end))
-            return shared(self.spark, self.actions or None, bags).compile(rows, stats, start, end)
-        frame = read_spark(self.log, start, end, spark=self.spark)  # the unit's rows only: no route filters them again
-        if self.config.tables:
-            frame = frame.where(F.col("table").isin(list(self.config.tables)))
-        if not general and inserts.qualifies(stats, self.actions or None):
-            return inserts.compile_inserts(
-                frame,
-                stats,
-                self._schemas(sorted(stats), end, start),
-                start,
-                end,
-                self.log.read_arrow(start, end, batch_rows=ROW_GROUP_ROWS),
-                self.actions or None,
-            )
-        on_driver = sum(s.count for s in stats.values()) <= self.driver_unit
-        if on_driver and updates.qualifies(stats, self.actions or None, bags):
-            batch = updates.compile_updates(
-                frame,
-                stats,
-                start,
-                end,
-                lambda at: self.log.iter_at(at, ["table", "key", "new"]),
-                self._schemas(sorted(stats), end, start),
-            )
-            if batch is not None:
-                return batch
-            log.info(
-                "unit %s..%s: not compiled as inserts and updates (a key's changes are not an insert then updates, "
-                "or do not fit that route); compiling it the general way",
-                start,
-                end,
-            )
-        return compile_changes(
-            frame,
-            actions=self.actions or None,
-            start=start,
-            end=end,
-            stats=stats,
-            bags=bags,
-            to_driver=not self._save_units and on_driver,
-            in_range=True,
-        )
-
-    def _bags(self, tables: list[str], end: Position, start: Position) -> dict[str, tuple[str, ...]]:
-        """The tables without a key the pipeline has seen so far, with their columns (every unit's plan gets them
-        all, so that the small units' plan stays the same while they do not change): for the unit's tables, the
-        schema their changes carry (a unit cut at a schema change may end inside the transaction whose changes carry
-        the new version, which the version in force at its end would be)."""
-        for t, s in self._schemas(tables, end, start, missing_ok=True).items():
-            if s.bag:
-                self._bag_cols[t] = s.key
-            else:
-                self._bag_cols.pop(t, None)
-        return dict(self._bag_cols)
 
     def compile_ahead(self, on_unit: Callable[[NetBatch], None] | None = None) -> int:
         """The compile stage alone: compile and store the units that the targets will apply next, up to the log's
@@ -803,7 +725,7 @@ class Applier:
                 if end is None or end <= start:
                     break
                 self._warmed()
-                batch = self._store.save(self.spark, self._verified(self._compile_unit(start, end)))
+                batch = self._store.save(self.spark, self.compiler.verified(self.compiler.compile(start, end)))
                 if on_unit:
                     on_unit(batch)
                 batch.release()
@@ -981,11 +903,9 @@ class Applier:
             return
 
         def main() -> None:
-            from mirrorline.compile.warmup import warm_large
-
             try:
                 self.spark.sparkContext.setLocalProperty("spark.scheduler.pool", "warm-up")
-                log.info("warmed up for large units in %.1f s (idle)", warm_large(self.spark))
+                log.info("warmed up for large units in %.1f s (idle)", self.compiler.warm_idle())
             except Exception as e:
                 log.warning("warming up for large units failed (the first large unit will run cold): %s", e)
 
@@ -1419,15 +1339,10 @@ class Runner:
         try:
             thread.start()
             # Spark warms up while capture connects and new targets load; the first unit waits for it
-            from mirrorline.compile.warmup import WarmUp
+            from mirrorline.compile.compiler import warm_up
             from mirrorline.sparkenv import get_spark
 
-            warm = WarmUp(
-                get_spark,
-                {t.name: t.actions for t in self.config.tables.values() if t.actions != frozenset("IDU")} or None,
-                known_bags(self.config) or None,
-                on_ready=self.on_message,
-            )
+            warm = warm_up(get_spark, self.config.actions, known_bags(self.config), on_ready=self.on_message)
             while not (self._ready.wait(0.1) or self._capture_done.is_set()):
                 pass
             applier = self._applier = self._start_targets(warm)

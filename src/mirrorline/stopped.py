@@ -1,6 +1,6 @@
 """Targets stopped by an error, recorded beside the log (``<log>/stopped/<target>.json``) by the process that applied
 to them, so that ``status`` (another process, later) reports them, and exits 1, until the target applies a unit again.
-And configured tables that no longer exist at the source under their name (dropped or renamed there, issue 14),
+And configured tables that no longer exist at the source under their name (dropped or renamed there),
 recorded by capture (``<log>/stopped/tables/<table>.json``): no change of theirs comes any more, the other tables go
 on, and ``status`` names them until the configuration no longer does. Pure file I/O; a record is replaced
 atomically."""

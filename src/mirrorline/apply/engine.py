@@ -195,7 +195,7 @@ class Target(ABC):
         self._ready = False
         self._idle: list[Session] = []  # connections kept open between units (the page cache, no new backend)
         self._idle_lock = threading.Lock()
-        # set by the pipeline (issue 14): a table's logged schema by version, and each table's policy:
+        # set by the pipeline: a table's logged schema by version, and each table's policy:
         # (keep dropped columns, follow schema changes)
         self.schema_version: Callable[[str, int], TableSchema] | None = None
         self.schema_at: Callable[[str, Position], TableSchema | None] | None = None
@@ -644,7 +644,6 @@ class Target(ABC):
             log.debug("target %s: transaction open: unit %s..%s, %s", self.name, batch.start, batch.end, tables)
             for t in tables:
                 counts[t] = self._bulk_table(s, u, u.schemas[t])
-            batch.verify()  # what the unit's route assumed holds (see NetBatch.verify): else nothing commits
             u.record(s, tables, unit)
             t0 = time.monotonic()
             s.commit()
@@ -654,7 +653,9 @@ class Target(ABC):
             with contextlib.suppress(Exception):
                 s.rollback()
             log.debug("target %s: transaction rolled back: unit %s..%s", self.name, batch.start, batch.end)
-            batch.verify()  # a unit its route compiled wrongly is compiled again, not taken to the failure path
+            # a bulk statement that failed before every row was read (so before the batch settled itself): a unit
+            # its route compiled wrongly is compiled again (NetBatch.verify raises it), not taken to the failure path
+            batch.verify()
             if not (isinstance(e, _Mismatch) or s.is_data_error(e)):
                 if not isinstance(e, s.db_errors):
                     raise

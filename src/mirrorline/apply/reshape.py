@@ -1,4 +1,4 @@
-"""Following a source table's schema change at a target (issue 14): what the target must do to go from the logged
+"""Following a source table's schema change at a target: what the target must do to go from the logged
 schema version it follows to the unit's, or why it must stop. Pure: schemas in, steps or an error out.
 
 A rename is told from a drop and an add by the column's attnum, which capture reads from the source's catalog when it

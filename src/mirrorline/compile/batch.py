@@ -28,8 +28,11 @@ its own key.
 A unit in which every table only inserts (:mod:`mirrorline.compile.inserts`) holds its net rows on the driver already
 flattened, per table (:class:`Inserts`): the same rows as kind I with ``unchanged`` empty and ``moved_from`` null.
 Such a unit is handed to apply while its rows are still being read (:class:`Feed`) and before Spark has checked that
-no key repeats: apply loads them as they come, and calls :meth:`NetBatch.verify` before it commits anything.
-:class:`~mirrorline.errors.Unverified` then means the unit must be compiled the general way.
+no key repeats: apply loads them as they come. The batch settles itself: reading a table's rows to their end waits
+for the unit's check and raises what it found (:meth:`NetBatch.verify`), so that rows read whole are rows that may
+be committed; :class:`~mirrorline.errors.Unverified` then means the unit must be compiled the general way. A target
+whose bulk statement fails before it read every row asks :meth:`NetBatch.verify` before it takes the failure path
+(apply/engine.py), so that a unit its route compiled wrongly is compiled again rather than applied change by change.
 """
 
 from __future__ import annotations
@@ -74,10 +77,12 @@ POSITION_COLUMNS = ("_ml_lsn", "_ml_seq")  # the position of each row of an Inse
 class Feed:
     """Tables produced one after another by a background reader, read as they come (:meth:`chunks`, by any number
     of readers) or whole (:meth:`table`). The reader's error, if it fails, is raised to every reader once the chunks
-    before it are read."""
+    before it are read. A reader reaches the end only once the feed's ``gate`` passes (its batch's check: see
+    :meth:`NetBatch.verify`), so that whoever has read every row may commit them."""
 
     def __init__(self, schema: pa.Schema) -> None:
         self.schema = schema
+        self.gate: Callable[[], None] | None = None  # raises when the rows must not be used (set by the NetBatch)
         self._chunks: list[pa.Table] = []
         self._cond = threading.Condition()
         self._done = False
@@ -94,7 +99,8 @@ class Feed:
             self._done, self._error = True, error
             self._cond.notify_all()
 
-    def chunks(self) -> Iterator[pa.Table]:
+    def chunks(self, gated: bool = True) -> Iterator[pa.Table]:
+        """The chunks as they come; at the end, the gate (``gated``: the route's own check reads without it)."""
         i = 0
         while True:
             with self._cond:
@@ -105,17 +111,19 @@ class Feed:
                 elif self._error is not None:
                     raise self._error
                 else:
-                    return
+                    break
             i += 1
             yield chunk
+        if gated and self.gate is not None:
+            self.gate()
 
     def table(self) -> pa.Table:
         parts = list(self.chunks())
         return pa.concat_tables(parts) if parts else self.schema.empty_table()
 
     def rows(self) -> int:
-        """How many rows were produced, once the reader has ended (its error raised)."""
-        return sum(c.num_rows for c in self.chunks())
+        """How many rows were produced, once the reader has ended (its error raised; the gate not asked)."""
+        return sum(c.num_rows for c in self.chunks(gated=False))
 
 
 class Inserts:
@@ -224,6 +232,10 @@ class NetBatch:
     def __post_init__(self) -> None:
         if self.net is None and self.rows is None and self.inserts is None:
             raise ValueError("a NetBatch needs its net rows: net (a DataFrame), rows (an Arrow table) or inserts")
+        if self.check is not None:
+            for ins in (self.inserts or {}).values():
+                if ins.feed is not None:
+                    ins.feed.gate = self.verify
 
     @property
     def on_driver(self) -> bool:
@@ -280,7 +292,8 @@ class NetBatch:
     def verify(self) -> None:
         """Wait for the unit's check, if its route left one running (``check``); raise what it found (the same for
         every caller): :class:`~mirrorline.errors.Unverified` when the unit must be compiled the general way.
-        Called by apply before it commits any of the unit."""
+        Reading an inserts table's rows to their end asks it (the feed's gate); the pipeline asks it before it
+        takes a target's failure as the target's own."""
         if self.check is None:
             return
         with self._verify_lock:

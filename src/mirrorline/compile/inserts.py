@@ -1,4 +1,4 @@
-"""Units that only insert: net rows without a fold (issue 11).
+"""Units that only insert: net rows without a fold.
 
 Catching up a bulk load or an append-only table gives units in which every table has only inserts: the log's
 statistics of the unit (segment footers) show no update, delete, TRUNCATE or key change for any of its tables. Under
@@ -14,16 +14,11 @@ collision correctly.
 
 Neither the job nor the read is waited for: the unit goes to apply at once, each table's rows a
 :class:`~mirrorline.compile.batch.Feed` of the batches read so far, and the check (hashes distinct, as many rows
-read as Spark saw) is the batch's :meth:`~mirrorline.compile.batch.NetBatch.verify`, which apply calls before it
-commits anything (and before its failure path); :class:`~mirrorline.errors.Unverified` sends the unit, rolled back,
-to the general path. On PostgreSQL one COPY per table takes the batches as they are read, so the read, the job and
-the load overlap (bench/apply.py, 1M inserts: the first large unit 3.0 to 3.2 s, against 4.2 to 4.9 s when the load
-followed the read, two alternating runs each).
-
-What it saves (bench/apply.py, 1M inserts): the general path's shuffle, fold and Parquet round trip (about 5 s)
-become a scan of the keys beside a read of the rows, 0.73 s JIT-warm (1.0 s when Spark flattened the images and
-brought them back through Arrow, the images crossing from the JVM to Python; the first such unit after start-up
-1.9 s against 3.6 s), and apply gets flat text columns with no map to look into.
+read as Spark saw) is the batch's :meth:`~mirrorline.compile.batch.NetBatch.verify`, which reading a table's rows to
+their end waits for (so before apply commits them) and apply's failure path asks first;
+:class:`~mirrorline.errors.Unverified` sends the unit, rolled back, to the general path. On PostgreSQL one COPY
+per table takes the batches as they are read, so the read, the job and the load overlap. ``bench/apply.py``
+(insert-only: 1M inserts) measures the route against PostgreSQL's own logical replication and plain COPY.
 """
 
 from __future__ import annotations
@@ -40,7 +35,7 @@ import pyarrow.compute as pc
 
 from mirrorline import limits
 from mirrorline.compile.batch import POSITION_COLUMNS, Feed, Inserts, NetBatch
-from mirrorline.compile.reference import ALL_ACTIONS, Actions
+from mirrorline.compile.reference import Actions, actions_of
 from mirrorline.compile.small import unit_rows
 from mirrorline.errors import LogError, Unverified
 from mirrorline.log.columns import image_columns
@@ -67,8 +62,7 @@ def qualifies(stats: Stats, actions: Actions | None = None, max_rows: int = MAX_
 
 
 def _keeps_inserts(actions: Actions | None, table: str) -> bool:
-    acts = (actions or {}).get(table)
-    return "I" in (frozenset(a.upper() for a in acts) if acts is not None else ALL_ACTIONS)
+    return "I" in actions_of(actions, table)
 
 
 def _hashes(changes: DataFrame, schemas: Mapping[str, TableSchema]) -> DataFrame:
@@ -106,14 +100,10 @@ def compile_inserts(
     the driver's read error if it failed, or a :class:`LogError` when the two read different rows."""
     tables = {t: schemas[t] for t in stats if _keeps_inserts(actions, t)}
     order = [t for _, t in sorted((stats[t].first["I"], t) for t in tables)]
-    feeds = {t: Feed(inserts_layout(s)) for t, s in tables.items()}
     hashes = _hashes(changes, tables)  # (a plan error: no thread yet)
-    reader = background(lambda: read_into(tables, feeds, images), "mirrorline-inserts-read")
     job = background(hashes.toArrow, "mirrorline-inserts")
 
-    def check() -> None:
-        reader.result()  # the driver's read error, if any, is the one to report
-        read = sum(f.rows() for f in feeds.values())
+    def check(read: int) -> None:
         hashes = job.result()
         assert isinstance(hashes, pa.Table)
         h = np.sort(hashes.column(_HASH).to_numpy())
@@ -132,16 +122,45 @@ def compile_inserts(
                 end=str(end),
             )
 
+    return streamed(
+        start, end, {t: tables[t] for t in order}, images, check, sum(stats[t].count for t in stats), also=[job]
+    )
+
+
+def streamed(
+    start: Position,
+    end: Position,
+    tables: Mapping[str, TableSchema],
+    images: Iterable[pa.Table],
+    check: Callable[[int], None],
+    changes: int,
+    net_rows: int | None = None,
+    also: Iterable[Future[Any]] = (),
+) -> NetBatch:
+    """The unit ``(start, end]`` whose net rows are all inserts of ``tables`` (in this order), given to apply at
+    once while the driver reads their images (``images``, the log layout) in the background: each table's rows a
+    :class:`~mirrorline.compile.batch.Feed` read as they come. The batch's check (which reading a table's rows to
+    their end waits for) raises the read's error, else ``check(rows read)``'s; ``also``: background work the route
+    left running, that releasing the batch waits for."""
+    feeds = {t: Feed(inserts_layout(s)) for t, s in tables.items()}
+    reader = background(lambda: read_into(tables, feeds, images), f"mirrorline-read-{start}")
+    waits = [reader, *also]
+
+    def verify() -> None:
+        reader.result()  # the driver's read error, if any, is the one to report
+        check(sum(f.rows() for f in feeds.values()))
+
     def settle() -> None:
-        wait_futures([reader, job])
+        wait_futures(waits)
 
     return NetBatch(
         start=start,
         end=end,
-        tables=order,
-        inserts={t: Inserts(None, tuple(tables[t].key), feeds[t]) for t in order},
-        changes=sum(stats[t].count for t in stats),
-        check=check,
+        tables=list(tables),
+        inserts={t: Inserts(None, tuple(s.key), feeds[t]) for t, s in tables.items()},
+        changes=changes,
+        net_rows=net_rows,
+        check=verify,
         settle=settle,
     )
 

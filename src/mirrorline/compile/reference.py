@@ -135,9 +135,20 @@ class NetResult:
 
 
 def actions_of(actions: Actions | None, table: str) -> frozenset[str]:
+    """The kinds of change ``table`` replicates (every kind unless ``actions`` names it)."""
     if actions is None or table not in actions:
         return ALL_ACTIONS
     return frozenset(a.upper() for a in actions[table])
+
+
+def normalised(actions: Actions | None) -> dict[str, frozenset[str]]:
+    """``actions`` as upper-case sets, only the tables that do not replicate every kind."""
+    out: dict[str, frozenset[str]] = {}
+    for table in actions or {}:
+        a = actions_of(actions, table)
+        if a != ALL_ACTIONS:
+            out[table] = a
+    return out
 
 
 def kept_changes(changes: Iterable[Change], actions: Actions | None) -> Iterator[Change]:

@@ -1,4 +1,4 @@
-"""Small units on Spark at live speed: one plan built once, run for every unit (issue 11).
+"""Small units on Spark at live speed: one plan built once, run for every unit.
 
 Compiling a unit of a few thousand changes with :func:`mirrorline.compile.spark.compile_changes` costs about a
 second on a warm JVM, almost none of it folding: building the plan (hundreds of Py4J calls), analysing and
@@ -23,7 +23,7 @@ from __future__ import annotations
 import os
 import shutil
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Collection, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -164,7 +164,7 @@ def shared(spark: Any, actions: Actions | None = None, bags: Bags | None = None)
         return _shared[key]
 
 
-def unit_rows(tables: Mapping[str, Any] | None, batches: Iterator[pa.Table]) -> pa.Table:
+def unit_rows(tables: Collection[str] | None, batches: Iterable[pa.Table]) -> pa.Table:
     """The unit's rows read on the driver (``ChangeLog.read_arrow``), restricted to the configured tables (copied
     only when some rows are of other tables: filtering copies every column, the images too)."""
     parts = list(batches)

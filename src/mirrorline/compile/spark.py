@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Any
 
 from mirrorline.compile.batch import NET_ARROW, NET_DDL, NetBatch
 from mirrorline.compile.fold_sql import SORTED_OPS, fold_steps
-from mirrorline.compile.reference import ALL_ACTIONS, Actions, Bags, NetResult, from_rows
+from mirrorline.compile.reference import ALL_ACTIONS, Actions, Bags, NetResult, from_rows, normalised
 from mirrorline.errors import InvalidSequenceError
 from mirrorline.log.stats import Stats
 from mirrorline.model import kept_kinds
@@ -72,12 +72,7 @@ def _by_table(values: Mapping[str, Column], default: Column) -> Column:
 
 def _acts(actions: Actions | None) -> dict[str, frozenset[str]]:
     """The tables whose actions are not all of I, U, D."""
-    out: dict[str, frozenset[str]] = {}
-    for table, acts in (actions or {}).items():
-        a = frozenset(x.upper() for x in acts)
-        if a != ALL_ACTIONS:
-            out[table] = a
-    return out
+    return normalised(actions)
 
 
 def _kept(kinds: Column, acts: Mapping[str, frozenset[str]]) -> Column:

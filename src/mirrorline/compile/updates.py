@@ -1,64 +1,48 @@
-"""Units that only insert and update: net rows from one hash aggregate, their images attached on the driver (issue 11).
+"""Units that only insert and update: net rows from one hash aggregate, their images attached on the driver.
 
 Catching up tables that are updated (pgbench's, an update-heavy load) gives units in which every table has only
 inserts and updates: the log's statistics of the unit (segment footers) show no delete, TRUNCATE or key change, and
 no change that marks columns unchanged. Under the rules (:mod:`mirrorline.compile.reference`, all of I, U and D
-replicated) the only valid sequences of I and U on one key are an optional I followed by U's (I cannot follow I or
-U), and their net change is one row at the key's last change: I when the key's first change is its I, else U, with
-the image of that last change (nothing marks columns, so nothing needs completing from earlier ones).
+replicated) the only valid sequences of I and U on one key are an optional I followed by U's, and their net change is
+one row at the key's last change: I when the key's first change is its I, else U, with the image of that last change.
 
 So such a unit compiles on Spark without the fold: one shuffle of the changes' small columns (the images are not
-read) into a *hash* aggregate per (table, key) of long integers only: how many I, the first position, the first I's
+read) into a hash aggregate per (table, key) of long integers only: how many I, the first position, the first I's
 position, the last position. Positions are packed into one long, ``(lsn mod 2^39) << 24 | seq``: a unit whose lsns
 differ above their low 39 bits (it crosses a multiple of 512 GiB of WAL) goes the general way, and a change that
 does not fit (a transaction of more than 16M changes) counts as a key that is not simple. Only each net row's last
-position and whether it is an insert come back, through Arrow (bringing its table and key too made the first large
-unit's job 0.25 s slower, 1.65 to 1.71 s against 1.39 to 1.45 s, three alternating runs each): the driver then reads
-the rows at those positions (:meth:`~mirrorline.log.ChangeLog.iter_at`: only the row groups holding some), whose
-table, key and image the net rows take (:func:`attach`).
+position and whether it is an insert come back through Arrow; the driver reads the rows at those positions
+(:meth:`~mirrorline.log.ChangeLog.iter_at`: only the row groups holding some), whose table, key and image the net
+rows take (:func:`attach`).
 
-When every net row is an insert (each key's first change in the unit is its insert: catching up rows that were
-inserted and then updated), the unit is given to apply as an inserts-only unit is (:mod:`mirrorline.compile.inserts`)
-as soon as Spark's job ends: each table's rows a :class:`~mirrorline.compile.batch.Feed` of the images read so far, a
-row group's at a time, which PostgreSQL loads by one COPY straight into the table while the driver reads the rest;
-the batch's check, before apply commits, is that the driver read one image at each position. Measured on the
-1M-change unit below, whose 200,000 net rows are all inserts, loaded into an empty PostgreSQL table by the driver
-alone: reading, attaching, flattening and loading them one after the other took 0.64 to 0.75 s; streamed, 0.39 to
-0.47 s.
+When every net row is an insert, the unit is given to apply as an inserts-only unit is
+(:func:`mirrorline.compile.inserts.streamed`) as soon as Spark's job ends, its images read on in the background; its
+check is that the driver read one image at each position.
 
 The plan holds no literal that changes from unit to unit (``changes`` are the unit's rows already, read by
-:func:`~mirrorline.log.spark.read_spark`, which filters only a unit that ends inside a segment), so Spark generates
-its code once and reuses the same classes for every unit: the hot loops the JIT compiled for the warm-up's unit, or
-the last unit, serve the next one. With a literal per unit (its bounds, its first lsn) every unit's classes were
-new, generated and compiled by the JIT again: measured on units of 250,000 changes of a captured update-heavy load,
-the job took 0.78 to 0.86 s with new classes and 0.61 to 0.73 s with the classes of the unit before. (The first large
-unit after start-up is slower still, about 2 s against 1.1 to 1.3 s for the same job later: the rest of the JVM's
-code is not yet compiled for units of that size, which the warm-up's smaller unit does not change.)
+:func:`~mirrorline.log.spark.read_spark`), so Spark generates its code once and every later unit runs the same
+classes, which the JIT has compiled by then (tests/test_compile_codegen.py).
 
 When some key's changes are not an optional I and U's (an invalid sequence, which the general path names) or do not
-fit, :func:`compile_updates` returns None and the unit is compiled the general way
-(:func:`mirrorline.compile.spark.compile_changes`).
+fit, :func:`compile_updates` returns None and the unit is compiled the general way.
 
-What it saves (the update-heavy unit of bench/apply.py, 1M changes to 200,000 net rows, captured from PostgreSQL,
-on 2 cores, JIT-warm): the general path's compile, 3.3 s (median of 6), becomes 1.4 s (median of 6, alternating, the
-same net rows): the aggregate's job about 1.1 to 1.3 s, the read of the images it needs (5 of the log's 21 row
-groups) about 0.13 s, attaching them about 0.06 s. bench/apply.py's update-heavy (b) went from 4.98 to 2.95 s.
+What it costs is measured by ``bench/apply.py`` (update-heavy: 1M changes to 200,000 net rows, captured from
+PostgreSQL), against PostgreSQL's own logical replication of the same changes.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Mapping
-from concurrent.futures import wait as wait_futures
 from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from mirrorline.compile.batch import NET_ARROW, Feed, Inserts, NetBatch
-from mirrorline.compile.inserts import background, inserts_layout, read_into
-from mirrorline.compile.reference import ALL_ACTIONS, Actions
+from mirrorline.compile.batch import NET_ARROW, NetBatch
+from mirrorline.compile.inserts import streamed
+from mirrorline.compile.reference import ALL_ACTIONS, Actions, actions_of
 from mirrorline.errors import LogError
 from mirrorline.log.stats import Stats
 from mirrorline.model import TableSchema
@@ -84,8 +68,7 @@ def qualifies(stats: Stats, actions: Actions | None = None, bags: Mapping[str, o
     if not stats:
         return False
     for table, s in stats.items():
-        acts = (actions or {}).get(table)
-        if acts is not None and frozenset(a.upper() for a in acts) != ALL_ACTIONS:
+        if actions_of(actions, table) != ALL_ACTIONS:
             return False
         if not set(s.first) <= {"I", "U"} or s.truncates or s.key_changes or s.marks != 0 or table in (bags or {}):
             return False
@@ -179,14 +162,11 @@ def _stream_inserts(
     """The unit whose net rows are all inserts, at ``positions`` (the last change of each key: its image is the
     row's), as an inserts-only unit is given to apply (:mod:`mirrorline.compile.inserts`): each table's rows a
     :class:`~mirrorline.compile.batch.Feed` of the images read so far, loaded as they come (on PostgreSQL, one COPY
-    straight into the table), while the driver reads the rest. The batch's check (apply calls it before it commits)
-    raises the read's error, or a :class:`LogError` when the driver read other than one row at each position."""
-    feeds = {t: Feed(inserts_layout(s)) for t, s in tables.items()}
-    reader = background(lambda: read_into(tables, feeds, read(positions)), "mirrorline-updates-read")
+    straight into the table), while the driver reads the rest. The batch's check (which reading a table's rows to their
+    end waits for) raises the read's error, or a :class:`LogError` when the driver read other than one row at each
+    position."""
 
-    def check() -> None:
-        reader.result()
-        got = sum(f.rows() for f in feeds.values())
+    def check(got: int) -> None:
         if got != positions.num_rows:
             raise LogError(
                 f"Spark found {positions.num_rows} net rows of {start}..{end} and the driver read {got} images at "
@@ -196,19 +176,7 @@ def _stream_inserts(
                 end=str(end),
             )
 
-    def settle() -> None:
-        wait_futures([reader])
-
-    return NetBatch(
-        start=start,
-        end=end,
-        tables=list(tables),
-        inserts={t: Inserts(None, tuple(s.key), feeds[t]) for t, s in tables.items()},
-        changes=count,
-        net_rows=positions.num_rows,
-        check=check,
-        settle=settle,
-    )
+    return streamed(start, end, tables, read(positions), check, count, net_rows=positions.num_rows)
 
 
 def attach(net: pa.Table, read: Callable[[pa.Table], Iterable[pa.Table]]) -> pa.Table:

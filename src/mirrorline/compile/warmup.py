@@ -12,6 +12,7 @@ of a catch-up's, through :mod:`mirrorline.compile.updates`, as large units of th
 ``mirrorline run`` warms up less, in the background while capture connects (the first unit waits for it): the
 small-unit plan only (:class:`WarmUp`); then, once it has had no unit to apply for a while (``Applier.idle_warm_up``
 seconds), :func:`warm_large` in the background, once, so that the first large unit of a backlog does not pay for it.
+Each route names its warm-up (``warm`` of the routes in :mod:`mirrorline.compile.compiler`).
 """
 
 from __future__ import annotations
@@ -253,21 +254,25 @@ def warm_small(spark: Any, actions: Any = None, shapes: tuple[bool, ...] = (Fals
 
 
 class WarmUp:
-    """:func:`warm_small` in a background thread, for the plan most small units take (no key changes; the other
-    is built by the first unit that needs it, and large catch-up units warm the JVM themselves: warming them up
-    front only moved their cost, bench/apply showed). A failure is only logged: the first real unit meets the same
-    cause and reports it properly."""
+    """A route's warm-up in a background thread (by default :func:`warm_small` for the plan most small units take,
+    no key changes; the other is built by the first unit that needs it, and large catch-up units warm the JVM
+    themselves: warming them up front only moved their cost, bench/apply showed). A failure is only logged: the first
+    real unit meets the same cause and reports it properly. :meth:`mirrorline.compile.compiler.Compiler.warm_up`
+    makes the pipeline's."""
 
     def __init__(
-        self, get_spark: Any, actions: Any = None, bags: Any = None, on_ready: Callable[[str], None] | None = None
+        self,
+        get_spark: Callable[[], Any],
+        warm: Callable[[Any], float] | None = None,
+        on_ready: Callable[[str], None] | None = None,
     ) -> None:
-        """``on_ready``: told, once the warm-up ended well, how long Spark took to start and to warm up."""
+        """``warm``: given the session, warms up and returns the seconds it took. ``on_ready``: told, once the
+        warm-up ended well, how long Spark took to start and to warm up."""
         self.seconds: float | None = None
         self.started_seconds: float | None = None  # how long get_spark() took here
         self._on_ready = on_ready
         self._get_spark = get_spark
-        self._actions = actions
-        self._bags = bags  # the pipeline's tables without a key (its small-unit plan is built for them)
+        self._warm = warm or (lambda spark: warm_small(spark, None, (False,)))
         self._first = threading.Event()  # set once the warm-up ended, however
         self._thread = threading.Thread(target=self._main, name="mirrorline-warm-up", daemon=True)
         self._thread.start()
@@ -277,7 +282,7 @@ class WarmUp:
             t0 = time.monotonic()
             spark = self._get_spark()
             self.started_seconds = time.monotonic() - t0
-            self.seconds = warm_small(spark, self._actions, (False,), self._bags)
+            self.seconds = self._warm(spark)
             message = f"Spark ready: started in {self.started_seconds:.2f}s, warmed up in {self.seconds:.2f}s"
             if self._on_ready is not None:
                 self._on_ready(message)

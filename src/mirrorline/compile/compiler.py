@@ -1,0 +1,342 @@
+"""Compiling one unit of the change log: the route a unit takes, chosen in one place (DESIGN §5).
+
+:class:`Compiler` is compile's entry point: ``Compiler.compile(start, end)`` reads the unit's statistics (the log's
+segment footers, no Spark job), asks each route in :data:`ROUTES` in turn whether it takes the unit, and returns the
+:class:`~mirrorline.compile.batch.NetBatch` of the first that does. Every route gives the same net rows (the rules
+of :mod:`mirrorline.compile.reference`); they differ in what they cost:
+
+=========  ==========================================================  ===============================================
+route      takes a unit that ...                                       how (module)
+=========  ==========================================================  ===============================================
+small      holds at most ``limits.SMALL_UNIT`` changes, no TRUNCATE,   a plan prepared once, run on the unit's rows
+           no key change leaving columns unsent                        sent from the driver (``compile/small.py``)
+inserts    only inserts, at most ``limits.INSERTS_MAX_ROWS``           images read on the driver while Spark checks
+                                                                       that no key repeats (``compile/inserts.py``)
+updates    only inserts and updates of keyed tables replicating        Spark finds each key's last position, the driver
+           every kind, at most ``limits.DRIVER_UNIT`` changes          reads its image (``compile/updates.py``)
+general    any                                                         the fold on Spark (``compile/spark.py``)
+=========  ==========================================================  ===============================================
+
+A route may leave a check running (inserts, updates): the batch settles it itself when its rows are read to their
+end (:class:`~mirrorline.compile.batch.Feed`) and apply asks it before it commits anything; a check that fails with
+:class:`~mirrorline.errors.Unverified` means the unit must take the general route (:meth:`Compiler.again`).
+
+A route also warms itself up (``warm``): the small route's plan at start, in the background
+(:meth:`Compiler.warm_up`); the updates route's JVM code once the pipeline is idle (:meth:`Compiler.warm_idle`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Collection, Iterator, Mapping
+from dataclasses import dataclass
+from functools import cached_property
+from typing import TYPE_CHECKING, Any, Protocol
+
+import pyarrow as pa
+
+from mirrorline import limits
+from mirrorline.compile.batch import NetBatch
+from mirrorline.compile.reference import Actions, normalised
+from mirrorline.errors import MirrorlineError, Unverified
+from mirrorline.log.stats import Stats
+from mirrorline.model import TableSchema
+from mirrorline.position import Position
+
+if TYPE_CHECKING:
+    from mirrorline.compile.warmup import WarmUp
+    from mirrorline.log.reader import ChangeLog
+
+log = logging.getLogger(__name__)
+
+Bags = Mapping[str, tuple[str, ...]]
+
+
+class SchemasOf(Protocol):
+    """The logged schemas of ``tables`` for the unit ``(start, end]`` (the version their changes carry);
+    ``missing_ok``: a table the log has no schema of is left out (else an error)."""
+
+    def __call__(
+        self, tables: list[str], end: Position, start: Position | None = None, missing_ok: bool = False
+    ) -> Mapping[str, TableSchema]: ...
+
+
+@dataclass
+class Span:
+    """One unit ``(start, end]`` to compile, as a route sees it: its tables' statistics, the pipeline's settings,
+    and the reads a route may make (each made only by the route that needs it)."""
+
+    log: ChangeLog
+    start: Position
+    end: Position
+    stats: Stats  # of the configured tables with a change in the unit
+    tables: Collection[str]  # the configured tables (empty: every table)
+    actions: Actions  # the tables replicating only some kinds of change (normalised: see reference.normalised)
+    bags: Bags  # the tables without a key the pipeline has seen, with their columns
+    spark: Any
+    schemas_of: SchemasOf
+    keep_on_driver: bool = True  # may the net rows stay in the driver's memory (not when units are stored)
+    small_unit: int = limits.SMALL_UNIT  # the small route's largest unit
+    driver_unit: int = limits.DRIVER_UNIT  # the largest unit whose net rows come to the driver through Arrow
+
+    @property
+    def changes(self) -> int:
+        return sum(s.count for s in self.stats.values())
+
+    def schemas(self) -> Mapping[str, TableSchema]:
+        """The unit's tables' schemas (the version their changes carry)."""
+        return self.schemas_of(sorted(self.stats), self.end, self.start)
+
+    @cached_property
+    def frame(self) -> Any:
+        """The unit's changes as a DataFrame (the unit's rows only: no route filters them again)."""
+        from pyspark.sql import functions as F
+
+        from mirrorline.log.spark import read_spark
+
+        frame = read_spark(self.log, self.start, self.end, spark=self.spark)
+        if self.tables:
+            frame = frame.where(F.col("table").isin(list(self.tables)))
+        return frame
+
+    def rows(self, batch_rows: int | None = None) -> Iterator[pa.Table]:
+        """The unit's changes read on the driver, in batches (the log layout)."""
+        if batch_rows is None:
+            return self.log.read_arrow(self.start, self.end)
+        return self.log.read_arrow(self.start, self.end, batch_rows=batch_rows)
+
+
+class Route(Protocol):
+    """One way to compile a unit. ``compile`` may still decline (None) once it has looked at the rows."""
+
+    name: str
+
+    def qualifies(self, span: Span) -> bool: ...
+
+    def compile(self, span: Span) -> NetBatch | None: ...
+
+    def warm(self, spark: Any, actions: Actions, bags: Bags) -> float:
+        """Build and run what the route runs, on a synthetic unit; returns the seconds it took."""
+        ...
+
+
+class Small:
+    name = "small"
+
+    def qualifies(self, span: Span) -> bool:
+        from mirrorline.compile.small import qualifies
+
+        return qualifies(span.stats, span.small_unit)
+
+    def compile(self, span: Span) -> NetBatch:
+        from mirrorline.compile.small import shared, unit_rows
+
+        rows = unit_rows(span.tables, span.rows())
+        return shared(span.spark, span.actions or None, span.bags).compile(rows, span.stats, span.start, span.end)
+
+    def warm(self, spark: Any, actions: Actions, bags: Bags) -> float:
+        from mirrorline.compile.warmup import warm_small
+
+        return warm_small(spark, actions or None, (False,), dict(bags) or None)
+
+
+class InsertsOnly:
+    name = "inserts"
+
+    def qualifies(self, span: Span) -> bool:
+        from mirrorline.compile.inserts import qualifies
+
+        return qualifies(span.stats, span.actions or None)
+
+    def compile(self, span: Span) -> NetBatch:
+        from mirrorline.compile.inserts import compile_inserts
+        from mirrorline.log.segments import ROW_GROUP_ROWS
+
+        return compile_inserts(
+            span.frame,
+            span.stats,
+            span.schemas(),
+            span.start,
+            span.end,
+            span.rows(batch_rows=ROW_GROUP_ROWS),
+            span.actions or None,
+        )
+
+    def warm(self, spark: Any, actions: Actions, bags: Bags) -> float:
+        return 0.0  # its Spark job is a hash aggregate the general route's warm-up builds; its read is the driver's
+
+
+class InsertsAndUpdates:
+    name = "updates"
+
+    def qualifies(self, span: Span) -> bool:
+        from mirrorline.compile.updates import qualifies
+
+        return span.changes <= span.driver_unit and qualifies(span.stats, span.actions or None, span.bags)
+
+    def compile(self, span: Span) -> NetBatch | None:
+        from mirrorline.compile.updates import compile_updates
+
+        batch = compile_updates(
+            span.frame,
+            span.stats,
+            span.start,
+            span.end,
+            lambda at: span.log.iter_at(at, ["table", "key", "new"]),
+            span.schemas(),
+        )
+        if batch is None:
+            log.info(
+                "unit %s..%s: not compiled as inserts and updates (a key's changes are not an insert then updates, "
+                "or do not fit that route); compiling it the general way",
+                span.start,
+                span.end,
+            )
+        return batch
+
+    def warm(self, spark: Any, actions: Actions, bags: Bags) -> float:
+        from mirrorline.compile.warmup import warm_large
+
+        return warm_large(spark)
+
+
+class General:
+    name = "general"
+
+    def qualifies(self, span: Span) -> bool:
+        return True
+
+    def compile(self, span: Span) -> NetBatch:
+        from mirrorline.compile.spark import compile_changes
+
+        return compile_changes(
+            span.frame,
+            actions=span.actions or None,
+            start=span.start,
+            end=span.end,
+            stats=span.stats,
+            bags=dict(span.bags),
+            to_driver=span.keep_on_driver and span.changes <= span.driver_unit,
+            in_range=True,
+        )
+
+    def warm(self, spark: Any, actions: Actions, bags: Bags) -> float:
+        from mirrorline.compile.warmup import warm_up
+
+        return warm_up(spark)
+
+
+SMALL, INSERTS, UPDATES, GENERAL = Small(), InsertsOnly(), InsertsAndUpdates(), General()
+ROUTES: tuple[Route, ...] = (SMALL, INSERTS, UPDATES, GENERAL)  # asked in this order; the last takes any unit
+
+
+class Compiler:
+    """Compiles units of one pipeline's log: its configured tables (empty: all), their actions, the tables without
+    a key it has seen. ``spark``: gives the session (made on first use). ``schemas_of``: the unit's tables' schemas,
+    as the pipeline reads them from the log."""
+
+    def __init__(
+        self,
+        log: ChangeLog,
+        *,
+        tables: Collection[str],
+        actions: Actions,
+        spark: Callable[[], Any],
+        schemas_of: SchemasOf,
+        bags: Bags | None = None,
+        keep_on_driver: bool = True,
+        routes: tuple[Route, ...] = ROUTES,
+    ) -> None:
+        self.log = log
+        self.tables = tables
+        self.actions = normalised(actions)
+        self._spark = spark
+        self._schemas_of = schemas_of
+        self._bags: dict[str, tuple[str, ...]] = dict(bags or {})
+        self.keep_on_driver = keep_on_driver
+        self.routes = routes
+        self.last_route: str | None = None  # the route the last unit took (for logs and tests)
+        self.small_unit = limits.SMALL_UNIT
+        self.driver_unit = limits.DRIVER_UNIT
+
+    def span(self, start: Position, end: Position) -> Span:
+        """The unit ``(start, end]`` as the routes see it."""
+        stats = self.log.stats(start, end)
+        if self.tables:
+            stats = {t: s for t, s in stats.items() if t in self.tables}
+        return Span(
+            log=self.log,
+            start=start,
+            end=end,
+            stats=stats,
+            tables=self.tables,
+            actions=self.actions,
+            bags=self.bags(sorted(stats), end, start),
+            spark=self._spark(),
+            schemas_of=self._schemas_of,
+            keep_on_driver=self.keep_on_driver,
+            small_unit=self.small_unit,
+            driver_unit=self.driver_unit,
+        )
+
+    def compile(self, start: Position, end: Position, *, general: bool = False) -> NetBatch:
+        """Compile ``(start, end]`` by the first route that takes it (``general``: the general route only). A batch
+        whose route left a check running comes back before the check ends (see the module's docstring)."""
+        span = self.span(start, end)
+        for route in self.routes if not general else (GENERAL,):
+            if route.qualifies(span):
+                batch = route.compile(span)
+                if batch is not None:
+                    self.last_route = route.name
+                    return batch
+        raise MirrorlineError(f"unit {start}..{end}: no compile route took it", start=str(start), end=str(end))
+
+    def again(self, batch: NetBatch, why: Unverified) -> NetBatch:
+        """The unit of ``batch``, whose route's check failed (``why``), compiled the general way; ``batch``
+        released."""
+        log.info("unit %s..%s: %s; compiling it the general way", batch.start, batch.end, why)
+        batch.release()
+        return self.compile(batch.start, batch.end, general=True)
+
+    def verified(self, batch: NetBatch) -> NetBatch:
+        """``batch`` once its route's check holds, else the unit compiled the general way: for a unit stored for
+        later, where no apply checks it before it is used."""
+        try:
+            batch.verify()
+        except Unverified as e:
+            return self.again(batch, e)
+        except BaseException:
+            batch.release()
+            raise
+        return batch
+
+    def bags(self, tables: list[str], end: Position, start: Position) -> dict[str, tuple[str, ...]]:
+        """The tables without a key seen so far, with their columns (every unit's plan gets them all, so that the
+        small units' plan stays the same while they do not change): for the unit's ``tables``, the schema their
+        changes carry (a unit cut at a schema change may end inside the transaction whose changes carry the new
+        version, which the version in force at its end would be)."""
+        for t, s in self._schemas_of(tables, end, start, missing_ok=True).items():
+            if s.bag:
+                self._bags[t] = s.key
+            else:
+                self._bags.pop(t, None)
+        return dict(self._bags)
+
+    def warm_up(self, on_ready: Callable[[str], None] | None = None) -> WarmUp:
+        """The small route warmed up in the background now (the first unit waits for it)."""
+        return warm_up(self._spark, self.actions, self._bags, on_ready)
+
+    def warm_idle(self) -> float:
+        """Warm the route of large units of inserts and updates up (its JVM code at a catch-up's size)."""
+        return UPDATES.warm(self._spark(), self.actions, self._bags)
+
+
+def warm_up(
+    spark: Callable[[], Any], actions: Actions, bags: Bags, on_ready: Callable[[str], None] | None = None
+) -> WarmUp:
+    """The small route of a pipeline with these ``actions`` and tables without a key warmed up in the background
+    now, the session made by ``spark()`` there (:class:`~mirrorline.compile.warmup.WarmUp`)."""
+    from mirrorline.compile.warmup import WarmUp
+
+    acts = normalised(actions)
+    return WarmUp(spark, lambda session: SMALL.warm(session, acts, bags), on_ready=on_ready)
