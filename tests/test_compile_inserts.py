@@ -132,9 +132,8 @@ def test_a_pipeline_applies_an_inserts_only_unit_exactly(
     _log(tmp_path, changes)
     calls = spy_route(monkeypatch, inserts, "compile_inserts")
     a = one_unit_pipeline(
-        tmp_path, s=f"sqlite:///{tmp_path / 't.db'}", d=f"duckdb:///{tmp_path / 't.duckdb'}", p=pg.url
+        tmp_path, s=f"sqlite:///{tmp_path / 't.db'}", d=f"duckdb:///{tmp_path / 't.duckdb'}", p=pg.url, spark=spark
     )
-    a._spark = spark
     reports = a.catch_up()
     a.close()
     assert [r.changes for r in reports] == [1000] and calls == [True]
@@ -156,8 +155,7 @@ def test_inserts_copied_straight_into_a_table_that_holds_one_of_them_stop_naming
     clash = next(c for c in reversed(changes) if c.table == "public.a")
     pg.execute("CREATE TABLE a (id bigint PRIMARY KEY, v text, w integer)")
     pg.execute(f"INSERT INTO a VALUES ({clash.new['id']}, 'already here', NULL)")
-    a = one_unit_pipeline(tmp_path, p=pg.url)
-    a._spark = spark
+    a = one_unit_pipeline(tmp_path, p=pg.url, spark=spark)
     with pytest.raises(ApplyError) as e:
         a.catch_up()
     assert "public.a" in str(e.value) and str(clash.key[0]) in str(e.value)
@@ -172,8 +170,7 @@ def test_a_pipeline_stops_on_a_key_inserted_twice_and_keeps_its_position(
 ) -> None:
     first, _ = _twice_log(tmp_path)
     calls = spy_route(monkeypatch, inserts, "compile_inserts")
-    a = one_unit_pipeline(tmp_path)
-    a._spark = spark
+    a = one_unit_pipeline(tmp_path, spark=spark)
     with pytest.raises(InvalidSequenceError) as e:
         a.catch_up()
     assert calls == [True]  # the route's batch, whose check failed before anything committed
@@ -203,9 +200,8 @@ def test_inserts_copied_straight_in_commit_nothing_when_a_key_is_inserted_twice(
     the target is not marked stopped."""
     first, _ = _twice_log(tmp_path)
     pg.execute(f"CREATE TABLE a (id bigint {'PRIMARY KEY' if keyed else ''}, v text, w integer)")
-    a = one_unit_pipeline(tmp_path, p=pg.url)
+    a = one_unit_pipeline(tmp_path, p=pg.url, spark=spark)
     a.targets["p"].on_error = on_error
-    a._spark = spark
     with pytest.raises(InvalidSequenceError) as e:
         a.catch_up()
     assert (e.value.table, e.value.key) == ("public.a", first.key)
@@ -220,8 +216,7 @@ def test_a_unit_kept_for_other_processes_is_checked_before_it_is_stored(tmp_path
     """``compile`` (the stage alone) keeps units in the log for ``apply`` processes: a unit whose inserts route's
     check fails is compiled the general way, whose error names the sequence; nothing is stored."""
     first, _ = _twice_log(tmp_path)
-    a = one_unit_pipeline(tmp_path)
-    a._spark = spark
+    a = one_unit_pipeline(tmp_path, spark=spark)
     with pytest.raises(InvalidSequenceError) as e:
         a.compile_ahead()
     assert (e.value.table, e.value.key) == ("public.a", first.key)
@@ -247,8 +242,7 @@ def test_a_read_that_fails_while_postgresql_loads_the_rows_stops_the_unit_with_t
 
     monkeypatch.setattr(ChangeLog, "read_arrow", damaged)
     pg.execute("CREATE TABLE a (id bigint PRIMARY KEY, v text, w integer)")
-    a = one_unit_pipeline(tmp_path, p=pg.url)
-    a._spark = spark
+    a = one_unit_pipeline(tmp_path, p=pg.url, spark=spark)
     with pytest.raises(LogError, match="segment x is damaged"):
         a.catch_up()
     assert a.positions()["p"] == ZERO
@@ -256,8 +250,7 @@ def test_a_read_that_fails_while_postgresql_loads_the_rows_stops_the_unit_with_t
     assert pg.execute("SELECT count(*) FROM a") == [(0,)]
     a.close()
     monkeypatch.setattr(ChangeLog, "read_arrow", real)
-    a = one_unit_pipeline(tmp_path, p=pg.url)
-    a._spark = spark
+    a = one_unit_pipeline(tmp_path, p=pg.url, spark=spark)
     assert [r.changes for r in a.catch_up()] == [1000]
     a.close()
     want_a = sorted(
@@ -386,8 +379,7 @@ def test_killed_while_postgresql_copies_an_inserts_only_unit_then_run_again(
             w.add_transaction(1000 + i, 1, changes[i : i + 1000])
     pg.execute("CREATE TABLE a (id bigint PRIMARY KEY, v text, w integer)")
     kill_while_copying(tmp_path, pg, "a")
-    a = one_unit_pipeline(tmp_path, p=pg.url)
-    a._spark = spark
+    a = one_unit_pipeline(tmp_path, p=pg.url, spark=spark)
     want_a = sorted(
         (int(c.new["id"]), c.new["v"], None if c.new["w"] is None else int(c.new["w"]))
         for c in changes

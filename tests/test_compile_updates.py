@@ -174,9 +174,8 @@ def test_a_pipeline_applies_an_insert_and_update_unit_exactly(
     _log(tmp_path / "log", changes)
     calls = spy_route(monkeypatch, updates, "compile_updates")
     a = one_unit_pipeline(
-        tmp_path, 490, s=f"sqlite:///{tmp_path / 't.db'}", d=f"duckdb:///{tmp_path / 't.duckdb'}", p=pg.url
+        tmp_path, 490, s=f"sqlite:///{tmp_path / 't.db'}", d=f"duckdb:///{tmp_path / 't.duckdb'}", p=pg.url, spark=spark
     )
-    a._spark = spark
     reports = a.catch_up()
     a.close()
     assert [r.changes for r in reports] == [1000] and calls == [True]
@@ -192,8 +191,7 @@ def test_a_pipeline_stops_on_an_insert_after_an_update_and_keeps_its_position(
     changes.append(Change(ZERO, 0, 1, late.table, Op.INSERT, late.key, late.new))
     _log(tmp_path / "log", changes, per_txn=1001)
     calls = spy_route(monkeypatch, updates, "compile_updates")
-    a = one_unit_pipeline(tmp_path, 490, t=f"sqlite:///{tmp_path / 't.db'}")
-    a._spark = spark
+    a = one_unit_pipeline(tmp_path, 490, t=f"sqlite:///{tmp_path / 't.db'}", spark=spark)
     with pytest.raises(InvalidSequenceError) as e:
         a.catch_up()
     assert calls == [False]
@@ -244,8 +242,7 @@ def test_images_streamed_into_apply_must_be_those_spark_found(spark: Any, tmp_pa
     def short(self: ChangeLog, at: pa.Table, columns: list[str]) -> Any:
         return real(self, at.slice(1), columns)
 
-    a = one_unit_pipeline(tmp_path, 490, p=pg.url)
-    a._spark = spark
+    a = one_unit_pipeline(tmp_path, 490, p=pg.url, spark=spark)
     with pytest.MonkeyPatch.context() as m:
         m.setattr(ChangeLog, "iter_at", short)
         with pytest.raises(LogError) as e:
@@ -269,8 +266,7 @@ def test_a_failed_read_of_a_streamed_unit_is_the_error_reported(spark: Any, tmp_
         yield next(chunks)
         raise LogError("change log segment x is damaged: junk", hint="restore it from a backup")
 
-    a = one_unit_pipeline(tmp_path, 490, p=pg.url)
-    a._spark = spark
+    a = one_unit_pipeline(tmp_path, 490, p=pg.url, spark=spark)
     with pytest.MonkeyPatch.context() as m:
         m.setattr(ChangeLog, "iter_at", damaged)
         with pytest.raises(LogError, match="segment x is damaged"):
@@ -293,9 +289,8 @@ def test_streamed_inserts_into_a_table_that_holds_one_of_them(
     clash = final[0][0]
     pg.execute("CREATE TABLE a (id bigint PRIMARY KEY, v text, w integer)")
     pg.execute(f"INSERT INTO a VALUES ({clash[0]}, 'already here', NULL)")
-    a = one_unit_pipeline(tmp_path, 490, p=pg.url)
+    a = one_unit_pipeline(tmp_path, 490, p=pg.url, spark=spark)
     a.targets["p"].on_error = on_error
-    a._spark = spark
     if on_error == "stop":
         with pytest.raises(ApplyError) as e:
             a.catch_up()
@@ -351,8 +346,7 @@ def test_killed_while_postgresql_copies_a_streamed_unit_then_run_again(
     kill_while_copying(tmp_path, pg, "a")
     want = _final(changes)[0]
     rows = pg.execute("SELECT count(*) FROM a")[0][0]
-    a = one_unit_pipeline(tmp_path, p=pg.url)
-    a._spark = spark
+    a = one_unit_pipeline(tmp_path, p=pg.url, spark=spark)
     end = ChangeLog(tmp_path / "log").durable()
     assert (a.positions()["p"], rows) in ((ZERO, 0), (end, len(want)))
     calls = spy_route(monkeypatch, updates, "compile_updates")

@@ -158,8 +158,7 @@ def _idle_pipeline(tmp_path, spark):
         w.add_transaction(
             1000, 1, [Change(ZERO, 0, 1, "public.a", Op.INSERT, ("1",), {"id": "1", "v": "x", "w": None})]
         )
-    a = one_unit_pipeline(tmp_path)
-    a._spark = spark
+    a = one_unit_pipeline(tmp_path, spark=spark)
     a.idle_warm_up = 0.5
     return a
 

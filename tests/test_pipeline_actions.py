@@ -129,8 +129,7 @@ def test_a_unit_failing_in_bulk_is_re_applied_with_the_same_actions(
         },
         tmp_path / "m.toml",
     )
-    a = Applier(conf)
-    a._spark = spark
+    a = Applier(conf, spark=spark)
     reports = a.catch_up()
     a.close()
     assert reports and reports[-1].results["x"].serial == [T] and reports[-1].results["x"].rejects == 1

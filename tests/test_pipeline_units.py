@@ -13,10 +13,11 @@ from mirrorline.config import parse
 from mirrorline.log import LogWriter
 from mirrorline.model import Change, Op
 from mirrorline.pipeline import Applier
+from mirrorline.pipeline.plan import Sizes, next_unit
 from mirrorline.position import ZERO, Position
 
 
-def _applier(tmp_path: Path, txns: int, max_changes: int = 1_000_000) -> Applier:
+def _applier(tmp_path: Path, txns: int, max_changes: int = 1_000_000, spark: Any = None) -> Applier:
     """A log of ``txns`` transactions of 10 changes each (LSN 10, 20, ...)."""
     with LogWriter(tmp_path / "log", segment_changes=5_000) as w:
         for k in range(1, txns + 1):
@@ -32,36 +33,26 @@ def _applier(tmp_path: Path, txns: int, max_changes: int = 1_000_000) -> Applier
         },
         tmp_path / "m.toml",
     )
-    a = Applier(conf, open_targets=False)
+    a = Applier(conf, open_targets=False, spark=spark)
     a.small_unit, a.catch_up_changes = 1_000, 4_000
     return a
 
 
-def test_a_small_backlog_is_applied_in_small_units(tmp_path: Path) -> None:
-    a = _applier(tmp_path, 350)  # 3,500 changes behind: less than catch_up_changes
-    end, n, size = a._advance(ZERO, a.log.durable() or ZERO)
-    assert (end, n, size) == (Position(1000, 9), 1_000, 1_000)
+def _next(a: Applier, start: Position, upto: Position | None = None) -> tuple[Position | None, int, int]:
+    u = next_unit(a.log, start, upto or a.log.durable() or ZERO, Sizes(a.config.apply.max_changes, 1_000, 4_000))
+    return u.end, u.changes, u.size
 
 
-def test_a_large_backlog_is_caught_up_in_large_units(tmp_path: Path) -> None:
-    a = _applier(tmp_path, 600)  # 6,000 changes behind
-    end, n, size = a._advance(ZERO, a.log.durable() or ZERO)
-    assert (end, n, size) == (Position(6000, 9), 6_000, 1_000_000)
-    # once it is no further behind than catch_up_changes, small units again
-    end, n, size = a._advance(Position(2500, 9), a.log.durable() or ZERO)
-    assert (end, n, size) == (Position(3500, 9), 1_000, 1_000)
-
-
-def test_max_changes_bounds_every_unit(tmp_path: Path) -> None:
-    a = _applier(tmp_path, 600, max_changes=500)
-    assert a._advance(ZERO, a.log.durable() or ZERO) == (Position(500, 9), 500, 500)
-    a = _applier(tmp_path / "b", 600, max_changes=2_000)
-    assert a._advance(ZERO, a.log.durable() or ZERO) == (Position(2000, 9), 2_000, 2_000)
-
-
-def test_a_unit_never_passes_upto(tmp_path: Path) -> None:
-    a = _applier(tmp_path, 350)
-    assert a._advance(ZERO, Position(300, 9)) == (Position(300, 9), 300, 1_000)
+def test_the_logs_own_shape_plans_units_as_the_plans_tests_say(tmp_path: Path) -> None:
+    """tests/test_pipeline_plan.py checks the planner on a log in memory; here on the change log's files."""
+    a = _applier(tmp_path, 350)  # 3,500 changes behind: fewer than catch_up
+    assert _next(a, ZERO) == (Position(1000, 9), 1_000, 1_000)
+    assert _next(a, ZERO, Position(300, 9)) == (Position(300, 9), 300, 1_000)
+    a = _applier(tmp_path / "b", 600)  # 6,000 changes behind
+    assert _next(a, ZERO) == (Position(6000, 9), 6_000, 1_000_000)
+    assert _next(a, Position(2500, 9)) == (Position(3500, 9), 1_000, 1_000)
+    a = _applier(tmp_path / "c", 600, max_changes=500)
+    assert _next(a, ZERO) == (Position(500, 9), 500, 500)
 
 
 def _append(tmp_path: Path, first: int, txns: int) -> None:
@@ -73,8 +64,7 @@ def _append(tmp_path: Path, first: int, txns: int) -> None:
 
 
 def test_the_next_unit_is_compiled_once_it_fills_while_this_one_applies(tmp_path: Path, spark: Any) -> None:
-    a = _applier(tmp_path, 150)  # 500 changes after (1000, 9): not full yet
-    a._spark = spark
+    a = _applier(tmp_path, 150, spark=spark)  # 500 changes after (1000, 9): not full yet
     applying: Future[None] = Future()
 
     def load() -> None:
@@ -144,12 +134,12 @@ def test_a_unit_closes_when_its_first_change_is_latency_old_by_its_commit_time(t
     )
     a = Applier(conf, open_targets=False)
     t0 = time.monotonic()
-    assert a._closes_at(ZERO) <= time.monotonic()  # committed a minute ago: closes now
-    fresh = a._closes_at(Position(10, 0)) - t0  # committed just now: about the whole latency
+    assert a.closes_at(ZERO) <= time.monotonic()  # committed a minute ago: closes now
+    fresh = a.closes_at(Position(10, 0)) - t0  # committed just now: about the whole latency
     assert 1.0 < fresh <= 2.0 + (time.monotonic() - t0)
-    ahead = a._closes_at(Position(20, 0)) - time.monotonic()  # "committed" an hour from now: the latency, no more
+    ahead = a.closes_at(Position(20, 0)) - time.monotonic()  # "committed" an hour from now: the latency, no more
     assert 1.9 < ahead <= 2.0
-    nothing = a._closes_at(Position(30, 0)) - time.monotonic()  # no change after it (yet)
+    nothing = a.closes_at(Position(30, 0)) - time.monotonic()  # no change after it (yet)
     assert 1.9 < nothing <= 2.0
 
 
@@ -159,5 +149,5 @@ def test_a_log_that_cannot_be_read_leaves_the_unit_the_whole_latency(tmp_path: P
     a = _applier(tmp_path, 1)
     for seg in (tmp_path / "log").rglob("*.parquet"):
         seg.write_bytes(b"not parquet")
-    left = a._closes_at(ZERO) - time.monotonic()
+    left = a.closes_at(ZERO) - time.monotonic()
     assert a.config.apply.latency - 0.1 < left <= a.config.apply.latency

@@ -1,7 +1,7 @@
 """The sizes at which mirrorline changes how it works, in one place. Each is a count of changes (or net rows) in one
 unit of work; each says where it is used, and why (with the benchmark that showed it, where one did).
 
-- Unit sizing (``pipeline.Applier._advance``): a backlog below :data:`CATCH_UP_CHANGES` is applied in units of at
+- Unit sizing (``pipeline/plan.py``): a backlog below :data:`CATCH_UP_CHANGES` is applied in units of at
   most :data:`SMALL_UNIT` changes, a larger one in units of ``[apply] max_changes``.
 - Compile routes (``compile/compiler.py``): a unit of at most :data:`SMALL_UNIT` changes compiles on the
   driver's prepared plan (``compile/small.py``); a unit of inserts only of at most :data:`INSERTS_MAX_ROWS` rows
