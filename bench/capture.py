@@ -41,24 +41,33 @@ TXN = 1000
 CPU: dict[str, list[float]] = {"bare": [], "recvlogical": [], "capture": []}  # client CPU seconds per run
 
 
-def workload(c: PgCluster, changes: int) -> int:
-    inserts = changes // 5
+def workload(c: PgCluster, changes: int) -> tuple[int, int]:
+    """``changes`` changes to ``bench``: a fifth inserts, the rest updates of those rows, in transactions of at most
+    :data:`TXN` changes. Returns the WAL position after them and how many transactions committed."""
+    inserts = max(1, changes // 5)
+    commits = 0
     conn = psycopg2.connect(c.dsn())
     conn.autocommit = False
     with conn.cursor() as cur:
         for lo in range(0, inserts, TXN):
+            n = min(TXN, inserts - lo)
             cur.execute(
-                "INSERT INTO bench SELECT g, 0, md5(g::text), now() FROM generate_series(%s, %s) g", (lo + 1, lo + TXN)
+                "INSERT INTO bench SELECT g, 0, md5(g::text), now() FROM generate_series(%s, %s) g", (lo + 1, lo + n)
             )
             conn.commit()
-        for i in range(0, changes - inserts, TXN):
-            lo = i % inserts
-            cur.execute("UPDATE bench SET qty = qty + 1, at = now() WHERE id BETWEEN %s AND %s", (lo + 1, lo + TXN))
+            commits += 1
+        done = 0
+        while done < changes - inserts:
+            lo = done % inserts
+            n = min(TXN, changes - inserts - done, inserts - lo)
+            cur.execute("UPDATE bench SET qty = qty + 1, at = now() WHERE id BETWEEN %s AND %s", (lo + 1, lo + n))
             conn.commit()
+            commits += 1
+            done += n
         cur.execute("SELECT pg_current_wal_lsn()::text")
         (end,) = cur.fetchone()  # type: ignore[misc]
     conn.close()
-    return int(end.split("/")[0], 16) << 32 | int(end.split("/")[1], 16)
+    return int(end.split("/")[0], 16) << 32 | int(end.split("/")[1], 16), commits
 
 
 def bare(c: PgCluster, slot: str, commits: int) -> tuple[float, int]:
@@ -152,9 +161,8 @@ def main() -> None:
             c.execute(f"SELECT pg_create_logical_replication_slot('recv_{r}', 'test_decoding')")
             c.execute(f"SELECT pg_create_logical_replication_slot('cap_{r}', 'pgoutput')")
         t0 = time.perf_counter()
-        end = workload(c, args.changes)
+        end, commits = workload(c, args.changes)
         load_s = time.perf_counter() - t0
-        commits = args.changes // TXN
         times: dict[str, list[float]] = {"bare": [], "recvlogical": [], "capture": []}
         msgs = 0
         for r in rounds:
