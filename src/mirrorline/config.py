@@ -16,7 +16,6 @@ from typing import Any
 
 from mirrorline.errors import ConfigError
 
-TARGET_KINDS = ("postgresql", "sqlite", "duckdb", "delta")
 MODES = ("update", "mirror")
 ON_ERROR = ("stop", "reject")
 _DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
@@ -125,7 +124,7 @@ class TableConfig:
 class TargetConfig:
     name: str
     url: str
-    kind: str  # one of TARGET_KINDS
+    kind: str  # a name in mirrorline.apply.kinds.KINDS
     location: str  # a path for file targets, a DSN for PostgreSQL
     mode: str = "update"
     on_error: str = "stop"
@@ -232,24 +231,27 @@ def parse_threads(value: Any) -> tuple[int, float | None, int | None]:
 def target_location(url: str, base: Path) -> tuple[str, str]:
     """Split a target URL into (kind, location). File URLs follow the SQLAlchemy convention: ``sqlite:///cache.db``
     is relative to the configuration file's folder, ``sqlite:////var/cache.db`` is absolute."""
+    from mirrorline.apply.kinds import KINDS, by_scheme
+
     scheme = url.split(":", 1)[0].lower() if ":" in url else ""
-    if scheme in ("postgresql", "postgres"):
-        return "postgresql", url
-    if scheme == "parquet":
+    kind = by_scheme(scheme)
+    names = ", ".join(KINDS)
+    if kind is None and scheme == "parquet":
         raise ValueError(
-            f"there is no parquet target kind (for a lake table use delta:///path): expected one of "
-            f"{', '.join(TARGET_KINDS)}"
+            f"there is no parquet target kind (for a lake table use delta:///path): expected one of {names}"
         )
-    if scheme in ("sqlite", "duckdb", "delta"):
-        rest = url[len(scheme) + 1 :]
-        if not rest.startswith("///"):
-            raise ValueError(f"expected {scheme}:///relative/path or {scheme}:////absolute/path, got {url!r}")
-        path = rest[3:]
-        if not path:
-            raise ValueError(f"no path in {url!r}")
-        p = Path(path)
-        return scheme, str(p if p.is_absolute() else (base / p))
-    raise ValueError(f"unknown target kind {scheme or url!r}: expected one of {', '.join(TARGET_KINDS)}")
+    if kind is None:
+        raise ValueError(f"unknown target kind {scheme or url!r}: expected one of {names}")
+    if not kind.path:
+        return kind.name, url
+    rest = url[len(scheme) + 1 :]
+    if not rest.startswith("///"):
+        raise ValueError(f"expected {scheme}:///relative/path or {scheme}:////absolute/path, got {url!r}")
+    path = rest[3:]
+    if not path:
+        raise ValueError(f"no path in {url!r}")
+    p = Path(path)
+    return kind.name, str(p if p.is_absolute() else (base / p))
 
 
 class _Reader:
@@ -423,8 +425,10 @@ def parse(data: dict[str, Any], path: Path) -> Config:
         initial = t.get("initial", str, "wire")
         if initial not in ("wire", "files"):
             raise t.fail("initial", f'expected "wire" (loaded by run) or "files" (snapshot load), got {initial!r}')
+        from mirrorline.apply.kinds import KINDS
+
         upkeep: dict[str, Any] = {}
-        if kind == "delta":
+        if KINDS[kind].compacts:
             upkeep["compact_every"] = t.duration("compact_every", "1h")
             retention = t.duration("vacuum_retention", "168h")
             if retention < 3600:
@@ -436,7 +440,7 @@ def parse(data: dict[str, Any], path: Path) -> Config:
         else:
             for key in ("compact_every", "vacuum_retention"):
                 if key in t.data:
-                    raise t.fail(key, f"only a Delta target has files to compact and clean up (this one is {kind})")
+                    raise t.fail(key, f"{KINDS[kind].what} has no files to compact and clean up")
         targets[name] = TargetConfig(
             name=name,
             url=url,

@@ -23,23 +23,17 @@ __all__ = ["AppliedState", "ApplyResult", "Target", "deal", "open_target", "targ
 
 
 def target_class(kind: str) -> type[Target]:
-    if kind == "postgresql":
-        from mirrorline.apply.postgresql import PostgresTarget
+    """The Target class of ``kind`` (:data:`mirrorline.apply.kinds.KINDS`), its module imported now."""
+    import importlib
 
-        return PostgresTarget
-    if kind == "sqlite":
-        from mirrorline.apply.sqlite import SqliteTarget
+    from mirrorline.apply.kinds import KINDS
 
-        return SqliteTarget
-    if kind == "duckdb":
-        from mirrorline.apply.duckdb import DuckdbTarget
-
-        return DuckdbTarget
-    if kind == "delta":
-        from mirrorline.apply.delta import DeltaTarget
-
-        return DeltaTarget
-    raise ConfigError("targets", kind, f"no apply target for kind {kind!r} (built: postgresql, sqlite, duckdb, delta)")
+    k = KINDS.get(kind)
+    if k is None:
+        raise ConfigError("targets", kind, f"no apply target for kind {kind!r} (built: {', '.join(KINDS)})")
+    module, name = k.target.split(":")
+    cls: type[Target] = getattr(importlib.import_module(module), name)
+    return cls
 
 
 def open_target(cfg: TargetConfig, *, threads: int = 1, **options: Any) -> Target:

@@ -31,14 +31,15 @@ def run(args: argparse.Namespace) -> int:
     from mirrorline.errors import ConfigError
 
     config = load_config(args)
-    names = args.target or [n for n, t in config.targets.items() if t.kind == "delta"]
+    from mirrorline.apply.kinds import KINDS
+
+    names = args.target or [n for n, t in config.targets.items() if KINDS[t.kind].compacts]
     for n in names:
         if n not in config.targets:
             raise ConfigError(str(config.file), f"targets.{n}", "no such target")
-        if config.targets[n].kind != "delta":
-            raise ConfigError(
-                str(config.file), f"targets.{n}", f"a {config.targets[n].kind} target has no files to compact"
-            )
+        kind = KINDS[config.targets[n].kind]
+        if not kind.compacts:
+            raise ConfigError(str(config.file), f"targets.{n}", f"{kind.what} has no files to compact")
     retention: int | None = None
     if args.retention is not None:
         try:

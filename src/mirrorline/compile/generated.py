@@ -1,5 +1,5 @@
-"""Generated units of work in the log row layout, for the benchmark and the demo: valid histories built with numpy
-and Arrow (10 million changes in seconds), never with a Python loop per change.
+"""Generated units of work in the log row layout, for the compile benchmark (``bench/compile.py``): valid histories
+built with numpy and Arrow (10 million changes in seconds), never with a Python loop per change.
 
 Each key lives in one of the tables and goes through a valid history: a key that exists before the unit is updated
 (mostly) or deleted; a key that does not is inserted, then updated or deleted; a deleted key may be inserted again.

@@ -32,6 +32,9 @@ lists on the driver):
 
 Performance (bench/compile.py): the Parquet scan of the log rows (the ``new`` map dominates) and the one shuffle of
 the images are most of the time; everything else is a few string functions per key.
+
+One module of about 640 lines: the general route's plan is one chain of DataFrame expressions whose steps
+(numbered below) share their column names; split, a step would be read without the columns it relies on.
 """
 
 from __future__ import annotations

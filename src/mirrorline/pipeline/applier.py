@@ -5,6 +5,10 @@ up to the others and shares with them from then on. A target that fails stops al
 stops alone at it), tried again with a growing delay. With several targets configured, compiled units are also kept
 in the log (compile/store.py) so that separate ``apply --target`` processes reuse them rather than compile again.
 Where a unit ends and when it closes: :mod:`mirrorline.pipeline.plan`.
+
+One module of about 900 lines: forming a unit, applying it to the targets at one position and keeping each
+failure to the target or table it belongs to are one loop that must see every step; what stands alone is in
+``plan.py`` (where a unit ends) and ``targets.py`` (stops, upkeep).
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from mirrorline.config import Config
 from mirrorline.errors import ConfigError, MirrorlineError, Unverified, first_line
 from mirrorline.model import Change, TableSchema
 from mirrorline.pipeline import plan
+from mirrorline.pipeline.targets import RETRY_FIRST, RETRY_MOST, Stop, Stops, Upkeep, failing_table, loading
 from mirrorline.position import ZERO, Position
 
 if TYPE_CHECKING:
@@ -48,16 +53,6 @@ class UnitReport:
     apply_seconds: dict[str, float]
     results: dict[str, ApplyResult] = field(default_factory=dict)
     table: str | None = None  # a unit of this table alone, stopped at the target and catching up on its own
-
-
-@dataclass
-class _Failed:
-    """A target stopped by ``error``: tried again at ``retry_at`` (``time.monotonic()``)."""
-
-    retry_at: float
-    delay: float
-    error: Exception
-    trying: bool = False
 
 
 class Applier:
@@ -144,8 +139,7 @@ class Applier:
         self._save_units = any(n not in names and n not in later for n in config.targets)
         self._ahead: tuple[NetBatch, float] | None = None  # the next unit, compiled while this one applied
         self._stopped = {n for n in stopped.read(config.log.path) if n in self.names}  # stop records to clear
-        self._upkept: dict[str, float] = {}  # target -> when its last storage upkeep started (monotonic)
-        self._upkeep: dict[str, threading.Thread] = {}
+        self._upkeep = Upkeep(config)
         from mirrorline.compile.compiler import Compiler
 
         self.compiler = Compiler(
@@ -164,10 +158,10 @@ class Applier:
         self._large_warm_up: threading.Thread | None = None  # see idle_warm_up
         # targets stopped by an error (DESIGN §6: a failure stops only itself): name -> when to try again
         # (monotonic), the delay after that, and the error; the others go on meanwhile
-        self._failed: dict[str, _Failed] = {}
+        self._failed: Stops[str] = Stops()
         # tables stopped alone at a target (held in its state, apply/state.py), by (target, table): when to try
         # each again; one held before this process started is tried at its first step
-        self._held: dict[tuple[str, str], _Failed] = {}
+        self._held: Stops[tuple[str, str]] = Stops()
         self._held_turn = False  # a held table's unit was the last step: a live unit goes first now
 
     @property
@@ -197,8 +191,7 @@ class Applier:
         return self._spark
 
     def close(self) -> None:
-        for thread in self._upkeep.values():
-            thread.join()  # a compaction is one commit per table: let the one running finish
+        self._upkeep.join()
         if self._large_warm_up is not None and self._large_warm_up.ident is not None:
             self._large_warm_up.join()  # (a few seconds at most)
         if self._ahead is not None:
@@ -263,22 +256,20 @@ class Applier:
 
     # -- failures ----------------------------------------------------------------------------------------------
 
-    retry_first, retry_max = 2.0, 60.0  # seconds before a stopped target is tried again, doubling up to the max
+    retry_first, retry_max = RETRY_FIRST, RETRY_MOST  # seconds before a stopped target is tried again, doubling
 
     def failed(self) -> dict[str, MirrorlineError | Exception]:
         """The targets stopped by an error now, with the error."""
-        return {n: f.error for n, f in self._failed.items()}
+        return self._failed.errors()
 
     def held(self) -> dict[tuple[str, str], MirrorlineError | Exception]:
         """The tables stopped alone at a target now, by (target, table), with the error."""
-        return {k: f.error for k, f in self._held.items()}
+        return self._held.errors()
 
     def _fail(self, name: str, error: Exception, position: Position | None) -> None:
         """``name`` failed (applying the unit ending at ``position``, or being read): it stops alone, recorded for
         ``status``, and is tried again after a delay that doubles with each failure."""
-        before = self._failed.get(name)
-        delay = self.retry_first if before is None else min(before.delay * 2, self.retry_max)
-        self._failed[name] = _Failed(time.monotonic() + delay, delay, error)
+        delay = self._failed.stop(name, error, time.monotonic(), self.retry_first, self.retry_max).delay
         stopped.record(self.config.log.path, name, error, str(position) if position is not None else "")
         self._stopped.add(name)
         self._joining.discard(name)
@@ -294,7 +285,7 @@ class Applier:
             f = self._failed.get(n)
             if f is None:
                 out.append(n)
-            elif (self.retry or f.retry_at == 0.0) and now >= f.retry_at:
+            elif f.due(now, self.retry):
                 if not f.trying:  # (due until it fails again, or applies)
                     log.info("target %s: trying it again", n)
                     f.trying = True
@@ -318,29 +309,13 @@ class Applier:
 
     # -- tables stopped alone ----------------------------------------------------------------------------------
 
-    def _failing_table(self, name: str, error: Exception, batch: NetBatch) -> str | None:
-        """The table that ``error`` is about, when it stops alone at target ``name`` (a value, a row or a schema
-        change the target refuses for that table); None when the target stops (its connection, its lock, an error
-        not about one table, or ``all_or_nothing``)."""
-        from mirrorline.apply.engine import TargetMoved
-        from mirrorline.errors import TransientTargetError
-
-        if self.config.targets[name].all_or_nothing or not isinstance(error, MirrorlineError):
-            return None
-        if isinstance(error, TransientTargetError | TargetMoved):
-            return None
-        table = error.context.get("table")
-        return table if table in batch.tables or table in batch.truncated else None
-
     def _hold(self, name: str, table: str, error: Exception) -> None:
         """Stop ``table`` alone at target ``name`` (its other tables go on): held in the target's state, so that a
         restart keeps it stopped, and tried again after a delay that doubles with each failure."""
         target = self.targets[name]
         with target.exclusive(self.lock_wait):
             at = target.hold(table, error)
-        before = self._held.get((name, table))
-        delay = self.retry_first if before is None or not before.delay else min(before.delay * 2, self.retry_max)
-        self._held[(name, table)] = _Failed(time.monotonic() + delay, delay, error)
+        delay = self._held.stop((name, table), error, time.monotonic(), self.retry_first, self.retry_max).delay
         text = first_line(error)
         text = text.removeprefix(f"target {name}: ")
         log.error(
@@ -371,8 +346,8 @@ class Applier:
                         target=n,
                         table=t,
                     )
-                    f = self._held[(n, t)] = _Failed(0.0, 0.0, err)
-                if (self.retry or f.retry_at == 0.0) and now >= f.retry_at:
+                    f = self._held[(n, t)] = Stop(0.0, 0.0, err)
+                if f.due(now, self.retry):
                     out.append((n, t))
         return out
 
@@ -386,7 +361,7 @@ class Applier:
             start, end_cap = st.table(t), min(st.live, limit)
             target = self.targets[n]
             f = self._held[(n, t)]
-            if _loading(target, t):  # a snapshot loads it now (snapshot --table, or run's reload): it ends the hold
+            if loading(target, t):  # a snapshot loads it now (snapshot --table, or run's reload): it ends the hold
                 f.retry_at = time.monotonic() + self.retry_first
                 continue
             if start >= st.live:  # nothing left to catch up
@@ -429,7 +404,7 @@ class Applier:
             except Exception as e:
                 batch.verify()
                 try:
-                    if self._failing_table(n, e, batch) != t:
+                    if failing_table(self.config.targets[n], e, batch) != t:
                         raise
                     self._hold(n, t, e)
                 except Exception as e2:  # (not the table's, or its hold could not be written: the target's)
@@ -593,7 +568,7 @@ class Applier:
                     return
                 except Exception as e:  # a table stops alone, or this target does, tried again later ...
                     batch.verify()  # ... unless the unit's compile failed (NetBatch.verify raises it): not theirs
-                    table = self._failing_table(n, e, batch)
+                    table = failing_table(self.config.targets[n], e, batch)
                     if table is not None and table not in held:
                         try:
                             self._hold(n, table, e)
@@ -885,35 +860,8 @@ class Applier:
         self._large_warm_up.start()
 
     def upkeep(self) -> None:
-        """Start the storage upkeep of each target whose ``compact_every`` has passed (a Delta target compacts its
-        small files and removes those no version younger than ``vacuum_retention`` reads), in a thread of its own
-        beside apply: a unit whose commit meets a compaction's is applied again on the new version."""
-        now = time.monotonic()
-        for n, target in self.targets.items():
-            every = self.config.targets[n].compact_every
-            if every <= 0:
-                continue
-            started = self._upkept.setdefault(n, now)  # the first one period after the start
-            running = self._upkeep.get(n)
-            if now - started < every or (running is not None and running.is_alive()):
-                continue
-            self._upkept[n] = now
-            retention = self.config.targets[n].retention_hours
-            thread = threading.Thread(
-                target=self._maintain, args=(n, target, retention), name=f"mirrorline-upkeep-{n}", daemon=True
-            )
-            self._upkeep[n] = thread
-            thread.start()
-
-    @staticmethod
-    def _maintain(name: str, target: Target, retention_hours: int) -> None:
-        t0 = time.monotonic()
-        try:
-            done = target.maintain(retention_hours=retention_hours)
-        except Exception as e:  # upkeep is retried at the next period; replication goes on
-            log.warning("target %s: compaction and cleanup failed (tried again later): %s", name, e)
-            return
-        log.info("target %s: compaction and cleanup in %.1f s: %s", name, time.monotonic() - t0, done)
+        """Start the storage upkeep of each target whose ``compact_every`` has passed (:class:`Upkeep`)."""
+        self._upkeep.due(self.targets)
 
 
 def known_bags(config: Config) -> dict[str, tuple[str, ...]]:
@@ -957,15 +905,3 @@ def catch_up_target(
         return applier.targets[name].applied_positions().position
     finally:
         applier.close()
-
-
-def _loading(target: Target, table: str) -> bool:
-    """Is a snapshot loading ``table`` into ``target`` now (its snapshot state ``loading``)?"""
-    from mirrorline.snapshot import state as snapstate
-
-    s = target.session()
-    try:
-        r = snapstate.read(s).get(table)
-    finally:
-        s.close()
-    return r is not None and r.state == snapstate.LOADING

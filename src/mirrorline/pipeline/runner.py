@@ -16,6 +16,7 @@ from mirrorline import stopped
 from mirrorline.config import Config
 from mirrorline.errors import MirrorlineError, first_line
 from mirrorline.pipeline.applier import Applier, UnitReport, known_bags
+from mirrorline.pipeline.targets import RETRY_FIRST, next_delay
 from mirrorline.position import Position
 
 if TYPE_CHECKING:
@@ -147,7 +148,7 @@ class Runner:
         for (n, t), err in applier.held().items():
             if not isinstance(err, ResyncStop) or (n, t) in self._reloading:
                 continue
-            due, delay = self._reload_due.get((n, t), (0.0, Applier.retry_first))
+            due, delay = self._reload_due.get((n, t), (0.0, RETRY_FIRST))
             if now < due:
                 continue
             self._reloading.add((n, t))
@@ -166,12 +167,12 @@ class Runner:
             )
             r = snapshot_target(self.config, name, tables=[table])
             # (until the pipeline's next step sees the hold ended, it still lists the table as held)
-            self._reload_due[(name, table)] = (time.monotonic() + 10.0, Applier.retry_first)
+            self._reload_due[(name, table)] = (time.monotonic() + 10.0, RETRY_FIRST)
             self.on_message(
                 f"target {name}: table {table} loaded again ({r.rows.get(table, 0)} rows), applied from {r.position}"
             )
         except Exception as e:
-            self._reload_due[(name, table)] = (time.monotonic() + delay, min(delay * 2, Applier.retry_max))
+            self._reload_due[(name, table)] = (time.monotonic() + delay, next_delay(delay))
             self.on_message(
                 f"target {name}: loading table {table} again failed: {first_line(e)} (tried again in {delay:.0f} s)"
             )
@@ -232,14 +233,14 @@ class Runner:
                 if self._stop.is_set():
                     return
                 if not self._load_one(name, applier):
-                    left[name] = Applier.retry_first
+                    left[name] = RETRY_FIRST
             self.loaded.set()
             while left and not self._stop.wait(min(left.values())):
                 for name, delay in list(left.items()):
                     if name not in self.config.targets or self._load_one(name, applier):  # (or removed meanwhile)
                         del left[name]
                     else:
-                        left[name] = min(delay * 2, Applier.retry_max)
+                        left[name] = next_delay(delay)
         except BaseException as e:  # (not a load's failure: handed to the main thread, which stops)
             self._load_error = e
             self._stop.set()

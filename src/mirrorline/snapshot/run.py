@@ -7,6 +7,10 @@ COPYed straight into its table by the task (so the load scales out with the task
 staged by the tasks and bulk-loaded by the driver in one transaction as they arrive. Either way the target's applied
 position becomes the snapshot's consistent position and the target continues from the log there. The target is
 registered with the log as a reader at that position first, so retention keeps what it will need.
+
+One module of about 710 lines: over the wire, export and load share the consistent point, the tables'
+description, the chunk plan and the retry when a table is rewritten under the snapshot. The PostgreSQL COPY pipe
+itself is a Spark task in ``snapshot/tasks.py``.
 """
 
 from __future__ import annotations

@@ -9,6 +9,9 @@ exactly ``A`` by applying the log up to ``A`` (the unit ends there). The target 
 together with its applied position, which must be ``A``: source and target are compared at the same position, with
 no quiet period needed on the source. (If another process applies to the target meanwhile and takes it past ``A``,
 verify takes a new point and tries again.)
+
+One module of about 620 lines: bringing source and target to one position and reading both under it are one
+protocol whose steps share its retries; the checksums themselves are in ``verify/canonical.py``.
 """
 
 from __future__ import annotations

@@ -1,0 +1,135 @@
+"""What the pipeline keeps about its targets besides their positions: which are stopped, and their upkeep.
+
+- :class:`Stops`: targets (or a target's tables) stopped by an error (DESIGN §6: a failure stops only itself), each
+  tried again after a delay that doubles with each failure (:data:`RETRY_FIRST` up to :data:`RETRY_MOST` seconds);
+  the same backoff serves the loads ``run`` does beside (:func:`next_delay`).
+- :func:`failing_table`: whether an error stops one table at a target, or the whole target.
+- :class:`Upkeep`: each target's storage upkeep every ``compact_every`` (Delta: compaction and cleanup), in a thread
+  of its own beside apply.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Hashable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Generic, TypeVar
+
+from mirrorline.errors import MirrorlineError
+
+if TYPE_CHECKING:
+    from mirrorline.apply import Target
+    from mirrorline.compile.batch import NetBatch
+    from mirrorline.config import Config, TargetConfig
+
+log = logging.getLogger(__name__)
+
+K = TypeVar("K", bound=Hashable)
+
+RETRY_FIRST, RETRY_MOST = 2.0, 60.0  # seconds before a stopped target (or table, or load) is tried again, doubling
+
+
+def next_delay(before: float | None, first: float = RETRY_FIRST, most: float = RETRY_MOST) -> float:
+    """The delay after a failure, the one before being ``before`` (None or 0: none before it)."""
+    return first if not before else min(before * 2, most)
+
+
+@dataclass
+class Stop:
+    """Stopped by ``error``: tried again at ``retry_at`` (``time.monotonic()``; 0: at once), after ``delay``."""
+
+    retry_at: float
+    delay: float
+    error: Exception
+    trying: bool = False  # tried again now (said once)
+
+    def due(self, now: float, retry: bool = True) -> bool:
+        """Is it to be tried now (``retry`` False: only one stopped before this process, at ``retry_at`` 0)?"""
+        return (retry or self.retry_at == 0.0) and now >= self.retry_at
+
+
+class Stops(dict[K, Stop], Generic[K]):
+    """What is stopped now, by key (a target's name, or (target, table))."""
+
+    def stop(self, key: K, error: Exception, now: float, first: float = RETRY_FIRST, most: float = RETRY_MOST) -> Stop:
+        """``key`` failed (again) with ``error``: stopped until its next delay has passed."""
+        before = self.get(key)
+        delay = next_delay(before.delay if before is not None else None, first, most)
+        self[key] = Stop(now + delay, delay, error)
+        return self[key]
+
+    def errors(self) -> dict[K, Exception]:
+        return {k: s.error for k, s in self.items()}
+
+
+def failing_table(target: TargetConfig, error: Exception, batch: NetBatch) -> str | None:
+    """The table ``error`` is about, when it stops that table alone at the target (a value, a row or a schema change
+    the target refuses for that table); None when the whole target stops (its connection, its lock, an error not
+    about one of the unit's tables, or ``all_or_nothing``)."""
+    from mirrorline.apply.engine import TargetMoved
+    from mirrorline.errors import TransientTargetError
+
+    if target.all_or_nothing or not isinstance(error, MirrorlineError):
+        return None
+    if isinstance(error, TransientTargetError | TargetMoved):
+        return None
+    table = error.context.get("table")
+    return table if table in batch.tables or table in batch.truncated else None
+
+
+class Upkeep:
+    """Each target's storage upkeep, every ``compact_every`` of its configuration (the first one period after the
+    start), in a thread of its own: a unit whose commit meets a compaction's is applied again on the new version."""
+
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self._started: dict[str, float] = {}  # target -> when its last upkeep started (monotonic)
+        self._threads: dict[str, threading.Thread] = {}
+
+    def due(self, targets: Mapping[str, Target]) -> None:
+        """Start the upkeep of each of ``targets`` whose period has passed and that is not still running."""
+        now = time.monotonic()
+        for n, target in targets.items():
+            every = self.config.targets[n].compact_every
+            if every <= 0:
+                continue
+            started = self._started.setdefault(n, now)
+            running = self._threads.get(n)
+            if now - started < every or (running is not None and running.is_alive()):
+                continue
+            self._started[n] = now
+            retention = self.config.targets[n].retention_hours
+            thread = threading.Thread(
+                target=_maintain, args=(n, target, retention), name=f"mirrorline-upkeep-{n}", daemon=True
+            )
+            self._threads[n] = thread
+            thread.start()
+
+    def join(self) -> None:
+        """Wait for the upkeeps running (a compaction is one commit per table: let the one running finish)."""
+        for thread in self._threads.values():
+            thread.join()
+
+
+def _maintain(name: str, target: Target, retention_hours: int) -> None:
+    t0 = time.monotonic()
+    try:
+        done = target.maintain(retention_hours=retention_hours)
+    except Exception as e:  # upkeep is retried at the next period; replication goes on
+        log.warning("target %s: compaction and cleanup failed (tried again later): %s", name, e)
+        return
+    log.info("target %s: compaction and cleanup in %.1f s: %s", name, time.monotonic() - t0, done)
+
+
+def loading(target: Target, table: str) -> bool:
+    """Is a snapshot loading ``table`` into ``target`` now (its snapshot state ``loading``)?"""
+    from mirrorline.snapshot import state as snapstate
+
+    s = target.session()
+    try:
+        r = snapstate.read(s).get(table)
+    finally:
+        s.close()
+    return r is not None and r.state == snapstate.LOADING
