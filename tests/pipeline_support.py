@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from mirrorline.apply import target_class
-from mirrorline.workload import COLUMNS, TABLES, source_rows
+from mirrorline.workload import COLUMNS, TABLES
 
 BOOLEAN_COLUMNS = {("public.accounts", "active")}
 
@@ -121,16 +121,11 @@ def delta_parquet_rows(url: str, table: str) -> list[tuple[Any, ...]]:
 
 
 def assert_same(source_dsn: str, kind: str, url: str) -> None:
+    """Every workload table at the target holds exactly the source's rows (tests/oracle.py, the one reader)."""
+    from tests import oracle
+
     for table in TABLES:
-        src = source_rows(source_dsn, table)
-        tgt = target_rows(kind, url, table)
-        if src != tgt:
-            missing = set(src) - set(tgt)
-            extra = set(tgt) - set(src)
-            raise AssertionError(
-                f"{table} at {kind}: {len(src)} source rows, {len(tgt)} target rows; "
-                f"missing {sorted(missing, key=repr)[:3]}, extra {sorted(extra, key=repr)[:3]}"
-            )
+        oracle.assert_same(source_dsn, kind, url, table)
 
 
 def capture_and_apply(conf: Any, spark: Any) -> None:

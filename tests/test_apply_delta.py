@@ -349,7 +349,11 @@ def _config(tmp_path: Path, extra: str) -> Path:
     [
         ('vacuum_retention = "10m"\n', "targets.lake.vacuum_retention", "must be at least 1h"),
         ('compact_every = "often"\n', "targets.lake.compact_every", "expected a duration"),
-        ('[targets.db]\nurl = "sqlite:///x.db"\ncompact_every = "1h"\n', "targets.db.compact_every", "only a Delta"),
+        (
+            '[targets.db]\nurl = "sqlite:///x.db"\ncompact_every = "1h"\n',
+            "targets.db.compact_every",
+            "has no files to compact",
+        ),
     ],
 )
 def test_upkeep_settings_are_checked(tmp_path: Path, extra: str, key: str, reason: str) -> None:

@@ -251,8 +251,9 @@ def test_no_source_or_no_tables_is_a_configuration_error(pg: Any, tmp_path: Path
 def test_teardown_drops_the_slot_and_the_publication_of_this_log(
     pg: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """``teardown``: without --yes it says what it would drop (exit 2, nothing dropped); refused while a capture
-    streams from the slot; then the slot and this log's publication go, another log's publication stays."""
+    """``teardown``: without --yes it says what it would drop (exit 2, nothing dropped), --dry-run lists it (exit 0,
+    nothing dropped); refused while a capture streams from the slot (with --log: while it writes the log); then the
+    slot, this log's publication and with --log the log go, another log's publication stays."""
     import threading
 
     from mirrorline import config as C
@@ -268,6 +269,11 @@ def test_teardown_drops_the_slot_and_the_publication_of_this_log(
     err = capsys.readouterr().err
     assert "drop the replication slot mirrorline" in err and "drop the publication mirrorline" in err
     assert pg.execute(slots) == [("mirrorline",)]
+    assert main(["teardown", "--dry-run", "--log", "-c", str(cfg)]) == 0
+    out = capsys.readouterr().out
+    assert "would drop the replication slot mirrorline" in out and "would remove the change log at" in out, out
+    log_root = C.load(cfg).log.path
+    assert pg.execute(slots) == [("mirrorline",)] and Path(log_root).is_dir()
     ready = threading.Event()
     cap = Capture(C.load(cfg), on_ready=lambda _s: ready.set())
     th = threading.Thread(target=cap.run, daemon=True)
@@ -276,6 +282,8 @@ def test_teardown_drops_the_slot_and_the_publication_of_this_log(
         assert ready.wait(60)
         assert main(["teardown", "--yes", "-c", str(cfg)]) == 3
         assert "is in use by the process" in capsys.readouterr().err
+        assert main(["teardown", "--yes", "--log", "-c", str(cfg)]) == 3
+        assert "is being written by the process" in capsys.readouterr().err
     finally:
         cap.stop()
         th.join(30)
@@ -285,11 +293,12 @@ def test_teardown_drops_the_slot_and_the_publication_of_this_log(
     finally:
         other.close()
     deadline = time.monotonic() + 30
-    while main(["teardown", "--yes", "-c", str(cfg)]) != 0:  # (the walsender lets go of the slot a moment later)
+    while main(["teardown", "--yes", "--log", "-c", str(cfg)]) != 0:  # (the walsender lets go of the slot later)
         assert time.monotonic() < deadline
         time.sleep(0.5)
     out = capsys.readouterr().out
     assert "dropped the replication slot mirrorline" in out and "dropped the publication mirrorline" in out
+    assert "removed the change log at" in out and not Path(log_root).exists()
     assert pg.execute(slots) == [] and pg.execute(pubs) == [("theirs",)]
     assert main(["teardown", "-c", str(cfg)]) == 0
     assert "nothing to tear down" in capsys.readouterr().out

@@ -28,6 +28,7 @@ COMMANDS: list[tuple[str, str, str]] = [
     ("verify", "mirrorline.cli.verify_cmd", "compare source and target tables (exit 1 on any difference)"),
     ("maintain", "mirrorline.cli.maintain_cmd", "compact and clean up the files of Delta targets"),
     ("target", "mirrorline.cli.target_cmd", "list or drop the targets the change log keeps changes for"),
+    ("reload", "mirrorline.cli.reload_cmd", "ask a live run to read its configuration again (SIGHUP)"),
     (
         "teardown",
         "mirrorline.cli.teardown_cmd",

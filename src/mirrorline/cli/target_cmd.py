@@ -24,9 +24,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from mirrorline import stopped
-    from mirrorline.errors import ConfigError, LogError
+    from mirrorline.errors import ConfigError, LogError, MirrorlineError
     from mirrorline.log.reader import ChangeLog
     from mirrorline.log.retention import EXPORT_PREFIX, readers, unregister
+    from mirrorline.log.writer import live_run
 
     config = load_config(args)
     log = ChangeLog(config.log.path)
@@ -51,6 +52,13 @@ def run(args: argparse.Namespace) -> int:
             f"targets.{name}",
             f"target {name} is still configured: run would load it again",
             hint=f"remove [targets.{name}] from the configuration first",
+        )
+    live = live_run(config.log.path)
+    if live is not None and name in live[1]:
+        raise MirrorlineError(
+            f"target {name} is still applied by the live `mirrorline run` (pid {live[0]})",
+            hint="remove it from the configuration that run reads and `mirrorline reload`, then drop it",
+            target=name,
         )
     if name not in registered:
         raise LogError(

@@ -42,6 +42,50 @@ def retained_after(layout: Layout) -> Position | None:
     return Position(int(d["lsn"]), int(d["seq"]))
 
 
+def writer_pid(root: str | os.PathLike[str]) -> int | None:
+    """The pid of the process writing the change log at ``root`` now (a capture, ``run`` or an import: it holds
+    ``writer.lock``), or None when none does."""
+    layout = Layout(root)
+    try:
+        fd = os.open(layout.lock, os.O_RDONLY)
+    except FileNotFoundError:
+        return None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            text = os.read(fd, 64).decode(errors="replace").strip()
+            return int(text) if text.isdigit() else None
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None
+    finally:
+        os.close(fd)
+
+
+RUN_FILE = "run.json"  # the targets the live ``run`` applies to, with its pid (:func:`live_run`)
+
+
+def announce_run(root: str | os.PathLike[str], targets: Iterable[str]) -> None:
+    """Record, beside the log, the targets this process (a ``run``, which writes the log) applies to now."""
+    from mirrorline.log.layout import write_json_atomic
+
+    write_json_atomic(Layout(root).root / RUN_FILE, {"pid": os.getpid(), "targets": sorted(targets)})
+
+
+def live_run(root: str | os.PathLike[str]) -> tuple[int, list[str]] | None:
+    """The pid of the live ``run`` of the log at ``root`` and the targets it applies to (None: no run writes it)."""
+    pid = writer_pid(root)
+    if pid is None:
+        return None
+    try:
+        data = read_json(Layout(root).root / RUN_FILE)
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict) or data.get("pid") != pid:
+        return None
+    return pid, [str(t) for t in data.get("targets", [])]
+
+
 class LogWriter:
     """Appends to the change log at ``root``. One writer per log: an exclusive lock is held until :meth:`close`.
 

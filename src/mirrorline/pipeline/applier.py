@@ -139,7 +139,7 @@ class Applier:
         self._save_units = any(n not in names and n not in later for n in config.targets)
         self._ahead: tuple[NetBatch, float] | None = None  # the next unit, compiled while this one applied
         self._stopped = {n for n in stopped.read(config.log.path) if n in self.names}  # stop records to clear
-        self._upkeep = Upkeep(config)
+        self._upkeep = Upkeep()
         from mirrorline.compile.compiler import Compiler
 
         self.compiler = Compiler(
@@ -861,7 +861,7 @@ class Applier:
 
     def upkeep(self) -> None:
         """Start the storage upkeep of each target whose ``compact_every`` has passed (:class:`Upkeep`)."""
-        self._upkeep.due(self.targets)
+        self._upkeep.due(self.targets, self.config)
 
 
 def known_bags(config: Config) -> dict[str, tuple[str, ...]]:

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from mirrorline import stopped
 from mirrorline.config import Config
 from mirrorline.errors import MirrorlineError, first_line
+from mirrorline.log.writer import announce_run
 from mirrorline.pipeline.applier import Applier, UnitReport, known_bags
 from mirrorline.pipeline.targets import RETRY_FIRST, next_delay
 from mirrorline.position import Position
@@ -103,6 +104,7 @@ class Runner:
         removed = [n for n in old.targets if n not in new.targets]
         kept = {n: t for n, t in old.targets.items() if n in new.targets}
         self.config = applier.config = dataclasses.replace(old, targets={**kept, **{n: new.targets[n] for n in added}})
+        announce_run(self.config.log.path, self.config.targets)
         for n in removed:
             applier.remove(n)
             self.on_message(
@@ -409,6 +411,8 @@ class Runner:
             warm = warm_up(get_spark, self.config.actions, known_bags(self.config), on_ready=self.on_message)
             while not (self._ready.wait(0.1) or self._capture_done.is_set()):
                 pass
+            if self._ready.is_set():  # (capture holds the log now: target drop asks this file)
+                announce_run(self.config.log.path, self.config.targets)
             applier = self._applier = self._start_targets(warm)
             self._positions.update(applier.positions())
             self._say_behind(applier)

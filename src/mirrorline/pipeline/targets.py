@@ -83,16 +83,16 @@ class Upkeep:
     """Each target's storage upkeep, every ``compact_every`` of its configuration (the first one period after the
     start), in a thread of its own: a unit whose commit meets a compaction's is applied again on the new version."""
 
-    def __init__(self, config: Config) -> None:
-        self.config = config
+    def __init__(self) -> None:
         self._started: dict[str, float] = {}  # target -> when its last upkeep started (monotonic)
         self._threads: dict[str, threading.Thread] = {}
 
-    def due(self, targets: Mapping[str, Target]) -> None:
-        """Start the upkeep of each of ``targets`` whose period has passed and that is not still running."""
+    def due(self, targets: Mapping[str, Target], config: Config) -> None:
+        """Start the upkeep of each of ``targets`` whose period has passed and that is not still running, by
+        ``config`` (the configuration in force now: ``run`` reads it again on SIGHUP)."""
         now = time.monotonic()
         for n, target in targets.items():
-            every = self.config.targets[n].compact_every
+            every = config.targets[n].compact_every
             if every <= 0:
                 continue
             started = self._started.setdefault(n, now)
@@ -100,7 +100,7 @@ class Upkeep:
             if now - started < every or (running is not None and running.is_alive()):
                 continue
             self._started[n] = now
-            retention = self.config.targets[n].retention_hours
+            retention = config.targets[n].retention_hours
             thread = threading.Thread(
                 target=_maintain, args=(n, target, retention), name=f"mirrorline-upkeep-{n}", daemon=True
             )
