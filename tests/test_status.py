@@ -33,6 +33,24 @@ def test_warnings_name_the_slow_target_and_the_slot(tmp_path: Path) -> None:
     assert any("target slow" in w and "log keeps everything" in w for w in st.warnings)
     assert any("slot mirrorline retains 3.0 GB" in w for w in st.warnings)
     assert "warning: target slow" in st.text()
+    assert any("target slow" in w and "the log has no cap" in w for w in st.warnings)
+    capped = C.parse({"log": {"max_age": "1h", "max_size": "8GB"}}, tmp_path / "x.toml")
+    st = _status()
+    _warn(capped, st)
+    (slow,) = [w for w in st.warnings if "target slow" in w]
+    assert "max_age (60 min) removes its oldest change in 45 min" in slow, slow  # (900 s behind)
+    assert "once the log holds 8.0 GB (now 2.0 GB, 25%)" in slow, slow
+
+
+def test_the_time_until_the_logs_cap_applies() -> None:
+    from mirrorline.status import cap_note
+
+    assert cap_note(0, 0, 100.0, 1 << 20).startswith("the log has no cap")
+    assert cap_note(30 * 86_400, 0, 2.5 * 86_400, 0) == (
+        "then it needs a reload: max_age (30.0 d) removes its oldest change in 27.5 d"
+    )
+    assert "in 0 s" in cap_note(3600, 0, 7200, 0)  # past it already: at the next retention
+    assert "max_age (60 min) then removes what it still needs" in cap_note(3600, 0, None, 0)
 
 
 def test_prometheus_text(tmp_path: Path) -> None:

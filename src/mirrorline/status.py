@@ -161,6 +161,44 @@ def _lsn(v: int | None) -> str | None:
     return format_lsn(v) if v is not None else None
 
 
+def _duration(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    if seconds < 2 * 86_400:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 86_400:.1f} d"
+
+
+def cap_note(max_age: float, max_size: int, age: float | None, log_bytes: int) -> str:
+    """For a reader holding the log whose oldest unapplied change is ``age`` seconds old (None: unknown): how long
+    until the log's cap (``[log] max_age``, ``max_size``) removes what it still needs, which makes it need a
+    reload."""
+    if max_age <= 0 and max_size <= 0:
+        return "the log has no cap ([log] max_age, max_size): it grows for as long as this lasts"
+    parts = []
+    if max_age > 0 and age is not None:
+        parts.append(f"max_age ({_duration(max_age)}) removes its oldest change in {_duration(max(max_age - age, 0))}")
+    if max_size > 0:
+        parts.append(
+            f"max_size removes the oldest changes once the log holds {_size(max_size)} (now {_size(log_bytes)}, "
+            f"{log_bytes / max_size:.0%})"
+        )
+    if not parts:
+        return f"max_age ({_duration(max_age)}) then removes what it still needs, and it needs a reload"
+    return "then it needs a reload: " + "; ".join(parts)
+
+
+def _age_after(cl: Any, position: Position | None, now: float) -> float | None:
+    """The age of the first change after ``position`` in the log (None: none, or it cannot be read)."""
+    try:
+        ts = cl.first_ts_after(position)
+    except Exception:
+        return None
+    return now - ts / 1e6 if ts is not None else None
+
+
 def _size(n: int) -> str:
     x = float(n)
     for unit in ("B", "kB", "MB", "GB"):
@@ -367,6 +405,12 @@ def _warn_readers(config: Config, st: Status, cl: Any, now: float | None = None)
     from mirrorline.log.retention import exports, readers, unconfigured
     from mirrorline.snapshot.state import WAITING
 
+    now = time.time() if now is None else now
+    cap = config.log
+
+    def note(position: Position | None) -> str:
+        return cap_note(cap.max_age, cap.max_size, _age_after(cl, position, now), st.log_bytes)
+
     registered = readers(cl)
     for t in st.targets:
         if t.state == WAITING and t.name in registered:
@@ -375,15 +419,14 @@ def _warn_readers(config: Config, st: Status, cl: Any, now: float | None = None)
                 f'target {t.name} waits for files (initial = "files"): the log keeps every change '
                 f"{f'after {since}' if since is not None else 'it holds'} for it ({_size(st.log_bytes)} now) until "
                 f"an export is loaded into it (`mirrorline snapshot export DIR`, then `mirrorline snapshot load "
-                f"--target {t.name} DIR/<export>`)"
+                f"--target {t.name} DIR/<export>`); {note(since)}"
             )
     for name, r in sorted(unconfigured(cl, config.targets).items()):
         st.warnings.append(
             f"target {name} is no longer configured but the log keeps every change after its position "
-            f"{r.applied}: run `mirrorline target drop {name}` (or start run with --forget-removed)"
+            f"{r.applied}: run `mirrorline target drop {name}` (or start run with --forget-removed); {note(r.applied)}"
         )
     expiry = config.log.export_expiry
-    now = time.time() if now is None else now
     for name, r in sorted(exports(cl).items()):
         left = expiry - (now - r.updated) if expiry > 0 else None
         if left is not None and left < EXPORT_WARN_SECONDS:
@@ -411,7 +454,8 @@ def _warn(
             st.warnings.append(
                 f"target {slowest.name} is {slowest.lag_seconds or 0:.0f} s / {_size(slowest.lag_bytes or 0)} behind: "
                 f"the log keeps everything after its position {slowest.position} ({_size(st.log_bytes)} now); "
-                "speed it up, or remove it from the configuration and drop it (mirrorline target drop)"
+                "speed it up, or remove it from the configuration and drop it (mirrorline target drop); "
+                + cap_note(config.log.max_age, config.log.max_size, slowest.lag_seconds, st.log_bytes)
             )
     for table, rec in stopped.tables(config.log.path).items():
         if table in config.tables:
