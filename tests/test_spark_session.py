@@ -51,3 +51,19 @@ def test_archives_of_environments_that_are_gone_are_pruned(tmp_path):
         "spark-4.0.0-aaa.jsa.python",
         "spark-4.0.0-ccc.jsa",
     ]
+
+
+def test_the_jvms_banner_is_not_printed_and_its_errors_are():
+    """Spark's launcher always adds an incubator module, and every JVM then prints a banner on stderr: mirrorline
+    passes the JVM's stderr on without it. What else the JVM says still reaches stderr (here: an error logged through
+    log4j)."""
+    import subprocess
+
+    code = (
+        "from mirrorline.sparkenv import get_spark; s = get_spark(); assert s.range(3).count() == 3; "
+        "s._jvm.org.apache.logging.log4j.LogManager.getLogger('mirrorline.test').error('said by the JVM')"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "Using incubator modules" not in r.stderr
+    assert "said by the JVM" in r.stderr, r.stderr[-2000:]

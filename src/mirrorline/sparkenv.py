@@ -175,11 +175,45 @@ def get_spark(
     builder = builder.appName(app)
     for k, v in settings.items():
         builder = builder.config(k, v)
+    _launch_quietly(url, app, settings)
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel("ERROR")
     if _started_seconds is None:
         _started_seconds = time.monotonic() - t0
     return session
+
+
+JVM_BANNER = b"WARNING: Using incubator modules"  # Spark's launcher always adds --add-modules=jdk.incubator.vector
+
+
+def _launch_quietly(url: str, app: str, settings: dict[str, str]) -> None:
+    """Start Spark's JVM (the py4j gateway) as :meth:`SparkSession.Builder.getOrCreate` would, with the same
+    settings, but with its stderr passed on line by line to this process's (file descriptor 2, as before) without the
+    banner every JVM prints when Spark's launcher adds an incubator module. Nothing when the JVM runs already."""
+    import subprocess
+    import threading
+
+    from pyspark import SparkConf, SparkContext
+    from pyspark.java_gateway import launch_gateway
+
+    with SparkContext._lock:
+        if SparkContext._gateway is not None:
+            return
+        conf = SparkConf().setMaster(url).setAppName(app).setAll(list(settings.items()))
+        gateway = launch_gateway(conf, popen_kwargs={"stderr": subprocess.PIPE})
+        SparkContext._gateway = gateway
+        SparkContext._jvm = gateway.jvm
+    err = gateway.proc.stderr
+
+    def relay() -> None:
+        for line in iter(err.readline, b""):
+            if not line.startswith(JVM_BANNER):
+                try:
+                    os.write(2, line)
+                except OSError:
+                    return
+
+    threading.Thread(target=relay, name="mirrorline-jvm-stderr", daemon=True).start()
 
 
 def startup_seconds() -> float | None:
