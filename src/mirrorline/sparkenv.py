@@ -176,7 +176,14 @@ def get_spark(
     for k, v in settings.items():
         builder = builder.config(k, v)
     _launch_quietly(url, app, settings)
+    import signal
+    import threading
+
+    main = threading.current_thread() is threading.main_thread()
+    sigint = signal.getsignal(signal.SIGINT) if main else None
     session = builder.getOrCreate()
+    if main and signal.getsignal(signal.SIGINT) is not sigint:  # PySpark's own cancels every job, then raises:
+        signal.signal(signal.SIGINT, sigint)  # the command's own handling of Ctrl-C stays in force
     session.sparkContext.setLogLevel("ERROR")
     if _started_seconds is None:
         _started_seconds = time.monotonic() - t0
@@ -184,36 +191,55 @@ def get_spark(
 
 
 JVM_BANNER = b"WARNING: Using incubator modules"  # Spark's launcher always adds --add-modules=jdk.incubator.vector
+_muted: list[bool] = []  # set once the command is interrupted: the JVM's complaints about it are not relayed
+
+
+def mute_jvm() -> None:
+    """Relay nothing more the JVM writes to stderr (the command was interrupted: what the JVM says about the calls
+    cut short is noise)."""
+    _muted.append(True)
 
 
 def _launch_quietly(url: str, app: str, settings: dict[str, str]) -> None:
     """Start Spark's JVM (the py4j gateway) as :meth:`SparkSession.Builder.getOrCreate` would, with the same
     settings, but with its stderr passed on line by line to this process's (file descriptor 2, as before) without the
     banner every JVM prints when Spark's launcher adds an incubator module. Nothing when the JVM runs already."""
+    import signal
     import subprocess
     import threading
 
     from pyspark import SparkConf, SparkContext
     from pyspark.java_gateway import launch_gateway
 
+    interrupted: list[bool] = []
+    main = threading.current_thread() is threading.main_thread()
     with SparkContext._lock:
         if SparkContext._gateway is not None:
             return
         conf = SparkConf().setMaster(url).setAppName(app).setAll(list(settings.items()))
-        gateway = launch_gateway(conf, popen_kwargs={"stderr": subprocess.PIPE})
+        # Ctrl-C while the JVM starts waits until it is up: interrupted earlier, the JVM would find the folder it
+        # writes its port to removed, and live on with nothing to stop it
+        previous = signal.signal(signal.SIGINT, lambda *_: interrupted.append(True)) if main else None
+        try:
+            gateway = launch_gateway(conf, popen_kwargs={"stderr": subprocess.PIPE})
+        finally:
+            if main:
+                signal.signal(signal.SIGINT, previous)
         SparkContext._gateway = gateway
         SparkContext._jvm = gateway.jvm
     err = gateway.proc.stderr
 
     def relay() -> None:
         for line in iter(err.readline, b""):
-            if not line.startswith(JVM_BANNER):
+            if not _muted and not line.startswith(JVM_BANNER):
                 try:
                     os.write(2, line)
                 except OSError:
                     return
 
     threading.Thread(target=relay, name="mirrorline-jvm-stderr", daemon=True).start()
+    if interrupted:
+        raise KeyboardInterrupt
 
 
 def startup_seconds() -> float | None:

@@ -93,12 +93,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=max(level, logging.INFO), format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
     )
     logging.getLogger("mirrorline").setLevel(level)
+    if args.verbose < 2:  # py4j logs to the root logger what it raises anyway (Ctrl-C inside a call to the JVM)
+        for handler in logging.getLogger().handlers:
+            handler.addFilter(lambda r: f"{os.sep}py4j{os.sep}" not in r.pathname)
     try:
         return int(args._module.run(args) or 0)
     except MirrorlineError as e:
         print(f"mirrorline {args.command}: {e}", file=sys.stderr)
         return e.exit_code
     except KeyboardInterrupt:
+        mute_jvm()
         print(f"mirrorline {args.command}: interrupted", file=sys.stderr)
         return 130
     except OSError as e:  # the machine refused a file operation (a full disk, a permission): said, not a traceback
@@ -116,6 +120,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return INTERNAL_ERROR
+
+
+def mute_jvm() -> None:
+    """Ctrl-C: what Spark's JVM says about the calls it cut short is not printed (when this process started one)."""
+    sparkenv = sys.modules.get("mirrorline.sparkenv")
+    if sparkenv is not None:
+        sparkenv.mute_jvm()
 
 
 def os_error_text(e: OSError) -> str:

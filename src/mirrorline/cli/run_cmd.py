@@ -29,6 +29,7 @@ def run(args: argparse.Namespace) -> int:
     import sys
 
     from mirrorline.cli._common import load_config, print_unit
+    from mirrorline.cli.main import mute_jvm
     from mirrorline.pipeline import Runner
 
     config = load_config(args)
@@ -40,15 +41,36 @@ def run(args: argparse.Namespace) -> int:
         forget_removed=args.forget_removed,
     )
     signal.signal(signal.SIGTERM, lambda *_: runner.stop())
+    interrupted: list[bool] = []
+
+    def on_sigint(*_: object) -> None:
+        """Ctrl-C stops as SIGTERM does once units are applied (the one being applied ends first); before that (the
+        first loads), and at a second Ctrl-C, at once."""
+        first = not interrupted
+        interrupted.append(True)
+        runner.stop()
+        if not first or not runner.applying:
+            mute_jvm()
+            raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, on_sigint)
     signal.signal(signal.SIGHUP, lambda *_: runner.request_reload())  # targets added or removed: taken up live
     try:
         result = runner.run()
     except KeyboardInterrupt:
+        mute_jvm()
+        interrupted.append(True)
         runner.stop()
         result = runner.result
-    where = ", ".join(f"{n} at {p}" for n, p in result.positions.items())
-    print(
-        f"captured {result.captured} changes; applied {result.units} units ({result.applied} changes); {where}",
-        file=sys.stderr,
-    )
+    where = [f"{n} at {p}" for n, p in result.positions.items()]
+    where += [
+        f"{n} not read (a load it had not finished starts again at the next start)"
+        for n in config.targets
+        if n not in result.positions
+    ]
+    done = f"captured {result.captured} changes; applied {result.units} units ({result.applied} changes)"
+    if interrupted:  # (one line: the log keeps what it captured, each target its position; a restart goes on)
+        print(f"mirrorline run: interrupted; kept: {done}; {', '.join(where)}", file=sys.stderr)
+        return 130
+    print(f"{done}; {', '.join(where)}", file=sys.stderr)
     return 0

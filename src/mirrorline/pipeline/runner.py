@@ -73,6 +73,11 @@ class Runner:
         self._reloading: set[tuple[str, str]] = set()  # (target, table)s being loaded again now (_reload_marked)
         self._reload_due: dict[tuple[str, str], tuple[float, float]] = {}  # when to try each again, and the delay
 
+    @property
+    def applying(self) -> bool:
+        """Has the live loop started (the targets' first loads done)?"""
+        return self._applier is not None
+
     def stop(self) -> None:
         self._stop.set()
         self.capture.stop()
