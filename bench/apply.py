@@ -1,4 +1,4 @@
-"""Benchmark: catching a PostgreSQL target up, side by side in one run (issue 4).
+"""Benchmark: catching a PostgreSQL target up, side by side in one run.
 
 For each workload, on the same WAL:
 

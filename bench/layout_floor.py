@@ -1,4 +1,4 @@
-"""The log-layout lever of issue 11, measured on a real unit: what the fold's least work costs in each layout.
+"""The log-layout lever, measured on a real unit: what the fold's least work costs in each layout.
 
 ``bench/apply.py --layouts`` calls :func:`layout_floors` on the update-heavy workload's captured log (a copy). The
 unit's changes are read from the log, rewritten in each candidate layout, and a *bare fold* is timed on each: Spark
@@ -22,7 +22,7 @@ each segment by key bucket; key changes, whose D belongs to the old key's bucket
 
 Each figure is the median of three JIT-warm runs after one discarded run.
 
-Read the bare fold as a floor, not a forecast. In a separate experiment (session 15) on this workload's log, the real
+Read the bare fold as a floor, not a forecast. In a separate experiment on this workload's log, the real
 compile (:func:`mirrorline.compile.spark.compile_changes`, net rows to the driver) with its grouping extended by the
 bucket column and run over the key-bucketed files took 2.34 s against 2.67 s over the log's segments, medians of 6:
 the bare fold gains about 0.9 s from the buckets, the real compile about 0.3 s. Where the rest goes is not yet

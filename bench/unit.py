@@ -1,4 +1,4 @@
-"""Benchmark: the cost of one small unit of work in a warm pipeline (issue 11's per-unit aim).
+"""Benchmark: the cost of one small unit of work in a warm pipeline.
 
 A pgbench-shaped table (``accounts``: keyed, updated at random; ``history``: inserts only, no key) on a throwaway
 PostgreSQL; a workload of ``--units`` x ``--size`` changes in transactions of 5 changes (pgbench's shape: 3 updates,

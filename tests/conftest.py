@@ -31,7 +31,7 @@ def pg_cluster() -> Iterator[Any]:
     """A PostgreSQL cluster shared by the run (``wal_level=logical``); tests get their own database in it."""
     from mirrorline.pgcluster import PgCluster
 
-    # large transactions are streamed by PostgreSQL past 64 kB (issue 17): through capture, log, compile and apply
+    # large transactions are streamed by PostgreSQL past 64 kB: through capture, log, compile and apply
     with PgCluster({"logical_decoding_work_mem": "64kB"}) as cluster:
         yield cluster
 

@@ -1,4 +1,4 @@
-"""An independent reader (issue 17): a table read from the source through psycopg2 as text and from a target through
+"""An independent reader: a table read from the source through psycopg2 as text and from a target through
 that target's own client (psycopg2, sqlite3, duckdb, deltalake), every value turned into one comparable Python value
 by this file's own rules (not mirrorline's canonical form), and the two compared as multisets of rows. Tests ask it
 before they ask ``verify``.

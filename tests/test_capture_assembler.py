@@ -173,7 +173,7 @@ def test_replica_identity_full_uses_the_primary_key_found_at_reconcile() -> None
 
 
 def test_replica_identity_full_without_primary_key_is_a_bag_keyed_on_every_column() -> None:
-    """Every column identifies a row, text ones included (issue 18): two rows differing only in a text column
+    """Every column identifies a row, text ones included: two rows differing only in a text column
     are two rows."""
     asm, schemas = make()
     feed(asm, FULL, *txn(100, Update(None, 2, "O", ["1", "b", "k"], ["1", "b", "k2"])))

@@ -93,7 +93,7 @@ def test_tables_that_cannot_be_captured_are_clear_errors(
 
 
 def test_a_table_of_text_without_a_key_is_a_bag_keyed_on_every_column(pg: Any, conn: Any, tmp_path: Path) -> None:
-    """No primary key, REPLICA IDENTITY FULL, only text and jsonb columns: every column identifies a row (issue 18),
+    """No primary key, REPLICA IDENTITY FULL, only text and jsonb columns: every column identifies a row,
     and the ALTER TABLE to run is named when the identity is missing."""
     pg.execute("CREATE TABLE t (a text, b jsonb)")
     with pytest.raises(ConfigError, match="no REPLICA IDENTITY FULL") as e:

@@ -1,4 +1,4 @@
-"""Tables without a key are bags of rows (DESIGN §5, issue 18): duplicates allowed, a delete removes one copy, an
+"""Tables without a key are bags of rows (DESIGN §5): duplicates allowed, a delete removes one copy, an
 update changes one copy, and the net change per distinct image is a count. The reference fold states the rule; the
 Spark compile (general path, small path, inserts-only path) must give the same, on named cases and on generated
 histories checked against a replay of the changes one by one on a multiset."""
@@ -73,7 +73,7 @@ def replay_bag(state: Bag, changes: list[Change]) -> Bag:
 
 
 def test_one_delete_removing_two_identical_rows_is_two_copies_deleted() -> None:
-    """The case of issue 18: ``DELETE FROM t WHERE a = 1`` on two identical rows sends two identical deletes."""
+    """``DELETE FROM t WHERE a = 1`` on two identical rows sends two identical deletes."""
     got = fold([ch(1, Op.DELETE, ("1", "x")), ch(2, Op.DELETE, ("1", "x"))], bags=BAGS)
     assert net_counts(got) == {"D": {("1", "x"): 2}}
     assert got.nets[T].deletes[("1", "x")].pos == Position(102, 0)

@@ -1,4 +1,4 @@
-"""One failure stops only itself (issue 36): of four targets replicating live, one is made to refuse a row of one
+"""One failure stops only itself: of four targets replicating live, one is made to refuse a row of one
 table (a CHECK added at a PostgreSQL or a Delta target, a trigger at a SQLite one, a unique index at a DuckDB one).
 That table stops alone at that target: the target's other table and the other targets stay current, the pipeline
 keeps applying and tries the table again by itself; ``status`` shows the table ``stopped`` with the reason (text,

@@ -1,4 +1,4 @@
-"""What ``mirrorline`` writes is its user's alone (issue 37): under a umask of 022, the log's folders and segments,
+"""What ``mirrorline`` writes is its user's alone: under a umask of 022, the log's folders and segments,
 an export's folder and chunks and a SQLite target are 0700 and 0600, as PostgreSQL keeps its data folder: they hold
 the source's rows."""
 

@@ -1,4 +1,4 @@
-"""The log's cap end to end (issue 16): a target left behind by ``[log] max_age`` needs a reload; status shows it and
+"""The log's cap end to end: a target left behind by ``[log] max_age`` needs a reload; status shows it and
 exits 1, apply refuses it naming the command, the other target goes on, and ``snapshot --target`` brings it back."""
 
 from __future__ import annotations

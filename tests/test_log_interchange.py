@@ -83,7 +83,7 @@ def _address(line: str) -> tuple[int, int]:
 
 
 def test_every_line_keeps_its_address_wherever_the_export_starts(tmp_path):
-    """(_c, _s) is a stable address (issue 18): _c never goes back, _s counts the lines of a _c from the first; an
+    """(_c, _s) is a stable address: _c never goes back, _s counts the lines of a _c from the first; an
     export starting at any change, or right after any line's address, gives each line the address of the whole
     export; the same after retention removed the first segments."""
     root = tmp_path / "log"

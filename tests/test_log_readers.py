@@ -1,4 +1,4 @@
-"""Targets come and go (issue 16): a target removed from the configuration keeps holding the log until it is dropped
+"""Targets come and go: a target removed from the configuration keeps holding the log until it is dropped
 (`mirrorline target drop`, or `run --forget-removed`), with a warning in `status`; an export folder never loaded
 stops holding the log after the log's `export_expiry`, with a warning the day before."""
 

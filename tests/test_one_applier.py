@@ -1,4 +1,4 @@
-"""One applier per target (issue 37): a lock at the target, held while a unit is applied. ``verify`` and ``apply
+"""One applier per target: a lock at the target, held while a unit is applied. ``verify`` and ``apply
 --once`` run five times each beside a live ``run`` on a table without a key (where a unit applied twice would leave
 extra copies) and a keyed one, under load: every verify says equal, every apply ends cleanly, and afterwards every
 target equals the source as a multiset (the tests' own reader)."""

@@ -1,4 +1,4 @@
-"""Partitioned tables (issue 35): a configured partitioned table is replicated as one table at every kind, its
+"""Partitioned tables: a configured partitioned table is replicated as one table at every kind, its
 partitions' changes published under its name (``publish_via_partition_root``): several levels, a default partition,
 a partition attached with its columns in another order, rows moving between partitions, a TRUNCATE of the parent,
 ``DROP v, ADD c ... DEFAULT, ADD v`` in one statement. Partitions attached with rows, detached, dropped or truncated

@@ -1,4 +1,4 @@
-"""The rule "kept by the table's actions" (issue 18): written once (``model.kept_kinds``), and the changes apply's
+"""The rule "kept by the table's actions": written once (``model.kept_kinds``), and the changes apply's
 failure path re-applies one by one (``reference.kept_changes``) are those the bulk path folded. With ``actions = "IU"``
 a TRUNCATE is not applied, and a key change is only the insert of its new key: a unit that fails in bulk and is
 re-applied serially must leave the target as the bulk path would have."""

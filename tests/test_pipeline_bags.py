@@ -1,4 +1,4 @@
-"""Tables without a primary key (REPLICA IDENTITY FULL) are bags of rows, end to end (issue 18): a real PostgreSQL
+"""Tables without a primary key (REPLICA IDENTITY FULL) are bags of rows, end to end: a real PostgreSQL
 through capture, the log and Spark into one target of each kind, with identical rows, one DELETE removing two of
 them, an update of one copy, rows differing only in a text or json column, a TOASTed value left unsent by an update
 of one copy, and a TRUNCATE; every target compared with the source row for row, duplicates counted, through each
@@ -79,7 +79,7 @@ def test_bags_of_rows_replicate_exactly(pg: Any, pg_cluster: Any, spark: Any, tm
             f"(6, NULL, NULL, NULL), (6, '', NULL, NULL), (2, 'toast', NULL, '{big}'), (2, 'toast', NULL, '{big}')"
         )
         assert len(source_rows(pg.dsn, TABLE)) == 10
-        # the case of issue 18: one DELETE removes two identical rows
+        # one DELETE removes two identical rows
         step("DELETE FROM public.hist WHERE a = 1 AND note = 'x'")
         # rows differing only in text (or json) are different rows; an update of one copy of two
         step(

@@ -1,4 +1,4 @@
-"""The crash matrix widened (issue 17): ``run`` with ``threads = 2`` into a SQLite, a DuckDB (mirror mode) and a
+"""The crash matrix widened: ``run`` with ``threads = 2`` into a SQLite, a DuckDB (mirror mode) and a
 PostgreSQL target with ``on_error = "reject"`` (rows planted there make some inserts fail), ``public.ledger``
 replicated with ``actions = "IU"``, and new targets added while the kills go on. SIGKILLs are aimed at stages
 (inside a target transaction, during a snapshot load, during capture's start-up) and at random moments, and the

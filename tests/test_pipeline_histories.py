@@ -1,4 +1,4 @@
-"""Generated histories through the real pipeline (issue 17): the property test's generator
+"""Generated histories through the real pipeline: the property test's generator
 (:mod:`tests.compile_histories`: every op kind, key changes, columns left unsent, TRUNCATEs) replayed as SQL
 transactions on a real PostgreSQL, each history on tables of its own, then captured, compiled on Spark in small units
 (unit boundaries fall inside histories) and applied to one target of each kind. Column ``b`` holds large

@@ -1,4 +1,4 @@
-"""A target seeded by files (seed 001's manual transfer, issue 16): with ``initial = "files"`` run does not load it
+"""A target seeded by files (seed 001's manual transfer): with ``initial = "files"`` run does not load it
 over the wire; status shows it waiting for files; the log is kept for it; `snapshot export` then `snapshot load`,
 made while run goes on, complete it, run takes it up and it ends equal to the source."""
 

@@ -1,4 +1,4 @@
-"""``run`` loads a new target while the targets already live keep applying (DESIGN §7, issue 16): a heartbeat row
+"""``run`` loads a new target while the targets already live keep applying (DESIGN §7): a heartbeat row
 inserted at the source every 100 ms reaches the live target (PostgreSQL) within its normal lag all through the load
 of a 1M-row table into the new one (SQLite, whose load is the slowest); the new target then catches up and both
 equal the source."""

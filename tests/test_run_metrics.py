@@ -1,4 +1,4 @@
-"""``run`` serves its metrics over HTTP for Prometheus (issue 16): lag per target, unit durations as histograms,
+"""``run`` serves its metrics over HTTP for Prometheus: lag per target, unit durations as histograms,
 changes and rows applied, capture's counters and the slot's retained WAL, scraped from a running ``run``; a bad
 ``[metrics] listen`` is refused at start."""
 

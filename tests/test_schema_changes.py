@@ -1,4 +1,4 @@
-"""Schema changes on the source while replication runs (issue 14), end to end: a real PostgreSQL through capture, the
+"""Schema changes on the source while replication runs, end to end: a real PostgreSQL through capture, the
 log and Spark into each SQL target kind, in ``update`` and ``mirror`` modes, while another table keeps changing.
 Columns are added (without a default, with one PostgreSQL keeps out of the WAL, generated), renamed inside a
 transaction that changes rows before and after, widened, dropped (or kept), a TRUNCATE shares a transaction with an

@@ -1,4 +1,4 @@
-"""SIGKILL between a schema change on the source and the first unit after it (issue 14): ``mirrorline run`` is killed
+"""SIGKILL between a schema change on the source and the first unit after it: ``mirrorline run`` is killed
 while a target's schema change is open (its DDL not committed) and right after it committed (the unit after it not
 yet applied), for each kind of change, while another table keeps changing; every restart continues, and at the end
 every target of each SQL kind equals the source (read back through its own client) and ``verify`` says so."""

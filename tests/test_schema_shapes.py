@@ -1,4 +1,4 @@
-"""Schema changes whatever came before them, on table shapes nobody here chose (issue 35): a table quiet since the
+"""Schema changes whatever came before them, on table shapes nobody here chose: a table quiet since the
 snapshot (its first logged schema version is already the changed shape), a change made while nothing applied, a
 table without a key, the key not first, several ``ALTER``s in one statement. Every kind, Delta included; every table
 read back by the tests' own reader (``tests/oracle.py``) and compared with the source."""
@@ -236,7 +236,7 @@ def test_a_schema_renamed_inside_a_transaction_is_never_followed_silently(
 @pytest.mark.pg
 @pytest.mark.spark
 def test_names_with_spaces_quotes_and_mixed_case(pg: Any, pg_cluster: Any, spark: Any, tmp_path: Path) -> None:
-    """Tables configured by the names users give them (issue 39): a space in the name, a mixed-case schema, the
+    """Tables configured by the names users give them: a space in the name, a mixed-case schema, the
     quoted SQL form in the configuration; loaded and followed at every kind, read back by the tests' reader."""
     pg.execute(
         'CREATE SCHEMA "Sales"; CREATE TABLE "Sales"."Order Items" (id integer PRIMARY KEY, "Unit Price" numeric);'

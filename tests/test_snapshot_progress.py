@@ -1,4 +1,4 @@
-"""A long load's progress (issue 16): a bar (tqdm) on a terminal, plain lines when stderr is not one."""
+"""A long load's progress: a bar (tqdm) on a terminal, plain lines when stderr is not one."""
 
 from __future__ import annotations
 

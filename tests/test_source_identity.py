@@ -1,4 +1,4 @@
-"""The log knows its source (issue 37): a slot dropped while nothing captured makes every target *need a reload*
+"""The log knows its source: a slot dropped while nothing captured makes every target *need a reload*
 (never "up to date" with changes missing), and the reload brings it back exactly; another system or WAL gone back
 stops capture with a message naming what may be missing."""
 

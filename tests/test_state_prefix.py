@@ -1,4 +1,4 @@
-"""Two mirrorline instances share one target database (seed 001's replication prefix, issue 16): each names its own
+"""Two mirrorline instances share one target database (seed 001's replication prefix): each names its own
 tables (applied positions, snapshot state, rejects) with its target's ``state_prefix``, so neither touches the
 other's state; both replicate, both verify equal."""
 

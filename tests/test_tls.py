@@ -1,4 +1,4 @@
-"""TLS to PostgreSQL, source and target, through the DSN (issue 16): a throwaway cluster with a self-signed
+"""TLS to PostgreSQL, source and target, through the DSN: a throwaway cluster with a self-signed
 certificate authority that refuses connections without TLS; capture, a snapshot read by Spark tasks, apply and
 verify all connect with ``sslmode=verify-full`` and ``sslrootcert``; a wrong root certificate is a clear one-line
 error that names no secret."""

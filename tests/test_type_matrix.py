@@ -1,4 +1,4 @@
-"""The type matrix (issue 18): every PostgreSQL built-in type a table can hold, and user types PostgreSQL sends as
+"""The type matrix: every PostgreSQL built-in type a table can hold, and user types PostgreSQL sends as
 text (an enum, a domain, a composite), each with its edge values, through a real PostgreSQL, capture, the log, Spark's
 compile and apply into one target of each kind; inserted, updated, deleted and inserted again; then a snapshot of
 the same table into a second target of each kind. Each target is read through its own client (psycopg2, sqlite3,

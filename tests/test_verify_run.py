@@ -42,7 +42,7 @@ def _source(dsn: str) -> None:
 def _break(kind: str, url: str, tmp_path: Path) -> None:
     """Behind mirrorline's back (each target's own client): item 5's qty changed, item 7 gone, item 99999 added;
     item 15's NULL name made empty and item 9's empty name NULL; item 20's float one ulp off; item 30's timestamp a
-    microsecond later (issue 17: the differences a canonical form could hide)."""
+    microsecond later (the differences a canonical form could hide)."""
     ts = {
         "postgresql": "ts + interval '1 microsecond'",
         "sqlite": "replace(ts, '.25', '.250001')",

@@ -1,4 +1,4 @@
-"""``verify`` never reports a difference the tests' own reader does not see, and never misses one (issue 36): a row
+"""``verify`` never reports a difference the tests' own reader does not see, and never misses one: a row
 of all NULLs across many types (``inet`` last), empty strings and arrays beside NULLs, on every kind; a table whose
 ``actions`` keep rows the source deleted is "not comparable", never a difference; a row changed at the target behind
 mirrorline's back is a difference."""
