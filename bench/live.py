@@ -45,7 +45,9 @@ time and capacity (cores x wall).
 
 After the phases: the source's WAL position is taken and one marker update committed after it; ``drain_s`` is how long
 each mirrorline target (applied position past that WAL position, from the reader registry) and the subscriber
-(``replay_lsn`` past the marker) took to apply everything, bounded by ``--drain-timeout``. Then ``run`` is stopped
+(``replay_lsn`` past the marker) took to apply everything, bounded by ``--drain-timeout``. ``peak_rss_mb``: the
+highest resident memory of ``run``'s process tree from its start to here (``total`` at one moment; ``python``,
+``jvm`` and ``other``, Spark's Python workers, each its own peak), sampled every half second. Then ``run`` is stopped
 (SIGTERM).
 
 ``restart`` (unless ``--restart-transactions 0``): with ``run`` stopped, ``pgbench -n -c 1 -t N`` (N =
@@ -198,6 +200,55 @@ class CpuMeter:
         out["busy"] = round(busy - self.busy, 1)
         out["capacity"] = round(wall * (os.cpu_count() or 1), 1)
         return out
+
+
+def _tree_rss(root: int) -> dict[str, int]:
+    """Resident bytes now of process ``root`` and its descendants, by kind: ``python`` (root itself), ``jvm`` (its
+    Java children), ``other`` (Spark's Python workers and anything else it started)."""
+    procs: dict[int, tuple[int, str, int]] = {}
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{d}/stat").read_text()
+            rss = int(Path(f"/proc/{d}/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+        except (OSError, IndexError, ValueError):
+            continue
+        comm = stat[stat.index("(") + 1 : stat.rindex(")")]
+        procs[int(d)] = (int(stat[stat.rindex(")") + 2 :].split()[1]), comm, rss)
+    out = {"python": 0, "jvm": 0, "other": 0}
+    for pid, (_, comm, rss) in procs.items():
+        p = pid
+        while p > 1 and p in procs and p != root:
+            p = procs[p][0]
+        if p != root:
+            continue
+        out["python" if pid == root else "jvm" if comm == "java" else "other"] += rss
+    return out
+
+
+class RssMeter:
+    """The peak resident memory of ``mirrorline run``'s process tree (sampled every half second in a thread)."""
+
+    def __init__(self, root: int) -> None:
+        self.root = root
+        self.peak: dict[str, int] = {"total": 0, "python": 0, "jvm": 0, "other": 0}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._main, name="rss-meter", daemon=True)
+        self._thread.start()
+
+    def _main(self) -> None:
+        while not self._stop.wait(0.5):
+            now = _tree_rss(self.root)
+            for k, v in now.items():
+                self.peak[k] = max(self.peak[k], v)
+            self.peak["total"] = max(self.peak["total"], sum(now.values()))
+
+    def stop(self) -> dict[str, float]:
+        """The peaks in MB (``total`` the tree's at one moment; the others each kind's own peak)."""
+        self._stop.set()
+        self._thread.join(timeout=5)
+        return {k: round(v / 2**20) for k, v in self.peak.items()}
 
 
 UNIT_RE = re.compile(r"^unit (\S+)\.\.(\S+): (\d+) changes, (compiled|reused) in ([0-9.]+)s, applied: (.*)$")
@@ -928,6 +979,7 @@ def bench(args: argparse.Namespace, work: Path, out: dict[str, Any]) -> None:
             t_start = time.monotonic()
             proc, runlog = start_run(config_path, work)
             children.append(proc)
+            rss = RssMeter(proc.pid)
             out.update(wait_live(runlog, probe, cluster, t_start, args.start_timeout))
             out["snapshot"] = {n: {"rows": rows, "s": secs} for n, (rows, secs) in sorted(runlog.snapshot.items())}
             out["duckdb_status_error"] = duckdb_status_error(config)
@@ -954,6 +1006,8 @@ def bench(args: argparse.Namespace, work: Path, out: dict[str, Any]) -> None:
             heartbeat.stop()
             out["units_total"] = len(runlog.units)
             out["unparsed_unit_lines"] = runlog.unparsed_units
+            out["peak_rss_mb"] = rss.stop()
+            say(f"peak resident memory of run's processes (MB): {out['peak_rss_mb']}")
             say("stopping mirrorline run (SIGTERM)")
             out["mirrorline_exit"] = stop_run(proc)
             runlog.thread.join(timeout=30)
