@@ -15,8 +15,8 @@ For each workload, on the same WAL:
 - (b2) ``mirrorline_jit_warm``: (b) again on a copy of the log into a second empty target, in the same process: a
   pipeline that has been running for a while, whose JVM has compiled units of this size before (the first large unit
   after start-up pays about a second of JIT compilation that the warm-up does not cover). A unit's plan holds nothing
-  of the unit's own (tests/test_compile_codegen.py), so any later unit of the same shape runs the classes the JIT
-  compiled for the first, not only the same unit again.
+  of the unit's own (tests/compile/test_compile_codegen.py), so any later unit of the same shape runs the classes the
+  JIT compiled for the first, not only the same unit again.
 - (c) ``copy``: the resulting net rows loaded by plain COPY into an empty table (the physical limit).
 - (f) ``floor``: the least the prescribed method can cost here, with no compile work at all: a Spark scan of the
   unit's changes from the log (``floor_scan_s``: every column to a no-op sink, JIT-warm, median of 3) plus the net

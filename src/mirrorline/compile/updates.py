@@ -21,7 +21,7 @@ check is that the driver read one image at each position.
 
 The plan holds no literal that changes from unit to unit (``changes`` are the unit's rows already, read by
 :func:`~mirrorline.log.spark.read_spark`), so Spark generates its code once and every later unit runs the same
-classes, which the JIT has compiled by then (tests/test_compile_codegen.py).
+classes, which the JIT has compiled by then (tests/compile/test_compile_codegen.py).
 
 When some key's changes are not an optional I and U's (an invalid sequence, which the general path names) or do not
 fit, :func:`compile_updates` returns None and the unit is compiled the general way.

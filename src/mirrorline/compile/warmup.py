@@ -148,11 +148,10 @@ def warm_large(spark: Any, keys: int = LARGE_WARM_UP_KEYS) -> float:
     """Compile :func:`large_unit` by the route large units of inserts and updates take
     (:mod:`mirrorline.compile.updates`), read from segments written as the log writes them; returns the seconds it
     took. What it leaves is the JVM's code for units of that size: Spark's classes for the route are the same for
-    every unit (tests/test_compile_codegen.py), and the JIT compiles their hot loops (the hash aggregate growing to
-    hundreds of thousands of keys a task, the log's Parquet decoding) only once it has run them at that size: a
-    synthetic unit of 60,000 changes written by Spark did not do it. Measured on the captured update-heavy unit of
-    ``bench/apply.py`` (1M changes), the route's compile as the first large unit after the warm-up, two alternating
-    runs each: 1.56 and 2.04 s after this, 2.06 and 2.42 s without it."""
+    every unit (tests/compile/test_compile_codegen.py), and the JIT compiles their hot loops (the hash aggregate
+    growing to hundreds of thousands of keys a task, the log's Parquet decoding) only once it has run them at that
+    size: a synthetic unit of 60,000 changes written by Spark did not do it. ``bench/apply.py`` measures the first
+    large unit after the warm-up."""
     import pyarrow.parquet as pq
 
     from mirrorline.compile.updates import compile_updates, qualifies

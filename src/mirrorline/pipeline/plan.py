@@ -1,6 +1,6 @@
 """Planning the next unit of work (DESIGN §5): where it ends and when it closes. Pure: it reads the log only through
 :class:`LogShape` (positions, counts and commit times; :class:`~mirrorline.log.reader.ChangeLog` is one) and the
-clock only through the arguments, so that tests/test_pipeline_plan.py checks it on a log held in memory.
+clock only through the arguments, so that tests/pipeline/test_pipeline_plan.py checks it on a log held in memory.
 
 - **Size** (:func:`next_unit`): a unit holds at most ``small`` changes while the log holds fewer than ``catch_up``
   beyond its start (a live pipeline that fell a little behind catches up in quick units on the small route), else

@@ -1,0 +1,193 @@
+"""One applier per target: a lock at the target, held while a unit is applied. ``verify`` and ``apply
+--once`` run five times each beside a live ``run`` on a table without a key (where a unit applied twice would leave
+extra copies) and a keyed one, under load: every verify says equal, every apply ends cleanly, and afterwards every
+target equals the source as a multiset (the tests' own reader)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import oracle
+import psycopg2
+import pytest
+from crash_support import mirrorline_process
+from pipeline_support import target_url
+
+from mirrorline import config as cfg
+from mirrorline.apply import open_target
+
+KINDS = ("postgresql", "sqlite", "delta")
+TABLES = ("public.bag", "public.keyed")
+
+
+def _config(pg: Any, tmp_path: Path, urls: dict[str, str]) -> Path:
+    lines = ["[source]", f'dsn = "{pg.dsn}"', "[log]", f'path = "{tmp_path / "log"}"', 'segment_seconds = "100ms"']
+    lines += ["[apply]", 'latency = "200ms"'] + [f'[tables."{t}"]' for t in TABLES]
+    for name, url in urls.items():
+        lines += [f"[targets.{name}]", f'url = "{url}"']
+    path = tmp_path / "m.toml"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+@pytest.mark.pg
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_lock_excludes_a_second_holder_and_names_the_first(
+    pg: Any, pg_cluster: Any, tmp_path: Path, kind: str
+) -> None:
+    url = target_url(kind, tmp_path, pg_cluster, f"lk_{kind[:2]}_{pg.name[-6:]}")
+    path = _config(pg, tmp_path, {"t": url})
+    t = open_target(cfg.load(path).targets["t"])
+    other = open_target(cfg.load(path).targets["t"])
+    try:
+        held = t.try_lock()
+        assert held is not None
+        assert other.try_lock() is None  # (another connection, another open file: as another process would be)
+        assert f"pid {os.getpid()}" in other.lock_holder() or "backend pid" in other.lock_holder()
+        t.unlock(held)
+        again = other.try_lock()
+        assert again is not None
+        other.unlock(again)
+    finally:
+        t.close()
+        other.close()
+
+
+class _Load(threading.Thread):
+    def __init__(self, dsn: str) -> None:
+        super().__init__(daemon=True)
+        self.dsn, self.stop, self.errors, self.n = dsn, threading.Event(), [], 0
+
+    def run(self) -> None:
+        conn = psycopg2.connect(self.dsn)
+        conn.autocommit = True
+        try:
+            with conn.cursor() as cur:
+                while not self.stop.is_set():
+                    self.n += 1
+                    i = self.n
+                    cur.execute(
+                        "INSERT INTO public.bag VALUES (%s, 'x'), (%s, 'x'); INSERT INTO public.keyed VALUES (%s, 'k');"
+                        "DELETE FROM public.bag WHERE ctid = (SELECT min(ctid) FROM public.bag WHERE a = %s);"
+                        "UPDATE public.keyed SET v = v || '+' WHERE id = %s",
+                        (i % 7, i % 7, i, (i * 3) % 7, i // 2),
+                    )
+                    time.sleep(0.02)
+        except BaseException as e:  # pragma: no cover - asserted by the test
+            self.errors.append(e)
+        finally:
+            conn.close()
+
+
+def _cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "mirrorline.cli.main", *args], capture_output=True, text=True, timeout=timeout
+    )
+
+
+def _all_same(pg: Any, urls: dict[str, str]) -> bool:
+    try:
+        for kind, url in urls.items():
+            for t in TABLES:
+                oracle.assert_same(pg.dsn, kind, url, t)
+    except AssertionError:
+        return False
+    return True
+
+
+@pytest.mark.pg
+@pytest.mark.spark
+def test_verify_and_apply_beside_a_live_run(pg: Any, pg_cluster: Any, tmp_path: Path) -> None:
+    pg.execute(
+        "CREATE TABLE public.bag (a integer, b text); ALTER TABLE public.bag REPLICA IDENTITY FULL;"
+        "CREATE TABLE public.keyed (id integer PRIMARY KEY, v text); INSERT INTO public.bag VALUES (1, 'x'), (1, 'x')"
+    )
+    urls = {k: target_url(k, tmp_path, pg_cluster, f"la_{k[:2]}_{pg.name[-6:]}") for k in KINDS}
+    path = _config(pg, tmp_path, urls)
+    run = mirrorline_process("run", "-c", str(path), log_file=tmp_path / "run.log")
+    load = _Load(pg.dsn)
+    try:
+        deadline = time.monotonic() + 240
+        while not _all_same(pg, urls):  # loaded and live
+            assert run.poll() is None, (tmp_path / "run.log").read_text()[-3000:]
+            assert time.monotonic() < deadline, "run did not load the targets"
+            time.sleep(1)
+        load.start()
+        for i in range(5):
+            v = _cli("verify", "-c", str(path))
+            assert v.returncode == 0, f"verify {i}: {v.returncode}\n{v.stdout}\n{v.stderr}"
+            a = _cli("apply", "--once", "--target", "postgresql", "-c", str(path))
+            assert a.returncode == 0, f"apply {i}: {a.returncode}\n{a.stdout}\n{a.stderr}"
+            assert run.poll() is None, (tmp_path / "run.log").read_text()[-3000:]
+        load.stop.set()
+        load.join(30)
+        assert not load.errors and load.n > 20
+        deadline = time.monotonic() + 120
+        while not _all_same(pg, urls):
+            assert time.monotonic() < deadline, "the targets did not catch up after the load"
+            time.sleep(1)
+    finally:
+        load.stop.set()
+        run.terminate()
+        try:
+            run.wait(30)
+        except subprocess.TimeoutExpired:
+            run.kill()
+    log = (tmp_path / "run.log").read_text(errors="replace")
+    assert "Traceback" not in log, log[-3000:]
+
+
+@pytest.mark.pg
+@pytest.mark.spark
+def test_status_and_verify_beside_a_live_run_on_duckdb(pg: Any, pg_cluster: Any, tmp_path: Path) -> None:
+    """DuckDB lets one process open a database to write it. Beside a live ``run`` that keeps a DuckDB target open:
+    ``status`` reports it (its position from the log's registry, no error, ``--check`` OK), and ``verify`` compares
+    it (``run`` lets go of the file once verify holds the target's applier lock, then takes it up again)."""
+    from mirrorline import status as status_mod
+
+    pg.execute(
+        "CREATE TABLE public.bag (a integer, b text); ALTER TABLE public.bag REPLICA IDENTITY FULL;"
+        "CREATE TABLE public.keyed (id integer PRIMARY KEY, v text); INSERT INTO public.keyed VALUES (1, 'a')"
+    )
+    urls = {k: target_url(k, tmp_path, pg_cluster, f"dk_{k[:2]}_{pg.name[-6:]}") for k in ("duckdb", "sqlite")}
+    path = _config(pg, tmp_path, urls)
+    conf = cfg.load(path)
+    run = mirrorline_process("run", "-c", str(path), log_file=tmp_path / "run.log")
+    try:
+
+        def duck() -> Any:
+            st = status_mod.status(conf)
+            return st, next(t for t in st.targets if t.name == "duckdb")
+
+        deadline = time.monotonic() + 240
+        while duck()[1].state != "live" or not _all_same(pg, {"sqlite": urls["sqlite"]}):
+            assert run.poll() is None, (tmp_path / "run.log").read_text()[-3000:]
+            assert time.monotonic() < deadline, "run did not load the targets"
+            time.sleep(1)
+        st, t = duck()
+        assert not t.error and t.position is not None and st.problems(max_lag=60) == [], st.problems()
+        pg.execute("INSERT INTO public.keyed VALUES (10, 'v'); INSERT INTO public.bag VALUES (1, 'x')")
+        v = _cli("verify", "-c", str(path))
+        assert v.returncode == 0, f"verify: {v.returncode}\n{v.stdout}\n{v.stderr}"
+        assert "duckdb" in v.stdout and "could not be compared" not in v.stdout, v.stdout
+        pg.execute("UPDATE public.keyed SET v = 'after verify'")
+        deadline = time.monotonic() + 120
+        while duck()[1].lag_bytes != 0 or not _all_same(pg, {"sqlite": urls["sqlite"]}):
+            assert time.monotonic() < deadline, (duck()[1], (tmp_path / "run.log").read_text()[-2000:])
+            time.sleep(0.5)
+        assert run.poll() is None, (tmp_path / "run.log").read_text()[-3000:]
+    finally:
+        run.terminate()
+        try:
+            run.wait(30)
+        except subprocess.TimeoutExpired:
+            run.kill()
+    assert _all_same(pg, urls)  # the tests' own reader, once run has let go of the file
+    log = (tmp_path / "run.log").read_text(errors="replace")
+    assert "Traceback" not in log and "stopped" not in log, log[-3000:]

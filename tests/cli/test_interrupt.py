@@ -1,0 +1,99 @@
+"""Ctrl-C at any moment: ``run`` interrupted while Spark's JVM starts, while its first load runs, and once it applies
+units prints one line saying what was kept (exit 130), no traceback and no JVM message, and leaves no Spark JVM
+behind; ``snapshot`` the same. A restart then goes on from what was kept: every target equals the source (read by
+the tests' own reader)."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import oracle
+import pytest
+
+pytestmark = [pytest.mark.pg, pytest.mark.spark]
+
+PROGRESS = ("unit ", "snapshot ", "target ", "Spark ready")  # the lines a run prints as it goes
+
+
+def _jvms_of(pid: int) -> list[int]:
+    """Spark JVMs started by process ``pid`` (its scratch folder, named by its pid, is in their command line)."""
+    out = []
+    for p in Path("/proc").iterdir():
+        if not p.name.isdigit():
+            continue
+        try:
+            cmd = (p / "cmdline").read_bytes().decode(errors="replace")
+        except OSError:
+            continue
+        if "SparkSubmit" in cmd and f"/{pid}-" in cmd:
+            out.append(int(p.name))
+    return out
+
+
+def _interrupt(cfg: Path, args: list[str], when: Any, meanwhile: Any = None) -> list[str]:
+    """Start ``mirrorline ARGS``, SIGINT it once ``when(stderr so far)`` holds (calling ``meanwhile()`` every half
+    second until then), and return its stderr's lines that are not progress; asserts exit 130 and that no JVM of it
+    is left."""
+    log = cfg.parent / f"interrupt-{time.monotonic_ns()}.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "mirrorline.cli.main", *args, "-c", str(cfg)], stderr=out)
+        deadline = time.monotonic() + 120
+        last = 0.0
+        while not when(log.read_text(errors="replace")):
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
+            if meanwhile is not None and time.monotonic() - last > 0.5:
+                meanwhile()
+                last = time.monotonic()
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(60) == 130, log.read_text()
+    deadline = time.monotonic() + 15
+    while _jvms_of(proc.pid):
+        assert time.monotonic() < deadline, f"a Spark JVM of pid {proc.pid} outlived it: {_jvms_of(proc.pid)}"
+        time.sleep(0.2)
+    return [line for line in log.read_text().splitlines() if not line.startswith(PROGRESS)]
+
+
+def test_ctrl_c_at_any_moment_says_what_was_kept_in_one_line(pg: Any, tmp_path: Path) -> None:
+    pg.execute(
+        "CREATE TABLE public.items (id integer PRIMARY KEY, v text);"
+        "INSERT INTO public.items SELECT g, md5(g::text) FROM generate_series(1, 200000) g"
+    )
+    urls = {"sqlite": f"sqlite:///{tmp_path / 't.db'}", "duckdb": f"duckdb:///{tmp_path / 't.duckdb'}"}
+    cfg = tmp_path / "m.toml"
+    cfg.write_text(
+        f'[source]\ndsn = "{pg.dsn}"\n[log]\npath = "log"\n[apply]\nlatency = "100ms"\n[tables."public.items"]\n'
+        + "".join(f'[targets.{k}]\nurl = "{u}"\n' for k, u in urls.items())
+    )
+    start = time.monotonic()
+    moments = {
+        "while the JVM starts": lambda _err: time.monotonic() - start > 1.5,
+        "while the first load runs": lambda err: "snapshot " in err,
+        "once units are applied": lambda err: "unit " in err,
+    }
+    n = 0
+
+    def change() -> None:
+        nonlocal n
+        n += 1
+        pg.execute(f"UPDATE public.items SET v = 'change {n}' WHERE id % 997 = {n % 997}")
+
+    for what, when in moments.items():
+        start = time.monotonic()
+        change()
+        lines = _interrupt(cfg, ["run"], when, change)
+        assert len(lines) == 1 and lines[0].startswith("mirrorline run: interrupted; kept: captured "), (what, lines)
+    pg.execute("DELETE FROM public.items WHERE id % 5 = 0")
+    lines = _interrupt(cfg, ["snapshot", "--target", "sqlite"], lambda err: "snapshot " in err)
+    assert lines == ["mirrorline snapshot: interrupted"], lines
+    r = subprocess.run(
+        [sys.executable, "-m", "mirrorline.cli.main", "run", "--once", "-c", str(cfg)], capture_output=True, text=True
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    for kind, url in urls.items():
+        oracle.assert_same(pg.dsn, kind, url, "public.items")

@@ -1,0 +1,67 @@
+"""Every benchmark still runs: each ``bench/*.py`` with a command line is run with ``--help`` (which imports all it
+needs at module level and parses its options) and at a tiny size, where it must end well and print its one JSON line
+of figures; the modules the others import are imported. A benchmark's figures are measured by running it at its own
+size (README, "Figures"); this keeps one from rotting unseen. ``bench/faults.py`` runs in test_faults.py."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+SCRIPTS = sorted(p.name for p in BENCH.glob("*.py") if "__main__" in p.read_text())
+MODULES = sorted(p.stem for p in BENCH.glob("*.py") if "__main__" not in p.read_text())
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_each_benchmark_starts(script: str) -> None:
+    r = subprocess.run(
+        [sys.executable, str(BENCH / script), "--help"], capture_output=True, text=True, timeout=120, cwd=BENCH
+    )
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("usage:"), r.stdout
+
+
+@pytest.mark.parametrize("module", MODULES)
+def test_each_benchmark_module_imports(module: str) -> None:
+    code = f"import sys; sys.path.insert(0, {str(BENCH)!r}); import {module}"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=BENCH)
+    assert r.returncode == 0, r.stderr
+
+
+TINY = {
+    "apply.py": (["--changes", "2000", "--runs", "1"], "update_heavy"),
+    "apply_targets.py": (["--rows", "1000"], "bench"),
+    "capture.py": (["--changes", "2000", "--rounds", "1"], "changes_per_s"),
+    "compile.py": (["--sizes", "2000"], "sizes"),
+    "live.py": (["--phase-seconds", "3", "--scale", "1", "--restart-transactions", "100"], "equal"),
+    "log_write.py": (["--changes", "2000"], "write_changes_per_s"),
+    "snapshot.py": (["--rows", "2000"], "copy_pipe_s"),
+    "unit.py": (["--sizes", "100"], "100"),
+    "verify.py": (["--scale", "1"], "verify_s"),
+}
+
+
+@pytest.mark.parametrize("script", sorted(TINY))
+def test_each_benchmark_runs_at_a_tiny_size(script: str) -> None:
+    args, key = TINY[script]
+    r = subprocess.run(
+        [sys.executable, str(BENCH / script), *args], capture_output=True, text=True, timeout=300, cwd=BENCH
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    lines = r.stdout.strip().splitlines()
+    assert len(lines) == 1, r.stdout[-3000:]
+    figures = json.loads(lines[0])
+    assert key in figures, figures
+
+
+def test_every_benchmark_has_a_tiny_run() -> None:
+    assert set(TINY) == set(SCRIPTS) - {"faults.py"}
+
+
+def test_there_are_benchmarks() -> None:
+    assert len(SCRIPTS) >= 10 and "snapshot.py" in SCRIPTS and MODULES == ["layout_floor"]

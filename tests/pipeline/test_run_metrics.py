@@ -1,0 +1,109 @@
+"""``run`` serves its metrics over HTTP for Prometheus: lag per target, unit durations as histograms,
+changes and rows applied, capture's counters and the slot's retained WAL, scraped from a running ``run``; a bad
+``[metrics] listen`` is refused at start."""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from snapshot_support import RunnerThread, create_items, write_config
+
+from mirrorline import config as C
+from mirrorline.pgcluster import free_port
+from mirrorline.pipeline import Runner
+
+pytestmark = [pytest.mark.pg, pytest.mark.spark]
+
+
+def _scrape(address: tuple[str, int]) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    with urllib.request.urlopen(f"http://{address[0]}:{address[1]}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    out = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+def test_run_serves_its_metrics(pg: Any, spark: Any, tmp_path: Path) -> None:
+    create_items(pg.dsn, rows=100)
+    cfg = write_config(tmp_path, pg.dsn, {"cache": f"sqlite:///{tmp_path / 'cache.db'}"}, {"public.items": {}})
+    port = free_port()
+    cfg.file.write_text(cfg.file.read_text() + f'\n[metrics]\nlisten = "127.0.0.1:{port}"\n')
+    cfg = C.load(cfg.file)
+    assert cfg.metrics.listen == ("127.0.0.1", port)
+    runner = Runner(cfg)
+    thread = RunnerThread(runner)
+    errors = thread.errors
+    thread.start()
+    try:
+        deadline = time.monotonic() + 120
+        while runner.metrics_address is None or not runner.loaded.is_set():
+            assert not errors, errors
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        pg.execute("INSERT INTO public.items (id, name, qty) SELECT g, 'm' || g, g FROM generate_series(1001, 1050) g")
+        while True:
+            got = _scrape(runner.metrics_address)
+            if got.get(("mirrorline_changes_applied_total", (("target", "cache"),)), 0) >= 50:
+                break
+            assert not errors, errors
+            assert time.monotonic() < deadline, got
+            time.sleep(0.2)
+        assert got[("mirrorline_rows_applied_total", (("kind", "I"), ("target", "cache")))] >= 50
+        assert got[("mirrorline_unit_apply_seconds_count", (("target", "cache"),))] >= 1
+        assert got[("mirrorline_unit_compile_seconds_count", ())] >= 1
+        assert ("mirrorline_target_lag_seconds", (("target", "cache"),)) in got
+        assert got[("mirrorline_target_lag_bytes", (("target", "cache"),))] >= 0
+        assert got[("mirrorline_capture_changes", ())] >= 50
+        assert got[("mirrorline_slot_retained_wal_bytes", (("slot", "mirrorline"),))] > 0
+        stopped = ("mirrorline_table_stopped", (("table", "public.items"), ("target", "cache")))
+        assert got[stopped] == 0 and got[("mirrorline_target_stopped", (("target", "cache"),))] == 0
+        # the target refuses a row: the table is stopped alone at it, and the metrics say so
+        with sqlite3.connect(tmp_path / "cache.db") as db:
+            db.execute(
+                "CREATE TRIGGER no_bad BEFORE INSERT ON items WHEN NEW.name = 'bad' "
+                "BEGIN SELECT RAISE(ABORT, 'no'); END"
+            )
+        pg.execute("INSERT INTO public.items (id, name, qty) VALUES (2000, 'bad', 1)")
+        while _scrape(runner.metrics_address).get(stopped) != 1:
+            assert not errors, errors
+            assert time.monotonic() < deadline + 60
+            time.sleep(0.2)
+    finally:
+        runner.stop()
+        thread.join(60)
+    assert not errors, errors
+    with pytest.raises(OSError):  # the server stops with run
+        urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2)
+
+
+@pytest.mark.parametrize("listen", ["9187", "localhost", "127.0.0.1:99999", "a b:1"])
+def test_a_bad_listen_address_is_refused(tmp_path: Path, listen: str) -> None:
+    (tmp_path / "m.toml").write_text(f'[log]\npath = "log"\n[metrics]\nlisten = "{listen}"\n')
+    with pytest.raises(C.ConfigError, match=r"metrics\.listen"):
+        C.load(tmp_path / "m.toml")
+
+
+def test_metrics_open_to_other_hosts_are_warned_about(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Served beyond this machine (no authentication), the metrics start with a warning; on loopback, quietly."""
+    import logging
+
+    from mirrorline.metrics import RunMetrics, loopback
+
+    assert loopback("127.0.0.1") and loopback("::1") and loopback("localhost")
+    assert not loopback("0.0.0.0") and not loopback("10.1.2.3") and not loopback("db.example")
+    for listen, warned in (("127.0.0.1", False), ("0.0.0.0", True)):
+        (tmp_path / "m.toml").write_text(f'[log]\npath = "log"\n[metrics]\nlisten = "{listen}:{free_port()}"\n')
+        m = RunMetrics(C.load(tmp_path / "m.toml"), dict, lambda: None)
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="mirrorline.metrics"):
+            m.start()
+        m.stop()
+        assert any("without authentication" in r.message for r in caplog.records) is warned, listen

@@ -1,0 +1,95 @@
+"""``run`` takes its configuration up again on SIGHUP, which ``mirrorline reload`` sends: a target added is loaded
+beside the others and then applied (its folder missing at first: that load fails, stops only that target, and is
+tried again until it works); a target removed is no longer applied (``target drop`` refuses it until then, naming
+the run); the others stay current all along. An invalid file is refused by ``reload`` (nothing sent) and by ``run``
+itself (it goes on as it was). Every target is read by the tests' own reader."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import oracle
+import pytest
+from crash_support import mirrorline_process
+
+pytestmark = [pytest.mark.pg, pytest.mark.spark]
+
+
+def _same(pg: Any, kind: str, url: str) -> bool:
+    try:
+        oracle.assert_same(pg.dsn, kind, url, "public.items")
+    except (AssertionError, Exception):
+        return False
+    return True
+
+
+def _wait(what: str, cond: Callable[[], bool], timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, f"timed out waiting until {what}"
+        time.sleep(0.3)
+
+
+def test_targets_added_and_removed_on_sighup(pg: Any, tmp_path: Path) -> None:
+    pg.execute("CREATE TABLE public.items (id integer PRIMARY KEY, v text); INSERT INTO public.items VALUES (1, 'a')")
+    urls = {
+        "keep": f"sqlite:///{tmp_path / 'keep.db'}",
+        "gone": f"sqlite:///{tmp_path / 'gone.db'}",
+        "late": f"sqlite:///{tmp_path / 'later' / 'late.db'}",  # its folder does not exist yet
+    }
+    cfg = tmp_path / "m.toml"
+
+    def write(names: list[str]) -> None:
+        body = f'[source]\ndsn = "{pg.dsn}"\n[log]\npath = "log"\n[apply]\nlatency = "100ms"\n[tables."public.items"]\n'
+        body += "".join(f'[targets.{n}]\nurl = "{urls[n]}"\n' for n in names)
+        cfg.write_text(body)
+
+    write(["keep", "gone"])
+    log = tmp_path / "run.log"
+    proc = mirrorline_process("run", "-c", str(cfg), log_file=log)
+    try:
+        _wait(
+            "both targets are current", lambda: _same(pg, "sqlite", urls["keep"]) and _same(pg, "sqlite", urls["gone"])
+        )
+        good = cfg.read_text()
+        cfg.write_text(good + '[targets.bad]\nurl = "mysql://nowhere/x"\n')
+        r = _cli("reload", "-c", str(cfg))
+        assert r.returncode == 2 and "targets.bad.url" in r.stderr, r.stderr  # refused here: nothing sent
+        proc.send_signal(signal.SIGHUP)  # and by run itself, which goes on as it was
+        _wait("run refuses the file", lambda: "configuration not reloaded (run goes on as it was)" in log.read_text())
+        assert proc.poll() is None
+        write(["keep", "late"])
+        r = _cli("target", "drop", "-c", str(cfg), "gone")  # out of the file, but the live run still applies it
+        assert r.returncode == 3 and f"still applied by the live `mirrorline run` (pid {proc.pid})" in r.stderr
+        r = _cli("reload", "-c", str(cfg))
+        assert r.returncode == 0 and f"pid {proc.pid}" in r.stdout, r.stderr
+        _wait("the removal is said", lambda: "target gone removed from the configuration" in log.read_text())
+        r = _cli("target", "drop", "-c", str(cfg), "gone")
+        assert r.returncode == 0 and "target gone unregistered" in r.stderr, r.stderr
+        _wait("the failed load is said", lambda: "target late: loading failed" in log.read_text())
+        pg.execute("INSERT INTO public.items VALUES (2, 'b')")
+        _wait("the kept target is current", lambda: _same(pg, "sqlite", urls["keep"]))
+        (tmp_path / "later").mkdir()
+        _wait("the added target is loaded and current", lambda: _same(pg, "sqlite", urls["late"]))
+        pg.execute("UPDATE public.items SET v = 'c'")
+        _wait(
+            "both configured targets are current",
+            lambda: _same(pg, "sqlite", urls["keep"]) and _same(pg, "sqlite", urls["late"]),
+        )
+        assert not _same(pg, "sqlite", urls["gone"])  # no longer applied
+        assert proc.poll() is None, log.read_text()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(60)
+    r = _cli("reload", "-c", str(cfg))  # no run now
+    assert r.returncode == 3 and "no mirrorline run writes the change log" in r.stderr, r.stderr
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "mirrorline.cli.main", *args], capture_output=True, text=True)

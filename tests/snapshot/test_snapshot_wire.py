@@ -1,0 +1,61 @@
+"""Snapshots over the wire while a workload keeps changing the source: after catching up from the log, verify finds
+every target equal to the source (PostgreSQL, SQLite, DuckDB targets)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import oracle
+import pytest
+from snapshot_support import Workload, capture_once, create_items, target_urls, write_config
+
+from mirrorline.apply import open_target
+from mirrorline.pipeline import catch_up_target
+from mirrorline.snapshot import Options, consistent_position, snapshot_target
+from mirrorline.snapshot.plan import SEQ_MAX
+from mirrorline.verify import verify
+
+pytestmark = [pytest.mark.pg, pytest.mark.spark]
+
+SMALL = Options(chunk_mb=0.04, progress=False)  # 5 blocks a chunk: many chunks even for small tables
+
+
+def test_consistent_position_is_just_before_the_point() -> None:
+    p = consistent_position(0x1505760)
+    assert p.lsn == 0x150575F and p.seq == SEQ_MAX
+    from mirrorline.position import Position
+
+    assert Position(0x150575F, 10**6) <= p < Position(0x1505760, 0)
+
+
+def test_snapshot_under_a_workload_then_catch_up_equals_source(
+    pg: Any, spark: Any, tmp_path: Path, target_dbs: list[str]
+) -> None:
+    create_items(pg.dsn, rows=3000)
+    urls = target_urls(tmp_path, pg.cluster, ["postgresql", "sqlite", "duckdb", "delta"], target_dbs)
+    cfg = write_config(tmp_path, pg.dsn, urls, {"public.items": {"actions": "IDU"}})
+    work = Workload(pg.dsn, max_id=3000).start()
+    try:
+        first = snapshot_target(cfg, "postgresql", options=SMALL)  # creates the main slot: the log starts here
+        before = work.ops
+        second = snapshot_target(cfg, "sqlite", options=SMALL)  # a temporary slot: a later point
+        third = snapshot_target(cfg, "duckdb", options=SMALL)
+        fourth = snapshot_target(cfg, "delta", options=SMALL)
+        assert work.ops > before  # the source changed while the snapshots ran
+    finally:
+        work.stop()
+    assert first.created_slot and not second.created_slot
+    assert first.position < second.position < third.position < fourth.position
+    for res in (first, second, third, fourth):
+        t = open_target(cfg.targets[res.target])  # type: ignore[index]
+        assert t.applied_position() == res.position
+        t.close()
+    capture_once(cfg)
+    for name in ("postgresql", "sqlite", "duckdb", "delta"):
+        catch_up_target(cfg, name)
+        oracle.assert_same(pg.dsn, name, urls[name], "public.items")  # read independently before verify is asked
+    report = verify(cfg)
+    assert report.ok, report.text()
+    assert {t.target for t in report.targets} == {"postgresql", "sqlite", "duckdb", "delta"}
+    assert all(c.source_rows > 2000 for t in report.targets for c in t.tables)
