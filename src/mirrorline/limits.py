@@ -7,7 +7,7 @@ unit of work; each says where it is used, and why (with the benchmark that showe
   driver's prepared plan (``compile/small.py``); a unit of inserts only of at most :data:`INSERTS_MAX_ROWS` rows
   by the inserts route (``compile/inserts.py``); up to :data:`DRIVER_UNIT` changes the net rows come to the driver
   through Arrow in the fold's job, beyond it through Parquet (``compile/spark.py``).
-- Apply (``apply/engine.py``, ``apply/postgresql.py``): a unit of more than :data:`DRIVER_ROWS` changes is loaded
+- Apply (``apply/engine.py``, ``apply/postgresql/target.py``): a unit of more than :data:`DRIVER_ROWS` changes is loaded
   table by table; a PostgreSQL target loads units of at least :data:`PARALLEL_ROWS` net rows into its worktables
   from Spark tasks.
 """

@@ -17,7 +17,7 @@ from the existing row), inserts (insert-select), each from a bulk-loaded worktab
   ``mirrorline_rejects`` and apply the rest, the position advanced (:mod:`mirrorline.apply.serial`).
 
 One module of about 870 lines: the unit's transaction (or lanes), the bulk statements' order and the failure
-path share the unit's state (:class:`_Unit`) and must be read together to see that a unit applies exactly once;
+path share the unit's state (:class:`UnitWork`) and must be read together to see that a unit applies exactly once;
 SQL text is generated in ``apply/sql.py``, worktables staged in ``apply/stage.py``, the failure path in
 ``apply/serial.py``.
 """
@@ -105,7 +105,7 @@ class _SessionRead(TargetRead):
 
 
 @dataclass
-class _Unit:
+class UnitWork:
     """One unit being applied to this target: what every step of it reads."""
 
     batch: NetBatch
@@ -534,9 +534,9 @@ class Target(ABC):
                 target=self.name,
             )
         self.follow_schema([schemas[t] for t in todo], state)
-        u = _Unit(batch, schemas, changes, state, self.stager(batch, schemas, todo), result)
+        u = UnitWork(batch, schemas, changes, state, self.stager(batch, schemas, todo), result)
         try:
-            self._apply_unit(u, tables, todo)
+            self.write_unit(u, tables, todo)
         finally:
             u.stager.close()
         result.seconds = time.monotonic() - t0
@@ -577,9 +577,9 @@ class Target(ABC):
                 table=table,
             )
         self.follow_schema([schemas[t] for t in todo], state)
-        u = _Unit(batch, schemas, changes, state, self.stager(batch, schemas, todo), result, held=table)
+        u = UnitWork(batch, schemas, changes, state, self.stager(batch, schemas, todo), result, held=table)
         try:
-            self._apply_unit(u, todo, todo, by_lanes=False)
+            self.write_unit(u, todo, todo, by_lanes=False)
         finally:
             u.stager.close()
         result.seconds = time.monotonic() - t0
@@ -600,9 +600,11 @@ class Target(ABC):
         with self.transaction() as s:
             applied.release(s, table)
 
-    def _apply_unit(self, u: _Unit, tables: list[str], todo: list[str], by_lanes: bool = True) -> None:
-        """Apply the unit's tables ``todo`` (``tables``: all of the unit's, in first-seen order), positions with
-        them: one transaction (threads = 1) or a transaction per table on ``threads`` lanes."""
+    def write_unit(self, u: UnitWork, tables: list[str], todo: list[str], by_lanes: bool = True) -> None:
+        """Write the unit's tables ``todo`` (``tables``: all of the unit's, in first-seen order) and their positions:
+        one transaction (threads = 1) or a transaction per table on ``threads`` lanes (``by_lanes``). The one step a
+        kind whose tables are not written by SQL transactions replaces (Delta: a commit per table, then the unit's
+        end); :meth:`apply` has checked the positions and followed the schema before it."""
         if self.threads == 1 or not by_lanes:
             s = self.session()
             try:
@@ -612,7 +614,7 @@ class Target(ABC):
         else:
             self._apply_lanes(u, tables, todo)
 
-    def _apply_lanes(self, u: _Unit, tables: list[str], todo: list[str]) -> None:
+    def _apply_lanes(self, u: UnitWork, tables: list[str], todo: list[str]) -> None:
         """``threads > 1``: the tables dealt to lanes, each table its own transaction and position."""
         s = self.session()
         try:
@@ -640,7 +642,7 @@ class Target(ABC):
         finally:
             s.close()
 
-    def _apply_scope(self, s: Session, u: _Unit, tables: list[str], unit: bool) -> None:
+    def _apply_scope(self, s: Session, u: UnitWork, tables: list[str], unit: bool) -> None:
         """One transaction: the tables' bulk statements and positions; on a bulk failure, the failure path."""
         batch, result = u.batch, u.result
         counts: dict[str, dict[str, int]] = {}
@@ -686,7 +688,7 @@ class Target(ABC):
                 result.rows[t] = counts[t]
         result.applied.extend(tables)
 
-    def _bulk_table(self, s: Session, u: _Unit, ts: TableSchema) -> dict[str, int]:
+    def _bulk_table(self, s: Session, u: UnitWork, ts: TableSchema) -> dict[str, int]:
         """One table's net rows by set-based statements, inside the scope's transaction: its row counts."""
         d, stager, batch, result = self.dialect, u.stager, u.batch, u.result
         counts = {"D": 0, "U": 0, "I": 0}

@@ -24,7 +24,7 @@ from mirrorline.model import Change, Op, TableSchema
 
 if TYPE_CHECKING:
     from mirrorline.apply.engine import Target
-    from mirrorline.apply.engine import _Unit as Unit
+    from mirrorline.apply.engine import UnitWork as Unit
 
 _images = itertools.count(1)
 

@@ -64,7 +64,8 @@ OWN_INDEX = "mirrorline_key_"  # the prefix of the index mirrorline makes on a t
 
 class Dialect(ABC):
     """The SQL of one target kind: statements in the form most engines take (PostgreSQL's and DuckDB's), each kind's
-    module (:mod:`mirrorline.apply.postgresql`, ``sqlite``, ``duckdb``) subclassing it where its engine differs."""
+    ``dialect.py`` (``apply/postgresql/``, ``sqlite/``, ``duckdb/``, ``delta/``) subclassing it where its engine
+    differs."""
 
     name: ClassVar[str]  # the target kind: "postgresql", "sqlite", "duckdb"
     default_schema: ClassVar[str | None] = None  # where a table of the source's "public" schema goes (None: no schemas)

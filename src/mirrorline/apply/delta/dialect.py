@@ -13,8 +13,7 @@ import duckdb
 import pyarrow as pa
 
 from mirrorline.apply import types as type_map
-from mirrorline.apply.sql import lit
-from mirrorline.apply.sqlite import SqliteDialect
+from mirrorline.apply.sql import Dialect, lit
 from mirrorline.errors import TargetError, first_line
 from mirrorline.model import Column, TableSchema, split_table_name
 from mirrorline.position import ZERO, Position
@@ -56,10 +55,26 @@ _TIMES = {
 _STRING_TYPES = {"uuid", "json", "jsonb", "time", "time without time zone"}
 
 
-class DeltaDialect(SqliteDialect):
-    """The type mapping of the Delta target. mirrorline's own tables are SQLite's (``_mirrorline.sqlite``)."""
+class DeltaDialect(Dialect):
+    """The type mapping of the Delta target: PostgreSQL types as Delta's (Arrow's), the DuckDB SQL that converts text
+    to them, a table's folder. mirrorline's own tables (positions, rejects) live in ``_mirrorline.sqlite`` beside the
+    tables, so the statements the engine writes for them are plain SQL with ``?`` parameters and no schemas."""
 
     name = "delta"
+    default_schema = None  # no schemas: "sales.orders" is one name (and one folder, see table_dir)
+
+    def names(self, table: str) -> tuple[str | None, str]:
+        schema, name = split_table_name(table)
+        return None, (name if schema == "public" else f"{schema}.{name}")
+
+    def schema(self, table: str) -> str | None:
+        return None
+
+    def text_param(self) -> str:
+        return "?"
+
+    def retype(self, table: str, c: Column) -> list[str] | None:
+        return None  # a column's type changes by rewriting the table (DeltaTarget.follow_schema)
 
     def type_info(self, table: str, col: Column) -> type_map.TypeInfo:
         b = type_map.base_type(col.type_name)

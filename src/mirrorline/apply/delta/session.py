@@ -16,6 +16,7 @@ from mirrorline.apply import types as type_map
 from mirrorline.apply.chunks import read_chunk
 from mirrorline.apply.delta.dialect import DELTA, STATE_FILE, _open, duck_connection, table_position
 from mirrorline.apply.engine import TargetRead
+from mirrorline.apply.session import Session
 from mirrorline.apply.sqlite import SqliteSession
 from mirrorline.apply.state import read as read_state
 from mirrorline.errors import ApplyError, TargetError
@@ -30,10 +31,11 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-class DeltaSession(SqliteSession):
-    """A transaction on ``_mirrorline.sqlite`` plus the Delta writes of a snapshot's load: the tables emptied
-    (:meth:`truncate`) are overwritten at :meth:`commit`, each in one Delta commit with the position the transaction
-    gave it, before the state file commits (a crash in between leaves the load ``loading``: it is loaded again)."""
+class DeltaSession(Session):
+    """A transaction on ``_mirrorline.sqlite`` (mirrorline's own tables: positions, snapshot state, rejects, through a
+    SQLite session it holds) plus the Delta writes of a snapshot's load: the tables emptied (:meth:`truncate`) are
+    overwritten at :meth:`commit`, each in one Delta commit with the position the transaction gave it, before the
+    state file commits (a crash in between leaves the load ``loading``: it is loaded again)."""
 
     dialect = DELTA
     db_errors: tuple[type[BaseException], ...] = (*SqliteSession.db_errors, duckdb.Error, OSError)
@@ -47,20 +49,61 @@ class DeltaSession(SqliteSession):
                 hint="point the target's url at a folder (delta:///relative/path or delta:////absolute/path)",
                 target=target.name,
             ) from e
-        super().__init__(str(target.root / STATE_FILE))
+        self.state = SqliteSession(str(target.root / STATE_FILE))
         self.target = target
         self._pending: dict[str, list[pa.Table]] = {}
         self._emptied: set[str] = set()
         self._con: duckdb.DuckDBPyConnection | None = None
 
+    # -- the state file ----------------------------------------------------------------------------------------------
     def begin(self) -> None:
         self._pending, self._emptied = {}, set()
-        super().begin()
+        self.state.begin()
 
     def rollback(self) -> None:
         self._pending, self._emptied = {}, set()
-        super().rollback()
+        self.state.rollback()
 
+    def commit(self) -> None:
+        if self._pending:
+            positions = read_state(self)  # as this transaction set them
+            for table, parts in self._pending.items():
+                self.target.write(table, parts, positions.table(table), overwrite=table in self._emptied)
+            self._pending, self._emptied = {}, set()
+        self.state.commit()
+
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> None:
+        self.state.execute(sql, params)
+
+    def dml(self, sql: str, params: Sequence[Any] = ()) -> int:
+        return self.state.dml(sql, params)
+
+    def query(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        return self.state.query(sql, params)
+
+    def begin_read(self) -> None:
+        self.state.begin_read()
+
+    def fetch(self, sql: str, size: int = 10_000) -> Iterator[list[tuple[Any, ...]]]:
+        return self.state.fetch(sql, size)
+
+    def load(self, name: str, columns: Sequence[str], data: pa.Table) -> None:
+        self.state.load(name, columns, data)
+
+    def bulk_begin(self) -> None:
+        self.state.bulk_begin()
+
+    def error_text(self, exc: BaseException) -> str:
+        return self.state.error_text(exc)
+
+    def reusable(self) -> bool:
+        return self.state.reusable()
+
+    def reset(self) -> bool:
+        self._pending, self._emptied = {}, set()
+        return self.state.reset()
+
+    # -- the tables --------------------------------------------------------------------------------------------------
     def truncate(self, table: str) -> None:
         self._pending[table] = []
         self._emptied.add(table)
@@ -78,30 +121,22 @@ class DeltaSession(SqliteSession):
             n += batch.num_rows
         return n
 
-    def commit(self) -> None:
-        if self._pending:
-            state = read_state(self)  # as this transaction set it
-            for table, parts in self._pending.items():
-                position = state.table(table)
-                self.target.write(table, parts, position, overwrite=table in self._emptied)
-            self._pending, self._emptied = {}, set()
-        super().commit()
-
     def table_columns(self, table: str) -> list[str] | None:
+        """A Delta table's columns, or one of mirrorline's own tables' in the state file."""
         dt = _open(self.dialect.table_dir(self.target.root, table))
         if dt is not None:
             return [f.name for f in dt.schema().fields]
-        return super().table_columns(table)
+        return self.state.table_columns(table)
 
     def is_data_error(self, exc: BaseException) -> bool:
         if isinstance(exc, duckdb.ConversionException | duckdb.InvalidInputException | duckdb.OutOfRangeException):
             return True
-        return super().is_data_error(exc)
+        return self.state.is_data_error(exc)
 
     def disconnect(self) -> None:
         if self._con is not None:
             self._con.close()
-        super().disconnect()
+        self.state.disconnect()
 
 
 def typed(con: duckdb.DuckDBPyConnection, data: pa.Table, ts: TableSchema, columns: Sequence[str]) -> pa.Table:

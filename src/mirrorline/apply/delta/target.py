@@ -34,7 +34,7 @@ from mirrorline.apply.delta.dialect import (
 )
 from mirrorline.apply.delta.plan import _BagPlan, _Plan
 from mirrorline.apply.delta.session import DeltaSession, _DeltaRead, _Failure
-from mirrorline.apply.engine import Target, TargetRead, _Unit, deal
+from mirrorline.apply.engine import Target, TargetRead, UnitWork, deal
 from mirrorline.apply.lock import FileLock
 from mirrorline.apply.reshape import Step, as_rebuild, plan, stop
 from mirrorline.apply.session import Session
@@ -243,7 +243,7 @@ class DeltaTarget(Target):
             else:
                 write_deltalake(dt, data, mode="append", commit_properties=props)
 
-    def _apply_unit(self, u: _Unit, tables: list[str], todo: list[str], by_lanes: bool = True) -> None:
+    def write_unit(self, u: UnitWork, tables: list[str], todo: list[str], by_lanes: bool = True) -> None:
         """Each table in one Delta commit with the unit's end (``threads`` > 1: tables dealt to that many lanes
         applied side by side), then the unit end in the state file once every table is done."""
         lanes = [lane for lane in ([t for t in lane if t in todo] for lane in deal(tables, self.threads)) if lane]
@@ -269,7 +269,7 @@ class DeltaTarget(Target):
         with self.transaction() as s:
             u.record(s, [], unit=True)
 
-    def _apply_retried(self, u: _Unit, ts: TableSchema) -> tuple[dict[str, int], list[_Failure]]:
+    def _apply_retried(self, u: UnitWork, ts: TableSchema) -> tuple[dict[str, int], list[_Failure]]:
         for attempt in range(1, COMMIT_ATTEMPTS + 1):
             try:
                 return self._apply_table(u, ts)
@@ -287,7 +287,7 @@ class DeltaTarget(Target):
                 )
         raise AssertionError("unreachable")
 
-    def _apply_table(self, u: _Unit, ts: TableSchema) -> tuple[dict[str, int], list[_Failure]]:
+    def _apply_table(self, u: UnitWork, ts: TableSchema) -> tuple[dict[str, int], list[_Failure]]:
         """One table's net rows as one Delta commit: checked, typed, then merged (appended when they are all
         inserts, written over the table when the unit truncated it)."""
         from deltalake import write_deltalake
@@ -378,7 +378,7 @@ class DeltaTarget(Target):
             ) from e
 
     @staticmethod
-    def _locate(u: _Unit, ts: TableSchema, failures: list[_Failure]) -> None:
+    def _locate(u: UnitWork, ts: TableSchema, failures: list[_Failure]) -> None:
         """Give each failing net change the position and kind of the last change folded into it, when the unit's
         changes are at hand (an insert's position travels with it)."""
         wanted: dict[tuple[str | None, ...], _Failure] = {

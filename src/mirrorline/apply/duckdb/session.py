@@ -1,0 +1,114 @@
+"""A DuckDB target's session: a cursor of the target's one open database."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pyarrow as pa
+
+from mirrorline.apply.chunks import read_chunk
+from mirrorline.apply.duckdb.dialect import DUCKDB
+from mirrorline.apply.session import Session
+from mirrorline.apply.sql import OWN_INDEX
+from mirrorline.model import TableSchema, quote_ident
+
+_DATA_ERRORS = (
+    duckdb.ConstraintException,
+    duckdb.ConversionException,
+    duckdb.InvalidInputException,
+    duckdb.OutOfRangeException,
+    duckdb.TypeMismatchException,
+)
+_views = itertools.count(1)
+
+
+class DuckdbSession(Session):
+    dialect = DUCKDB
+    db_errors = (duckdb.Error,)
+
+    def __init__(self, conn: duckdb.DuckDBPyConnection) -> None:
+        self.cur = conn.cursor()
+
+    savepoints = False  # DuckDB has none: a reject restarts the serial pass
+
+    def begin(self) -> None:
+        self.cur.execute("BEGIN TRANSACTION")
+
+    def commit(self) -> None:
+        self.cur.execute("COMMIT")
+
+    def rollback(self) -> None:
+        self.cur.execute("ROLLBACK")
+
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> None:
+        self.cur.execute(sql, list(params) if params else None)
+
+    def dml(self, sql: str, params: Sequence[Any] = ()) -> int:
+        row = self.cur.execute(sql, list(params) if params else None).fetchone()
+        return int(row[0]) if row else 0
+
+    def query(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        return self.cur.execute(sql, list(params) if params else None).fetchall()
+
+    def fetch(self, sql: str, size: int = 10_000) -> Iterator[list[tuple[Any, ...]]]:
+        res = self.cur.execute(sql)
+        while batch := res.fetchmany(size):
+            yield batch
+
+    def load(self, name: str, columns: Sequence[str], data: pa.Table) -> None:
+        view = f"mirrorline_arrow_{next(_views)}"
+        self.cur.register(view, data.rename_columns(list(columns)))
+        try:
+            self.cur.execute(f"CREATE TEMP TABLE {name} AS SELECT * FROM {view}")
+        finally:
+            self.cur.unregister(view)
+
+    def load_chunk(self, ts: TableSchema, path: str | Path, header: bool = True) -> int:
+        """Each batch of the file registered as an Arrow view and converted by one INSERT ... SELECT."""
+        d = self.dialect
+        cols = ", ".join(quote_ident(c) for c in ts.column_names)
+        exprs = ", ".join(
+            d.conv(f"v.c{i}", d.type_info(ts.table, c), ts.table, c.name) for i, c in enumerate(ts.columns)
+        )
+        n = 0
+        for batch in read_chunk(path, ts.column_names, header):
+            n += batch.num_rows
+            view = f"mirrorline_snap_{next(_views)}"
+            self.cur.register(view, pa.Table.from_batches([batch]))
+            try:
+                self.cur.execute(f"INSERT INTO {d.table(ts.table)} ({cols}) SELECT {exprs} FROM {view} AS v")
+            finally:
+                self.cur.unregister(view)
+        return n
+
+    def table_columns(self, table: str) -> list[str] | None:
+        schema, name = self.dialect.names(table)
+        rows = self.cur.execute(
+            "SELECT column_name FROM information_schema.columns WHERE table_catalog = current_database() "
+            "AND table_schema = ? AND table_name = ? ORDER BY ordinal_position",
+            [schema, name],
+        ).fetchall()
+        return [r[0] for r in rows] or None
+
+    def user_indexes(self, table: str) -> list[tuple[str, str]]:
+        schema, name = self.dialect.names(table)
+        rows = self.cur.execute(
+            "SELECT index_name, sql FROM duckdb_indexes() WHERE database_name = current_database() "
+            "AND schema_name = ? AND table_name = ? AND sql IS NOT NULL",
+            [schema, name],
+        ).fetchall()
+        return [(n, q) for n, q in rows if not n.startswith(OWN_INDEX)]
+
+    def is_data_error(self, exc: BaseException) -> bool:
+        return isinstance(exc, _DATA_ERRORS)
+
+    def error_text(self, exc: BaseException) -> str:
+        text = str(exc).strip()
+        return text.split("\n\nLINE")[0].strip() if text else type(exc).__name__
+
+    def disconnect(self) -> None:
+        self.cur.close()

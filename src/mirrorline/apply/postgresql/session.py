@@ -1,0 +1,184 @@
+"""A PostgreSQL target's session (psycopg2) and the COPY of Arrow rows as CSV."""
+
+from __future__ import annotations
+
+import io
+import select
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import psycopg2
+import pyarrow as pa
+import pyarrow.csv as pacsv
+
+from mirrorline.apply.postgresql.dialect import POSTGRESQL
+from mirrorline.apply.session import Session
+from mirrorline.apply.sql import OWN_INDEX
+from mirrorline.config import redact_dsn
+from mirrorline.errors import TransientTargetError
+from mirrorline.model import TableSchema, quote_ident
+
+if TYPE_CHECKING:
+    pass
+
+_DATA_CLASSES = ("22", "23", "P0")  # data exception, integrity constraint, raised by a target trigger
+_CSV = pacsv.WriteOptions(include_header=False, quoting_style="all_valid")
+
+
+def to_csv(data: pa.Table) -> io.BytesIO:
+    """Arrow rows as CSV for ``COPY ... (FORMAT csv)``: NULL unquoted and empty, every value quoted."""
+    buf = io.BytesIO()
+    pacsv.write_csv(data, buf, _CSV)
+    buf.seek(0)
+    return buf
+
+
+class _CsvChunks(io.RawIOBase):
+    """A stream of the chunks' CSV (:func:`to_csv`), each made when COPY has read the one before: a chunk still
+    being produced is waited for; an error producing one is raised to COPY's reader (the COPY fails)."""
+
+    def __init__(self, chunks: Iterable[pa.Table]) -> None:
+        self._chunks = iter(chunks)
+        self._buf = memoryview(b"")
+        self._pos = 0
+        self.error: BaseException | None = None  # what making a chunk raised (psycopg2 does not pass it on)
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, size: int = -1) -> bytes:
+        while self._pos >= len(self._buf):
+            try:
+                chunk = next(self._chunks, None)
+                if chunk is None:
+                    return b""
+                self._buf, self._pos = to_csv(chunk).getbuffer(), 0
+            except BaseException as e:
+                self.error = e
+                raise
+        end = len(self._buf) if size is None or size < 0 else self._pos + size
+        out = bytes(self._buf[self._pos : end])
+        self._pos += len(out)
+        return out
+
+
+def connect(dsn: str) -> Any:
+    try:
+        return psycopg2.connect(dsn)
+    except psycopg2.OperationalError as e:
+        raise TransientTargetError(
+            f"cannot connect to PostgreSQL target {redact_dsn(dsn)}: "
+            f"{str(e).strip().splitlines()[0] if str(e).strip() else e}"
+        ) from None
+
+
+def copy_csv_sql(name: str, columns: Sequence[str]) -> str:
+    """``COPY name (columns) FROM STDIN`` of CSV; ``name`` already quoted."""
+    return f"COPY {name} ({', '.join(quote_ident(c) for c in columns)}) FROM STDIN WITH (FORMAT csv)"
+
+
+def copy_in(cur: Any, name: str, columns: Sequence[str], data: pa.Table) -> None:
+    cur.copy_expert(copy_csv_sql(name, columns), to_csv(data), size=1 << 20)
+
+
+class PgSession(Session):
+    dialect = POSTGRESQL
+    db_errors = (psycopg2.Error,)
+
+    def __init__(self, dsn: str) -> None:
+        self.conn = connect(dsn)
+        self.cur = self.conn.cursor()
+
+    def begin(self) -> None:
+        if self.conn.status != psycopg2.extensions.STATUS_READY:
+            self.conn.rollback()
+
+    def commit(self) -> None:
+        self.conn.commit()
+
+    def rollback(self) -> None:
+        self.conn.rollback()
+
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> None:
+        self.cur.execute(sql, tuple(params) if params else None)
+
+    def dml(self, sql: str, params: Sequence[Any] = ()) -> int:
+        self.cur.execute(sql, tuple(params) if params else None)
+        return int(self.cur.rowcount)
+
+    def query(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        self.cur.execute(sql, tuple(params) if params else None)
+        return list(self.cur.fetchall())
+
+    def load(self, name: str, columns: Sequence[str], data: pa.Table) -> None:
+        self.execute(self.dialect.create_worktable(name, columns))
+        copy_in(self.cur, name, columns, data)
+
+    def insert_rows(self, table: str, columns: Sequence[str], data: Iterable[pa.Table]) -> int:
+        """One COPY, fed each chunk's CSV as the chunk comes. An error making a chunk fails the COPY (psycopg2
+        reports it as a cancelled statement) and is raised as itself."""
+        stream = _CsvChunks(data)
+        try:
+            self.cur.copy_expert(copy_csv_sql(self.dialect.table(table), columns), stream, size=1 << 20)
+        except psycopg2.Error:
+            if stream.error is not None:
+                raise stream.error from None
+            raise
+        return int(self.cur.rowcount)
+
+    def load_chunk(self, ts: TableSchema, path: str | Path, header: bool = True) -> int:
+        """COPY the file as it is: PostgreSQL parses its CSV itself."""
+        with open(path, "rb") as f:
+            if header:
+                f.readline()
+            self.cur.copy_expert(copy_csv_sql(self.dialect.table(ts.table), ts.column_names), f, size=1 << 20)
+        return int(self.cur.rowcount)
+
+    def table_columns(self, table: str) -> list[str] | None:
+        rows = self.query(
+            "SELECT attname FROM pg_attribute WHERE attrelid = to_regclass(%s) AND attnum > 0 "
+            "AND NOT attisdropped ORDER BY attnum",
+            (self.dialect.table(table),),
+        )
+        return [r[0] for r in rows] or None
+
+    def user_indexes(self, table: str) -> list[tuple[str, str]]:
+        rows = self.query(
+            "SELECT c.relname, pg_get_indexdef(i.indexrelid) FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid "
+            "WHERE i.indrelid = to_regclass(%s) "
+            "AND NOT EXISTS (SELECT 1 FROM pg_constraint k WHERE k.conindid = i.indexrelid)",
+            (self.dialect.table(table),),
+        )
+        return [(n, q) for n, q in rows if not n.startswith(OWN_INDEX)]
+
+    def is_data_error(self, exc: BaseException) -> bool:
+        code = getattr(exc, "pgcode", None)
+        return isinstance(exc, psycopg2.Error) and bool(code) and str(code)[:2] in _DATA_CLASSES
+
+    def error_text(self, exc: BaseException) -> str:
+        diag = getattr(exc, "diag", None)
+        primary = getattr(diag, "message_primary", None) if diag else None
+        return str(primary) if primary else super().error_text(exc)
+
+    def reusable(self) -> bool:
+        if self.conn.closed or self.conn.get_transaction_status() != psycopg2.extensions.TRANSACTION_STATUS_IDLE:
+            return False
+        try:  # an idle connection has nothing to read, unless the server ended it (a FATAL message, then EOF)
+            readable, _, _ = select.select([self.conn.fileno()], [], [], 0)
+        except (OSError, ValueError, psycopg2.Error):
+            return False
+        return not readable
+
+    def reset(self) -> bool:
+        if self.conn.closed:
+            return False
+        if self.conn.get_transaction_status() in (
+            psycopg2.extensions.TRANSACTION_STATUS_INTRANS,
+            psycopg2.extensions.TRANSACTION_STATUS_INERROR,
+        ):
+            self.conn.rollback()
+        return self.reusable()
+
+    def disconnect(self) -> None:
+        self.conn.close()

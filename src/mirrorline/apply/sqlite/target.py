@@ -1,0 +1,16 @@
+"""A SQLite target: one file, one writer at a time."""
+
+from __future__ import annotations
+
+from mirrorline.apply.engine import Target
+from mirrorline.apply.session import Session
+from mirrorline.apply.sqlite.dialect import SQLITE
+from mirrorline.apply.sqlite.session import SqliteSession
+
+
+class SqliteTarget(Target):
+    kind = "sqlite"
+    dialect = SQLITE
+
+    def connect(self) -> Session:
+        return SqliteSession(self.location)
