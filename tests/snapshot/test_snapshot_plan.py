@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import itertools
 
+from mirrorline.apply.postgresql import POSTGRESQL
+from mirrorline.apply.postgresql.load import copy_in_sql
 from mirrorline.model import Column, TableSchema
 from mirrorline.position import Position
 from mirrorline.snapshot.plan import (
@@ -11,7 +13,6 @@ from mirrorline.snapshot.plan import (
     TableStat,
     chunk_header,
     consistent_position,
-    copy_in_sql,
     copy_out_sql,
     is_bag,
     parse_chunk_file_name,
@@ -51,7 +52,9 @@ def test_chunks_cover_the_table_and_sort_in_load_order() -> None:
 def test_copy_statements_quote_everything() -> None:
     odd = TableSchema('s"x.t y', (Column("a b", "integer"),), ("a b",))
     assert copy_out_sql(odd, None, "csv") == 'COPY (SELECT "a b" FROM "s""x"."t y") TO STDOUT WITH (FORMAT csv)'
-    assert copy_in_sql('"s"."t"', ["a b"], "binary") == 'COPY "s"."t" ("a b") FROM STDIN WITH (FORMAT binary)'
+    assert copy_in_sql(POSTGRESQL.table('s"x.t y'), ["a b"], "binary") == (
+        'COPY "s""x"."t y" ("a b") FROM STDIN WITH (FORMAT binary)'
+    )
 
 
 def test_chunk_header_round_trip() -> None:

@@ -40,6 +40,7 @@ from mirrorline import limits
 from mirrorline.apply import lock
 from mirrorline.apply import rows as work_rows
 from mirrorline.apply import state as applied
+from mirrorline.apply.chunks import ChunkLoader
 from mirrorline.apply.reshape import as_rebuild, plan, stop
 from mirrorline.apply.serial import reapply
 from mirrorline.apply.session import Session
@@ -266,6 +267,12 @@ class Target(ABC):
                     self._idle.append(s)
                     return
         s.disconnect()
+
+    def chunk_loader(self) -> ChunkLoader | None:
+        """How a snapshot's chunks reach this target from the Spark tasks that read them, each task committing its
+        own (:class:`~mirrorline.apply.chunks.ChunkLoader`); None: the tasks stage chunk files and the driver loads
+        them in one transaction (:meth:`Session.load_chunk`)."""
+        return None
 
     @contextlib.contextmanager
     def consistent_read(self) -> Iterator[TargetRead]:

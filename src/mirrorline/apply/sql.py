@@ -72,9 +72,6 @@ class Dialect(ABC):
     text_type: ClassVar[str] = "TEXT"
     param: ClassVar[str] = "?"  # the driver's placeholder
     ordered_inserts: ClassVar[bool] = False  # insert_select(key_order=True) sorts: the engine gains by it
-    # a snapshot's chunks are loaded by Spark tasks straight into the target, each committing its own and recording
-    # it in mirrorline's chunks table (else the driver loads them all in one transaction)
-    parallel_load: ClassVar[bool] = False
     # changes a column an index depends on (drop, rename, retype) only by building the table again (DuckDB)
     rebuilds_to_alter: ClassVar[bool] = False
     row_id: ClassVar[str] = "rowid"  # the engine's physical row address (a bag table's copies are told apart by it)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from mirrorline.apply.engine import Target
@@ -87,14 +87,15 @@ def finish_loading(
     end_lsn: int,
     origin: str,
     whole: bool,
-    load_id: str | None = None,
+    also: Callable[[Session], None] | None = None,
 ) -> None:
-    """The end of a load whose rows were committed by parallel tasks: positions and state in one transaction."""
+    """The end of a load whose rows were committed by parallel tasks: positions and state in one transaction, with
+    ``also`` (the kind forgetting its records of the load's chunks)."""
     with target.transaction() as s:
         snapstate.write_positions(s, loaded, position, whole)
         stamp = snapstate.now()
         snapstate.write(
             s, [snapstate.TableSnapshot(t, "loaded", position, end_lsn, n, origin, stamp) for t, n in loaded.items()]
         )
-        if load_id is not None and target.dialect.parallel_load:
-            s.execute(f"DELETE FROM {target.dialect.own(snapstate.CHUNKS_TABLE)} WHERE load_id = %s", (load_id,))
+        if also is not None:
+            also(s)

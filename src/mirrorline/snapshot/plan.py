@@ -152,15 +152,6 @@ def copy_out_sql(schema: TableSchema, chunk: Chunk | None = None, fmt: str = "te
     return f"COPY ({select_sql(schema, chunk)}) TO STDOUT{opts}"
 
 
-def copy_in_sql(target_table: str, columns: Sequence[str], fmt: str = "text", freeze: bool = False) -> str:
-    """``COPY target (columns) FROM STDIN``; ``target_table`` already quoted (the target dialect's name)."""
-    cols = ", ".join(quote_ident(c) for c in columns)
-    opts = [] if fmt == "text" else [f"FORMAT {fmt}"]
-    if freeze:
-        opts.append("FREEZE")
-    return f"COPY {target_table} ({cols}) FROM STDIN" + (f" WITH ({', '.join(opts)})" if opts else "")
-
-
 def chunk_header(export_id: str, chunk: Chunk) -> str:
     """The first line of a chunk file: which export, table and chunk it belongs to (no quotes: it is skipped as one
     CSV row)."""

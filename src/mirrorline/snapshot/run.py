@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from mirrorline.apply import open_target
+from mirrorline.apply.chunks import ChunkLoader
 from mirrorline.apply.engine import Target
 from mirrorline.config import Config, TargetConfig, redact_dsn
 from mirrorline.errors import ConfigError, LogError, SnapshotError
@@ -35,7 +36,7 @@ from mirrorline.position import Position, format_lsn
 from mirrorline.snapshot import state as snapstate
 from mirrorline.snapshot.folder import ChunkEntry, Manifest, check_folder, make_folder, write_manifest
 from mirrorline.snapshot.load import BulkLoader, finish_loading, mark_loading
-from mirrorline.snapshot.plan import Chunk, TableStat, chunk_header, copy_in_sql, copy_out_sql, plan_chunks
+from mirrorline.snapshot.plan import Chunk, TableStat, chunk_header, copy_out_sql, plan_chunks
 from mirrorline.snapshot.progress import Progress
 from mirrorline.snapshot.source import (
     ConsistentPoint,
@@ -233,9 +234,10 @@ def snapshot_target(
                     target.ensure_schema(schemas)
                     _register(config.log.path, name, cp.position)
                     whole = only is None
-                    if target.dialect.parallel_load:
+                    loader = target.chunk_loader()
+                    if loader is not None:
                         chunks = plan_chunks(stats.values(), _chunk_blocks(opts), _parallelism())
-                        rows = _wire_postgres(config, target, cp, stats, chunks, whole, opts)
+                        rows = _wire_direct(config, target, loader, cp, stats, chunks, whole, opts)
                     else:  # smaller chunks: the driver starts loading as soon as the first one is there
                         chunks = plan_chunks(stats.values(), _chunk_blocks(opts, STAGED_CHUNK_MB), _parallelism())
                         rows = _wire_staged(config, target, cp, stats, chunks, whole, opts)
@@ -255,27 +257,6 @@ def snapshot_target(
 def _chunk_blocks(opts: Options, cap_mb: float | None = None) -> int:
     mb = min(opts.chunk_mb, cap_mb) if cap_mb is not None else opts.chunk_mb
     return max(int(mb * (1 << 20) / 8192), 1)
-
-
-def _copy_format(target: Target, stats: dict[str, TableStat]) -> dict[str, str]:
-    """Binary COPY between PostgreSQL servers when every column of the target's table has exactly the source
-    column's type and that type is built in (its binary form is then the same on both); text otherwise."""
-    out = {t: "text" for t in stats}
-    s = target.session()
-    try:
-        for t, st in stats.items():
-            got = dict(
-                s.query(
-                    "SELECT attname, format_type(atttypid, atttypmod) FROM pg_attribute "
-                    "WHERE attrelid = to_regclass(%s) AND attnum > 0 AND NOT attisdropped",
-                    (target.dialect.table(t),),
-                )
-            )
-            if all(0 < c.type_oid < 10000 and got.get(c.name) == c.type_name for c in st.schema.columns):
-                out[t] = "binary"
-    finally:
-        s.close()
-    return out
 
 
 def _parallelism() -> int:
@@ -306,23 +287,27 @@ def tables_at(
     return stats
 
 
-def _wire_postgres(
+def _wire_direct(
     config: Config,
     target: Target,
+    loader: ChunkLoader,
     cp: ConsistentPoint,
     stats: dict[str, TableStat],
     chunks: list[Chunk],
     whole: bool,
     opts: Options,
 ) -> dict[str, int]:
+    """A kind that loads chunks from the tasks (PostgreSQL): each task pipes its chunk into the target and commits
+    it; the positions and state commit once every chunk is in."""
     assert config.source is not None
     schemas = [s.schema for s in stats.values()]
     load_id = uuid.uuid4().hex
+    with target.transaction() as s:
+        loader.prepare(s)
     mark_loading(target, schemas, cp.position, "wire", truncate=True)
-    d = target.dialect
     group = f"mirrorline-snapshot-{load_id}"
     rows = {t: 0 for t in stats}
-    fmt = _copy_format(target, stats)
+    fmt = loader.formats({t: st.schema for t, st in stats.items()})
     est = sum(s.rows for s in stats.values())
     prog = Progress(
         f"snapshot {target.name}",
@@ -339,33 +324,26 @@ def _wire_postgres(
                     "snapshot": cp.snapshot,
                     "table": c.table,
                     "copy_out": copy_out_sql(stats[c.table].schema, c, fmt[c.table]),
-                    "target_dsn": target.location,
-                    "copy_in": copy_in_sql(d.table(c.table), stats[c.table].schema.column_names, fmt[c.table]),
-                    "load_id": load_id,
-                    "chunks_table": d.own(snapstate.CHUNKS_TABLE),
                     "chunk_id": chunks.index(c),
+                    "sink": loader.sink,
+                    "sink_spec": loader.spec(stats[c.table].schema, fmt[c.table], load_id, chunks.index(c)),
                 }
                 for c in grp
             ]
             results = run_tasks(pipe_chunk, specs, group, f"snapshot of {target.name} (group {i + 1})")
             try:
                 check_rewritten(results)
-            except Rewritten:
-                _forget_load(target, load_id)
+            except Rewritten:  # its rows go with the next load's truncation
+                with target.transaction() as s:
+                    loader.forget(s, load_id)
                 raise
             for r in results:
                 rows[r["table"]] += int(r["rows"])
         prog.rows = sum(rows.values())
         prog.exact = True
     end_lsn = current_wal_lsn(config.source.dsn)
-    finish_loading(target, rows, cp.position, end_lsn, "wire", whole, load_id)
+    finish_loading(target, rows, cp.position, end_lsn, "wire", whole, lambda s: loader.forget(s, load_id))
     return rows
-
-
-def _forget_load(target: Target, load_id: str) -> None:
-    """Drop the chunk records of a load that is started again (its rows go with the next load's truncation)."""
-    with target.transaction() as s:
-        s.execute(f"DELETE FROM {target.dialect.own(snapstate.CHUNKS_TABLE)} WHERE load_id = %s", (load_id,))
 
 
 class _null:

@@ -22,7 +22,6 @@ from mirrorline.model import quote_ident
 from mirrorline.position import Position
 
 SNAPSHOT_TABLE = "mirrorline_snapshot"
-CHUNKS_TABLE = "mirrorline_snapshot_chunks"
 NEW, LOADING, CATCHING_UP, LIVE = "new", "loading", "catching up", "live"
 WAITING = "waiting for files"
 NEEDS_RELOAD = "needs reload"  # the log's cap removed changes it had not applied
@@ -47,17 +46,11 @@ now = applied.now  # the time stamp of a state row
 
 def create_sql(d: Dialect) -> list[str]:
     t = d.text_type
-    out = [
+    return [
         f"CREATE TABLE IF NOT EXISTS {d.own(SNAPSHOT_TABLE)} ({quote_ident('table')} {t} PRIMARY KEY, "
         f"state {t} NOT NULL, lsn BIGINT NOT NULL, seq BIGINT NOT NULL, position {t}, end_lsn BIGINT NOT NULL, "
         f"{quote_ident('rows')} BIGINT NOT NULL, origin {t}, updated_at {t})"
     ]
-    if d.parallel_load:
-        out.append(
-            f"CREATE TABLE IF NOT EXISTS {d.own(CHUNKS_TABLE)} (load_id TEXT NOT NULL, chunk INTEGER NOT NULL, "
-            f"{quote_ident('rows')} BIGINT NOT NULL, PRIMARY KEY (load_id, chunk))"
-        )
-    return out
 
 
 def upsert_sql(d: Dialect) -> str:

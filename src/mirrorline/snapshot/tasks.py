@@ -1,9 +1,9 @@
 """What one Spark task does with one chunk. Each task opens its own source connection, imports the exported
 snapshot (``BEGIN ISOLATION LEVEL REPEATABLE READ; SET TRANSACTION SNAPSHOT ...``) and streams its chunk with COPY:
 
-- :func:`pipe_chunk`: straight into a PostgreSQL target's table (``COPY ... TO STDOUT`` piped into ``COPY ... FROM
-  STDIN``, no file, no Python-side parsing). The chunk is recorded in ``mirrorline_snapshot_chunks`` in the same
-  transaction as its rows, so a task that Spark runs twice cannot load its rows twice.
+- :func:`pipe_chunk`: straight into the target, for a kind that loads chunks from tasks (``Target.chunk_loader``): the
+  ``COPY ... TO STDOUT`` piped into the kind's :class:`~mirrorline.apply.chunks.ChunkSink`, which commits the rows
+  with a record of the chunk, so a task that Spark runs twice cannot load its rows twice.
 - :func:`write_chunk`: into a chunk file (CSV after a one-line header naming export, table and chunk), written to a
   hidden name and renamed when complete, with its size and SHA-256.
 
@@ -54,33 +54,18 @@ def file_sha256(path: str | os.PathLike[str]) -> str:
 
 
 def pipe_chunk(spec: dict[str, Any]) -> dict[str, Any]:
-    """spec: source_dsn, snapshot, copy_out, target_dsn, copy_in, load_id, chunk_id, table, chunks_table (the
-    target's own table of loaded chunks, qualified)."""
-    import psycopg2
+    """spec: source_dsn, snapshot, copy_out, table, chunk_id, sink ("module:function" of the target kind's
+    :class:`~mirrorline.apply.chunks.ChunkSink`) and sink_spec (what it needs)."""
+    from mirrorline.apply.chunks import open_sink
 
+    out = {"table": spec["table"], "chunk": spec["chunk_id"], "rows": 0, "again": False, "rewritten": False}
     src = snapshot_connection(spec["source_dsn"], spec["snapshot"])
     try:
-        tgt = psycopg2.connect(spec["target_dsn"], application_name="mirrorline snapshot")
+        sink = open_sink(spec["sink"], spec["sink_spec"])
         try:
-            tcur = tgt.cursor()
-            tcur.execute("SET synchronous_commit = off")
-            tcur.execute(
-                f"INSERT INTO {spec['chunks_table']} (load_id, chunk, rows) VALUES (%s, %s, 0) ON CONFLICT DO NOTHING",
-                (spec["load_id"], spec["chunk_id"]),
-            )
-            if tcur.rowcount == 0:  # this chunk was loaded by an earlier attempt of the task
-                tgt.rollback()
-                tcur.execute(
-                    f"SELECT rows FROM {spec['chunks_table']} WHERE load_id = %s AND chunk = %s",
-                    (spec["load_id"], spec["chunk_id"]),
-                )
-                return {
-                    "table": spec["table"],
-                    "chunk": spec["chunk_id"],
-                    "rows": int(tcur.fetchone()[0]),
-                    "again": True,
-                    "rewritten": False,
-                }  # committed: it passed the check
+            done = sink.begin()
+            if done is not None:  # this chunk was loaded by an earlier attempt of the task
+                return {**out, "rows": done, "again": True}
             rfd, wfd = os.pipe()
             reader = os.fdopen(rfd, "rb", buffering=PIPE_BUFFER)
             writer = os.fdopen(wfd, "wb", buffering=PIPE_BUFFER)
@@ -98,31 +83,20 @@ def pipe_chunk(spec: dict[str, Any]) -> dict[str, Any]:
             t = threading.Thread(target=produce, name="snapshot-copy-out", daemon=True)
             t.start()
             try:
-                tcur.copy_expert(spec["copy_in"], reader, size=PIPE_BUFFER)
+                rows = sink.copy_in(reader)
             finally:
                 reader.close()
                 t.join()
             if failure:
                 raise failure[0]
-            rows = tcur.rowcount
             with src.cursor() as scur:
                 if rewritten(scur, spec["table"]):  # the rows are wrong: keep none of them
-                    tgt.rollback()
-                    return {
-                        "table": spec["table"],
-                        "chunk": spec["chunk_id"],
-                        "rows": 0,
-                        "again": False,
-                        "rewritten": True,
-                    }
-            tcur.execute(
-                f"UPDATE {spec['chunks_table']} SET rows = %s WHERE load_id = %s AND chunk = %s",
-                (rows, spec["load_id"], spec["chunk_id"]),
-            )
-            tgt.commit()
-            return {"table": spec["table"], "chunk": spec["chunk_id"], "rows": rows, "again": False, "rewritten": False}
+                    sink.rollback()
+                    return {**out, "rewritten": True}
+            sink.commit(rows)
+            return {**out, "rows": rows}
         finally:
-            tgt.close()
+            sink.close()
     finally:
         src.close()
 

@@ -17,7 +17,6 @@ class PostgresDialect(Dialect):
     default_schema = "public"
     param = "%s"
     ordered_inserts = True  # rows in key order meet the key's index page by page
-    parallel_load = True
     row_id = "ctid"
 
     def type_info(self, table: str, col: Column) -> type_map.TypeInfo:

@@ -24,8 +24,10 @@ import pyarrow.compute as pc
 
 from mirrorline import limits
 from mirrorline.apply import rows as work_rows
+from mirrorline.apply.chunks import ChunkLoader
 from mirrorline.apply.engine import Target, TargetRead, check_unknown_types
 from mirrorline.apply.postgresql.dialect import POSTGRESQL
+from mirrorline.apply.postgresql.load import PgChunkLoader
 from mirrorline.apply.postgresql.session import PgSession, connect, copy_in
 from mirrorline.apply.session import Session
 from mirrorline.apply.sql import STATE_TABLE
@@ -124,6 +126,9 @@ class PostgresTarget(Target):
             return session.query("SELECT to_regtype(%s) IS NOT NULL", (type_name,))[0][0] is True
 
         check_unknown_types(self.dialect, schemas, known)
+
+    def chunk_loader(self) -> ChunkLoader:
+        return PgChunkLoader(self)
 
     @contextlib.contextmanager
     def consistent_read(self) -> Iterator[TargetRead]:
