@@ -13,7 +13,7 @@ from typing import Any
 
 import duckdb
 import pytest
-from apply_support import ITEMS, ORDERS, P, batch, delta_rows, fetch, net, open_target
+from apply_support import ITEMS, ORDERS, P, batch, fetch, net, open_target
 from deltalake import DeltaTable
 
 from mirrorline.apply.delta import DeltaTarget, table_position
@@ -55,7 +55,7 @@ def test_each_unit_is_one_commit_per_table_carrying_the_position(spark: Any, req
     assert last["operation"] == "MERGE"
     assert last["mirrorline.position"] == str(P(0x2AB, 4)) and last["mirrorline.target"] == "t1"
     assert table_position(DeltaTable(str(t.path("public.orders"))), "t1") == P(0x2AB, 4)
-    assert sorted(delta_rows(t, "public.items", COLS)) == [(2, "n2", 7, None), (3, "n3", 30, None)]
+    assert fetch(t, "public.items", COLS) == [(2, "n2", 7, None), (3, "n3", 30, None)]
     described = t.describe()
     assert described["items"]["version"] == v1 + 1 and described["items"]["position"] == str(P(0x2AB, 4))
     assert described["items"]["files"] >= 1

@@ -26,7 +26,7 @@ BAGS = {T: COLS}
 Bag = Counter[Key]
 
 
-def ch(i: int, op: Op, key: Key = (), old: Key | None = None, table: str = T) -> Change:
+def bag_change(i: int, op: Op, key: Key = (), old: Key | None = None, table: str = T) -> Change:
     new = dict(zip(COLS, key, strict=True)) if op in (Op.INSERT, Op.UPDATE) else None
     return Change(Position(100 + i, 0), 0, 1, table, op, key, new, frozenset(), old)
 
@@ -74,45 +74,55 @@ def replay_bag(state: Bag, changes: list[Change]) -> Bag:
 
 def test_one_delete_removing_two_identical_rows_is_two_copies_deleted() -> None:
     """``DELETE FROM t WHERE a = 1`` on two identical rows sends two identical deletes."""
-    got = fold([ch(1, Op.DELETE, ("1", "x")), ch(2, Op.DELETE, ("1", "x"))], bags=BAGS)
+    got = fold([bag_change(1, Op.DELETE, ("1", "x")), bag_change(2, Op.DELETE, ("1", "x"))], bags=BAGS)
     assert net_counts(got) == {"D": {("1", "x"): 2}}
     assert got.nets[T].deletes[("1", "x")].pos == Position(102, 0)
 
 
 def test_identical_inserts_are_copies() -> None:
-    got = fold([ch(1, Op.INSERT, ("1", "x")), ch(2, Op.INSERT, ("1", "x")), ch(3, Op.INSERT, ("1", "y"))], bags=BAGS)
+    got = fold(
+        [
+            bag_change(1, Op.INSERT, ("1", "x")),
+            bag_change(2, Op.INSERT, ("1", "x")),
+            bag_change(3, Op.INSERT, ("1", "y")),
+        ],
+        bags=BAGS,
+    )
     assert net_counts(got) == {"I": {("1", "x"): 2, ("1", "y"): 1}}
     assert got.nets[T].inserts[("1", "x")].new == {"a": "1", "note": "x"}
 
 
 def test_rows_differing_only_in_a_text_column_are_different_rows() -> None:
-    got = fold([ch(1, Op.UPDATE, ("1", "y2"), old=("1", "y"))], bags=BAGS)
+    got = fold([bag_change(1, Op.UPDATE, ("1", "y2"), old=("1", "y"))], bags=BAGS)
     assert net_counts(got) == {"D": {("1", "y"): 1}, "I": {("1", "y2"): 1}}
 
 
 def test_counts_cancel_whatever_the_order() -> None:
     changes = [
-        ch(1, Op.DELETE, ("1", "x")),
-        ch(2, Op.INSERT, ("1", "x")),
-        ch(3, Op.INSERT, ("2", "x")),
-        ch(4, Op.UPDATE, ("3", "x"), old=("2", "x")),
-        ch(5, Op.DELETE, ("3", "x")),
-        ch(6, Op.UPDATE, ("1", "x"), old=("1", "x")),  # an update that changed nothing
+        bag_change(1, Op.DELETE, ("1", "x")),
+        bag_change(2, Op.INSERT, ("1", "x")),
+        bag_change(3, Op.INSERT, ("2", "x")),
+        bag_change(4, Op.UPDATE, ("3", "x"), old=("2", "x")),
+        bag_change(5, Op.DELETE, ("3", "x")),
+        bag_change(6, Op.UPDATE, ("1", "x"), old=("1", "x")),  # an update that changed nothing
     ]
     assert fold(changes, bags=BAGS).nets[T].deletes == {} and fold(changes, bags=BAGS).nets[T].inserts == {}
 
 
 def test_truncate_then_copies() -> None:
-    got = fold([ch(1, Op.DELETE, ("1", "x")), ch(2, Op.TRUNCATE), ch(3, Op.INSERT, ("1", "x"))], bags=BAGS)
+    got = fold(
+        [bag_change(1, Op.DELETE, ("1", "x")), bag_change(2, Op.TRUNCATE), bag_change(3, Op.INSERT, ("1", "x"))],
+        bags=BAGS,
+    )
     assert got.truncated == {T: Position(102, 0)} and net_counts(got) == {"I": {("1", "x"): 1}}
 
 
 def test_more_deletes_than_inserts_after_a_truncate_is_invalid() -> None:
     changes = [
-        ch(1, Op.TRUNCATE),
-        ch(2, Op.INSERT, ("1", "x")),
-        ch(3, Op.DELETE, ("1", "x")),
-        ch(4, Op.DELETE, ("1", "x")),
+        bag_change(1, Op.TRUNCATE),
+        bag_change(2, Op.INSERT, ("1", "x")),
+        bag_change(3, Op.DELETE, ("1", "x")),
+        bag_change(4, Op.DELETE, ("1", "x")),
     ]
     with pytest.raises(InvalidSequenceError, match="cannot follow T") as e:
         fold(changes, bags=BAGS)
@@ -120,14 +130,14 @@ def test_more_deletes_than_inserts_after_a_truncate_is_invalid() -> None:
 
 
 def test_actions_keep_only_their_kinds() -> None:
-    changes = [ch(1, Op.DELETE, ("1", "x")), ch(2, Op.UPDATE, ("2", "x"), old=("1", "y"))]
+    changes = [bag_change(1, Op.DELETE, ("1", "x")), bag_change(2, Op.UPDATE, ("2", "x"), old=("1", "y"))]
     assert net_counts(fold(changes, {T: "I"}, bags=BAGS)) == {"I": {("2", "x"): 1}}
     assert net_counts(fold(changes, {T: "D"}, bags=BAGS)) == {"D": {("1", "x"): 1, ("1", "y"): 1}}
 
 
 def test_a_keyed_table_in_the_same_unit_keeps_the_keyed_rules() -> None:
     k = "public.keyed"
-    changes = [ch(1, Op.INSERT, ("1", "x"), table=k), ch(2, Op.INSERT, ("1", "x"), table=k)]
+    changes = [bag_change(1, Op.INSERT, ("1", "x"), table=k), bag_change(2, Op.INSERT, ("1", "x"), table=k)]
     with pytest.raises(InvalidSequenceError):
         fold(changes, bags=BAGS)
 
@@ -147,19 +157,19 @@ def history(rng: random.Random, n: int, truncates: bool = True) -> tuple[Bag, li
         there = sorted(+cur, key=lambda k: tuple((v is None, v or "") for v in k))
         r = rng.random()
         if truncates and r < 0.03:
-            out.append(ch(i, Op.TRUNCATE))
+            out.append(bag_change(i, Op.TRUNCATE))
             cur.clear()
         elif r < 0.45 or not there:
             img = rng.choice(IMAGES)
-            out.append(ch(i, Op.INSERT, img))
+            out.append(bag_change(i, Op.INSERT, img))
             cur[img] += 1
         elif r < 0.75:
             img = rng.choice(there)
-            out.append(ch(i, Op.DELETE, img))
+            out.append(bag_change(i, Op.DELETE, img))
             cur[img] -= 1
         else:
             old, img = rng.choice(there), rng.choice(IMAGES)
-            out.append(ch(i, Op.UPDATE, img, old=old if old != img else None))
+            out.append(bag_change(i, Op.UPDATE, img, old=old if old != img else None))
             cur[old] -= 1
             cur[img] += 1
     return +state, out
@@ -187,7 +197,7 @@ def _unit(seeds: list[int], truncates: bool = True) -> tuple[list[Change], dict[
         for i, c in enumerate(hist):
             changes.append(Change(Position(1000 * i + 10, s), 0, 1, table, c.op, c.key, c.new, c.unchanged, c.old_key))
     keyed = "public.keyed"
-    changes += [ch(1, Op.INSERT, ("1", "x"), table=keyed), ch(2, Op.UPDATE, ("1", "z"), table=keyed)]
+    changes += [bag_change(1, Op.INSERT, ("1", "x"), table=keyed), bag_change(2, Op.UPDATE, ("1", "z"), table=keyed)]
     return changes, states, bags
 
 
@@ -227,10 +237,10 @@ def test_spark_small_path_equals_the_reference(spark: Any) -> None:
 @pytest.mark.spark
 def test_spark_names_a_negative_count_after_a_truncate(spark: Any) -> None:
     changes = [
-        ch(1, Op.TRUNCATE),
-        ch(2, Op.INSERT, ("1", "x")),
-        ch(3, Op.DELETE, ("1", "x")),
-        ch(4, Op.DELETE, ("1", "x")),
+        bag_change(1, Op.TRUNCATE),
+        bag_change(2, Op.INSERT, ("1", "x")),
+        bag_change(3, Op.DELETE, ("1", "x")),
+        bag_change(4, Op.DELETE, ("1", "x")),
     ]
     (err,) = find_invalid(changes_frame(spark, changes), bags=BAGS)
     assert (err.table, err.first_pos, err.second_pos) == (T, Position(101, 0), Position(103, 0))

@@ -11,12 +11,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from changes import write_log
 from large_units import A, one_unit_pipeline, spy_route
 
 from mirrorline.compile import inserts, updates
 from mirrorline.compile import spark as general
 from mirrorline.compile.spark import changes_frame, collect_result, compile_changes
-from mirrorline.log import ChangeLog, LogWriter
+from mirrorline.log import ChangeLog
 from mirrorline.log.spark import read_spark
 from mirrorline.model import Change, Op
 from mirrorline.position import ZERO
@@ -40,11 +41,7 @@ def _rounds(ops: list[str]) -> list[Change]:
 
 
 def _log(path: Path, changes: list[Change]) -> ChangeLog:
-    with LogWriter(path, segment_changes=KEYS) as w:
-        w.record_schema(A)
-        for i in range(0, len(changes), 10):
-            w.add_transaction(1000 + 10 * i, 1, changes[i : i + 10])
-    return ChangeLog(path)
+    return write_log(path, [A], changes, per_txn=10, segment_changes=KEYS)
 
 
 def _compiled_classes(spark_session: Any) -> int:

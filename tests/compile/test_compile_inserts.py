@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from changes import write_log
 from large_units import A, B, ab_rows, kill_while_copying, one_unit_pipeline, spy_route
 
 from mirrorline import stopped
@@ -117,11 +118,7 @@ def test_a_key_inserted_twice_goes_to_the_general_path_and_its_error(spark: Any)
 
 
 def _log(tmp_path: Path, changes: list[Change], per_txn: int = 100) -> None:
-    with LogWriter(tmp_path / "log", segment_changes=250) as w:
-        w.record_schema(A)
-        w.record_schema(B)
-        for i in range(0, len(changes), per_txn):
-            w.add_transaction(1000 + i, 1, changes[i : i + per_txn])
+    write_log(tmp_path / "log", [A, B], changes, per_txn=per_txn, segment_changes=250, lsn_step=1)
 
 
 @pytest.mark.spark

@@ -11,6 +11,7 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
+from changes import write_log
 from large_units import A, B, ab_rows, kill_while_copying, one_unit_pipeline, spy_route
 
 from mirrorline.compile import updates
@@ -51,12 +52,7 @@ def _changes(seed: int, n: int, present: bool = True) -> list[Change]:
 
 
 def _log(path: Path, changes: list[Change], per_txn: int = 7) -> ChangeLog:
-    with LogWriter(path, segment_changes=50) as w:
-        w.record_schema(A)
-        w.record_schema(B)
-        for i in range(0, len(changes), per_txn):
-            w.add_transaction(1000 + 10 * i, 1, changes[i : i + per_txn])
-    return ChangeLog(path)
+    return write_log(path, [A, B], changes, per_txn=per_txn, segment_changes=50)
 
 
 def test_which_units_qualify() -> None:

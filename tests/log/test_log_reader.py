@@ -6,18 +6,14 @@ from __future__ import annotations
 from itertools import pairwise
 
 import pytest
+from changes import ch
 
 from mirrorline.errors import LogError
 from mirrorline.log import ChangeLog, LogWriter, readers, retain, set_applied, unregister
 from mirrorline.log.retention import check_reader
-from mirrorline.model import Change, Op
 from mirrorline.position import ZERO, Position
 
 S = 1_000_000  # one second in microseconds
-
-
-def ch(i: int) -> Change:
-    return Change(ZERO, 0, 0, "public.t", Op.INSERT, (str(i),), {"id": str(i)})
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ from mirrorline.position import ZERO, Position
 pytestmark = pytest.mark.spark
 
 
-def ch(i: int) -> Change:
+def varied(i: int) -> Change:
     ops = (Op.INSERT, Op.UPDATE, Op.DELETE, Op.UPDATE)
     op = ops[i % 4]
     if op is Op.DELETE:
@@ -40,7 +40,7 @@ def log(tmp_path_factory) -> ChangeLog:
     n = 0
     with LogWriter(root, segment_changes=20) as w:
         for k in range(1, 13):
-            rows = [ch(n + i) for i in range(7)]
+            rows = [varied(n + i) for i in range(7)]
             n += 7
             if k in (4, 9):
                 s = w.open_stream(k)
@@ -114,7 +114,7 @@ def test_spark_reads_only_the_segments_it_needs(spark, log):
 def test_spark_reader_refuses_positions_no_longer_retained(spark, tmp_path):
     with LogWriter(tmp_path, segment_changes=1) as w:
         for k in range(1, 4):
-            w.add_transaction(k, k, [ch(k)])
+            w.add_transaction(k, k, [varied(k)])
     log = ChangeLog(tmp_path)
     set_applied(log, "t", Position(2, 0))
     retain(log)

@@ -3,11 +3,13 @@ over the changes; kept in every kind of segment's metadata; summed by the reader
 
 from __future__ import annotations
 
+import functools
 import json
 import random
 from dataclasses import replace
 from pathlib import Path
 
+import changes
 import pyarrow.parquet as pq
 import pytest
 from compile_histories import pack, random_histories
@@ -97,10 +99,7 @@ def test_first_kept_follows_the_actions() -> None:
     assert only_t.first_kept(frozenset("D")) == Position(3, 0)
 
 
-def ch(i: int, op: Op = Op.INSERT, table: str = "public.t", **kw) -> Change:
-    new = None if op in (Op.DELETE, Op.TRUNCATE) else {"id": str(i), "v": f"v{i}"}
-    key = () if op is Op.TRUNCATE else (str(i),)
-    return Change(ZERO, 0, 7, table, op, key, new, **kw)
+ch = functools.partial(changes.ch, xid=7, cols=("id", "v"))
 
 
 def test_every_segment_kind_carries_its_statistics_and_the_reader_sums_any_range(tmp_path: Path) -> None:

@@ -6,16 +6,12 @@ from __future__ import annotations
 import os
 
 import pytest
+from changes import ch
 
 from mirrorline.errors import LogError
 from mirrorline.log import ChangeLog, LogWriter, stream
 from mirrorline.log.columns import changes_to_arrow
-from mirrorline.model import Change, Op
-from mirrorline.position import ZERO, Position
-
-
-def ch(i: int) -> Change:
-    return Change(ZERO, 0, 0, "public.t", Op.INSERT, (str(i),), {"id": str(i)})
+from mirrorline.position import Position
 
 
 def keys(log: ChangeLog, after=None, upto=None) -> list[int]:

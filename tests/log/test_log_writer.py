@@ -3,10 +3,12 @@ versions, Arrow input, damaged and missing segments."""
 
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
 import sys
 
+import changes
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -17,13 +19,9 @@ from mirrorline.log.columns import changes_to_arrow, transactions_to_arrow
 from mirrorline.log.layout import parse_segment_name, segment_name
 from mirrorline.log.rows import ARROW_SCHEMA, changes_to_table
 from mirrorline.model import Change, Column, Op, TableSchema
-from mirrorline.position import ZERO, Position
+from mirrorline.position import Position
 
-
-def ch(i: int, op: Op = Op.INSERT, table: str = "public.t", xid: int = 7, **kw) -> Change:
-    new = None if op in (Op.DELETE, Op.TRUNCATE) else {"id": str(i), "v": f"v{i}", "n": None}
-    key = () if op is Op.TRUNCATE else (str(i),)
-    return Change(ZERO, 0, xid, table, op, key, kw.pop("new", new), **kw)
+ch = functools.partial(changes.ch, xid=7, cols=("id", "v", "n"))
 
 
 def strip(c: Change) -> tuple:

@@ -130,15 +130,10 @@ def sql(target: Target, statement: str) -> list[tuple[Any, ...]]:
 
 
 def fetch(target: Target, table: str, columns: Sequence[str]) -> list[tuple[Any, ...]]:
-    if target.kind == "delta":  # read by deltalake itself, the table's current version
-        return sorted(delta_rows(target, table, columns), key=repr)
-    cols = ", ".join(f'"{c}"' for c in columns)
-    return sorted(sql(target, f"SELECT {cols} FROM {target.dialect.table(table)}"), key=repr)
+    """The target's rows of ``table`` read by the kind's own client (:func:`oracle.read`, not through mirrorline),
+    sorted."""
+    import oracle
 
-
-def delta_rows(target: Any, table: str, columns: Sequence[str]) -> list[tuple[Any, ...]]:
-    """A Delta target's table read through ``deltalake`` to Arrow (not through mirrorline)."""
-    from deltalake import DeltaTable
-
-    data = DeltaTable(str(target.path(table))).to_pyarrow_table(columns=list(columns))
-    return list(zip(*(data[c].to_pylist() for c in columns), strict=True))
+    rows = oracle.read(target.kind, target.location, table, list(columns))
+    assert rows is not None, f"target {target.name}: no table {table}"
+    return sorted(rows, key=repr)

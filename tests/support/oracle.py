@@ -115,56 +115,70 @@ def source(dsn: str, table: str) -> Counter[tuple[Any, ...]]:
     return Counter(_pg_rows(dsn, table, cols, _relation(table)))
 
 
-def _file_name(table: str) -> str:
+def read(
+    kind: str, location: str, table: str, names: list[str], *, pg_text: bool = False
+) -> list[tuple[Any, ...]] | None:
+    """A target's rows of ``table`` (None: it has no such table) as the kind's own client gives them: the one reader
+    of each kind in the tests. ``location``: the target's DSN or path; ``pg_text``: PostgreSQL's values as its text."""
     schema, name = table.split(".", 1)
-    return name if schema == "public" else table
-
-
-def target(kind: str, url: str, table: str, cols: list[tuple[str, str]]) -> Counter[tuple[Any, ...]] | None:
-    """The target's rows of ``table`` (None: it has no such table)."""
-    schema, name = table.split(".", 1)
+    sel = ", ".join(_q(n) for n in names)
     if kind == "postgresql":
-        conn = psycopg2.connect(url)
+        conn = psycopg2.connect(location)
         try:
             with conn.cursor() as cur:
                 cur.execute("SELECT to_regclass(%s)", (_relation(table),))
                 if cur.fetchone()[0] is None:
                     return None
+                cur.execute("SET TimeZone = 'UTC'")
+                cols = ", ".join(f"{_q(n)}::text" for n in names) if pg_text else sel
+                cur.execute(f"SELECT {cols} FROM {_relation(table)}")
+                return list(cur.fetchall())
         finally:
             conn.close()
-        return Counter(_pg_rows(url, table, cols, _relation(table)))
-    path = url.split(":///", 1)[1]
-    sel = ", ".join(f'"{n}"' for n, _ in cols)
+    one_name = name if schema == "public" else table  # SQLite has no schemas: "s.t" is one name
     if kind == "delta":
         from deltalake import DeltaTable
 
-        folder = Path(path) / _file_name(table)
+        from mirrorline.apply import target_class
+
+        folder = target_class("delta").dialect.table_dir(Path(location), table)  # type: ignore[attr-defined]
         if not DeltaTable.is_deltatable(str(folder)):
             return None
-        data = DeltaTable(str(folder)).to_pyarrow_table(columns=[n for n, _ in cols])
-        raw = list(zip(*(data[n].to_pylist() for n, _ in cols), strict=True))
-    elif kind == "sqlite":
-        with sqlite3.connect(path) as sconn:
-            found = sconn.execute("SELECT 1 FROM sqlite_master WHERE name = ?", (_file_name(table),)).fetchone()
+        data = DeltaTable(str(folder)).to_pyarrow_table(columns=list(names))
+        return list(zip(*(data[n].to_pylist() for n in names), strict=True))
+    if kind == "sqlite":
+        with sqlite3.connect(location) as sconn:
+            found = sconn.execute("SELECT 1 FROM sqlite_master WHERE name = ?", (one_name,)).fetchone()
             if found is None:
                 return None
-            raw = sconn.execute(f'SELECT {sel} FROM "{_file_name(table)}"').fetchall()
-    else:
-        import duckdb
+            return sconn.execute(f"SELECT {sel} FROM {_q(one_name)}").fetchall()
+    import duckdb
 
-        duck_schema = "main" if schema == "public" else schema
-        dconn = duckdb.connect(path)
-        try:
-            dconn.execute("SET TimeZone = 'UTC'")
-            n = dconn.execute(
-                "SELECT count(*) FROM information_schema.tables WHERE table_schema = ? AND table_name = ?",
-                (duck_schema, name),
-            ).fetchone()
-            if not n or not n[0]:
-                return None
-            raw = dconn.execute(f'SELECT {sel} FROM "{duck_schema}"."{name}"').fetchall()
-        finally:
-            dconn.close()
+    duck_schema = "main" if schema == "public" else schema
+    dconn = duckdb.connect(location)  # the same configuration as a target the process may hold open
+    try:
+        dconn.execute("SET TimeZone = 'UTC'")
+        n = dconn.execute(
+            "SELECT count(*) FROM information_schema.tables WHERE table_schema = ? AND table_name = ?",
+            (duck_schema, name),
+        ).fetchone()
+        if not n or not n[0]:
+            return None
+        return dconn.execute(f"SELECT {sel} FROM {_q(duck_schema)}.{_q(name)}").fetchall()
+    finally:
+        dconn.close()
+
+
+def location(url: str) -> str:
+    """A target URL's DSN or path."""
+    return url if url.startswith(("postgresql:", "postgres:")) else url.split(":///", 1)[1]
+
+
+def target(kind: str, url: str, table: str, cols: list[tuple[str, str]]) -> Counter[tuple[Any, ...]] | None:
+    """The target's rows of ``table`` (None: it has no such table), each value by this file's rules."""
+    raw = read(kind, location(url), table, [n for n, _ in cols], pg_text=True)
+    if raw is None:
+        return None
     return Counter(tuple(value(t, v) for (_, t), v in zip(cols, r, strict=True)) for r in raw)
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import datetime as dt
 import decimal
-import sqlite3
 from pathlib import Path
 from typing import Any
 
@@ -67,39 +66,12 @@ def _canon(table: str, col: str, v: Any) -> str | None:
 
 
 def target_rows(kind: str, url: str, table: str) -> list[tuple[Any, ...]]:
-    cols = COLUMNS[table]
-    d = target_class(kind).dialect
-    sel = ", ".join(f'"{c}"' for c in cols)
-    if kind == "postgresql":
-        import psycopg2
+    """A workload table's rows at a target (:func:`oracle.read`), each value as text, sorted."""
+    import oracle
 
-        conn = psycopg2.connect(url)
-        try:
-            with conn.cursor() as cur:
-                cur.execute(
-                    f"SELECT {', '.join(f'{c!r}::text'.replace(chr(39), chr(34)) for c in cols)} FROM {d.table(table)}"
-                )
-                return sorted(cur.fetchall(), key=repr)
-        finally:
-            conn.close()
-    path = url.split(":///", 1)[1]
-    if kind == "delta":  # read by deltalake to Arrow, not through mirrorline
-        from deltalake import DeltaTable
-
-        data = DeltaTable(str(Path(path) / d.names(table)[1])).to_pyarrow_table(columns=list(cols))
-        raw = list(zip(*(data[c].to_pylist() for c in cols), strict=True))
-    elif kind == "sqlite":
-        with sqlite3.connect(path) as sconn:
-            raw = sconn.execute(f"SELECT {sel} FROM {d.table(table)}").fetchall()
-    else:
-        import duckdb
-
-        dconn = duckdb.connect(path)  # the same configuration as a target the process may hold open
-        try:
-            raw = dconn.execute(f"SELECT {sel} FROM {d.table(table)}").fetchall()
-        finally:
-            dconn.close()
-    return sorted((tuple(_canon(table, c, v) for c, v in zip(cols, r, strict=True)) for r in raw), key=repr)
+    raw = oracle.read(kind, oracle.location(url), table, list(COLUMNS[table]), pg_text=True)
+    assert raw is not None, f"{kind} target {url}: no table {table}"
+    return sorted((tuple(_canon(table, c, v) for c, v in zip(COLUMNS[table], r, strict=True)) for r in raw), key=repr)
 
 
 def delta_parquet_rows(url: str, table: str) -> list[tuple[Any, ...]]:
