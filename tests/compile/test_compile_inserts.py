@@ -217,7 +217,7 @@ def test_a_unit_kept_for_other_processes_is_checked_before_it_is_stored(tmp_path
     with pytest.raises(InvalidSequenceError) as e:
         a.compile_ahead()
     assert (e.value.table, e.value.key) == ("public.a", first.key)
-    assert a._store.starting_at(ZERO) is None
+    assert UnitStore(tmp_path / "log").starting_at(ZERO) is None
     a.close()
 
 

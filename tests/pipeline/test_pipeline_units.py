@@ -75,10 +75,9 @@ def test_the_next_unit_is_compiled_once_it_fills_while_this_one_applies(tmp_path
 
     t = threading.Thread(target=load)
     t.start()
-    a._compile_ahead(Position(1000, 9), [applying])
+    batch = a.compile_next(Position(1000, 9), [applying])
     t.join()
-    assert a._ahead is not None
-    batch = a._ahead[0]
+    assert batch is not None
     assert (batch.start, batch.end, batch.changes) == (Position(1000, 9), Position(2000, 9), 1_000)
     a.close()
 
@@ -88,8 +87,8 @@ def test_a_next_unit_still_open_when_the_targets_finish_is_left_for_the_next_ste
     applying: Future[None] = Future()
     threading.Timer(0.3, applying.set_result, (None,)).start()
     t0 = time.monotonic()
-    a._compile_ahead(Position(1000, 9), [applying])  # no Spark: nothing is compiled
-    assert a._ahead is None and time.monotonic() - t0 < 5
+    assert a.compile_next(Position(1000, 9), [applying]) is None  # no Spark: nothing is compiled
+    assert time.monotonic() - t0 < 5
 
 
 def test_a_target_moves_past_the_logs_last_change_only_to_a_covered_position(tmp_path: Path, spark: Any) -> None:

@@ -549,7 +549,7 @@ class Applier:
     ) -> None:
         """Apply the unit to every target of the group, each in a thread of its own (each target's position is
         committed with its data, so they need not wait for each other). With ``next_unit``, the next unit is
-        compiled meanwhile (see :meth:`_compile_ahead`)."""
+        compiled meanwhile (see :meth:`compile_next`)."""
         changes = functools.partial(self._changes, batch.start, batch.end)
 
         def apply_one(n: str) -> None:
@@ -589,7 +589,7 @@ class Applier:
             futures = [pool.submit(apply_one, n) for n in group]
             if next_unit:
                 try:
-                    self._compile_ahead(batch.end, futures)
+                    self.compile_next(batch.end, futures)
                 except Exception as e:  # the next step compiles that unit again, and reports its error
                     log.debug("compiling ahead failed: %s", e)
             errors = [e for e in (f.exception() for f in futures) if e is not None]
@@ -606,14 +606,15 @@ class Applier:
 
     ahead_poll = 0.1  # seconds between looks at the log while waiting for the next unit to fill
 
-    def _compile_ahead(self, start: Position, applying: list[Future[None]] | None = None) -> None:
+    def compile_next(self, start: Position, applying: list[Future[None]] | None = None) -> NetBatch | None:
         """Compile the unit after ``start`` while the targets apply this one (``applying``), as soon as it is full:
         its size reached, or the log holds more after it (the targets are behind). Kept for the next :meth:`step`,
         which uses it if it still fits. If the targets finish first, the unit is left open: compiled now, it would
         be cut short of what arrives meanwhile (measured under pgbench: a small unit after every large one); the
-        next step compiles it. Without ``applying``, compiles only a unit that is full already."""
+        next step compiles it. Without ``applying``, compiles only a unit that is full already. Returns the unit
+        compiled, or None."""
         if not self.overlap:
-            return
+            return None
         seen: Position | None = None
         while True:
             durable = self.log.durable()
@@ -626,12 +627,13 @@ class Applier:
                 if end is not None and not u.empty and (u.full or end < durable):
                     break
             if not applying or all(f.done() for f in applying):
-                return
+                return None
             wait_futures(applying, timeout=self.ahead_poll)
         log.info("compiling the next unit %s..%s while this one applies", start, end)
         batch, _compiled, seconds = self._compile(start, end, False)
         self._ahead = (batch, seconds)
         log.info("compiled the next unit %s..%s ahead in %.2fs", start, end, seconds)
+        return batch
 
     def _compile(
         self, start: Position, end: Position, stored: bool, empty: bool = False
