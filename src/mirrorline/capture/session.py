@@ -198,7 +198,8 @@ class Capture:
         from mirrorline.log.reader import ChangeLog
 
         root = self.config.log.path
-        if ChangeLog(root).layout.exists() and imported_mark(ChangeLog(root)) is not None:
+        cl = ChangeLog(root)
+        if cl.layout.exists() and imported_mark(cl) is not None:
             raise LogError(
                 f"the change log at {root} holds changes imported from daystream files: capture cannot add the "
                 "source's changes to it (their positions would not be after the imported ones)",

@@ -100,7 +100,8 @@ class Applier:
                 )
         from mirrorline.log.retention import needs_reload, reload_reason
 
-        reload = needs_reload(ChangeLog(config.log.path))
+        self.log: ChangeLog = ChangeLog(config.log.path)
+        reload = needs_reload(self.log)
         left_behind = [n for n in names if n in reload]
         if left_behind and (target_names is not None or len(left_behind) == len(names)):
             n = left_behind[0]
@@ -118,7 +119,6 @@ class Applier:
             from mirrorline import sparkenv
 
             sparkenv.configure(config.spark)  # for the session this pipeline makes
-        self.log: ChangeLog = ChangeLog(config.log.path)
         self._spark = spark
         self._warm_up = warm_up  # the first compile waits for it (see mirrorline.compile.warmup)
         self.actions = config.actions

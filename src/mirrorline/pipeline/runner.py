@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from mirrorline import stopped
 from mirrorline.config import Config
 from mirrorline.errors import MirrorlineError, first_line
+from mirrorline.log.reader import ChangeLog
 from mirrorline.log.writer import announce_run
 from mirrorline.pipeline.applier import Applier, UnitReport, known_bags
 from mirrorline.pipeline.targets import RETRY_FIRST, next_delay
@@ -53,6 +54,7 @@ class Runner:
         from mirrorline.capture.session import Capture
 
         self.config = config
+        self.log = ChangeLog(config.log.path)  # the change log every step reads (it need not exist yet)
         self.once = once
         self.forget_removed = forget_removed
         self.on_unit = on_unit
@@ -268,10 +270,9 @@ class Runner:
         return True
 
     def _removed_targets(self) -> None:
-        from mirrorline.log.reader import ChangeLog
         from mirrorline.log.retention import unconfigured, unregister
 
-        cl = ChangeLog(self.config.log.path)
+        cl = self.log
         if not cl.layout.exists():
             return
         for name, r in sorted(unconfigured(cl, self.config.targets).items()):
@@ -302,10 +303,9 @@ class Runner:
             loading = [n for n in sorted(self.config.targets) if needs_load(self.config, n)]
         waiting = [n for n in loading if self.config.targets[n].initial == "files"]
         loading = [n for n in loading if n not in waiting]
-        from mirrorline.log.reader import ChangeLog
         from mirrorline.log.retention import needs_reload, reload_reason
 
-        reload = needs_reload(ChangeLog(self.config.log.path))
+        reload = needs_reload(self.log)
         for n in sorted(reload):
             if n in self.config.targets:
                 self.on_message(
@@ -362,10 +362,9 @@ class Runner:
     def _keep_log_for(self, names: list[str]) -> None:
         """Register targets waiting for files with the log at its end now (an export taken later starts after it),
         so that retention keeps what they will need."""
-        from mirrorline.log.reader import ChangeLog
         from mirrorline.log.retention import readers, set_applied
 
-        cl = ChangeLog(self.config.log.path)
+        cl = self.log
         have = readers(cl)
         for n in names:
             if n not in have:
@@ -375,11 +374,10 @@ class Runner:
     def _watch_files(self, names: list[str], applier: Applier, every: float = 1.0) -> None:
         """Admit each waiting target once ``snapshot load`` has loaded it (which registers it with the log at the
         folder's position: only then is the target itself opened, and once)."""
-        from mirrorline.log.reader import ChangeLog
         from mirrorline.log.retention import readers
         from mirrorline.snapshot import needs_load
 
-        cl = ChangeLog(self.config.log.path)
+        cl = self.log
         seen = {n: r.updated for n, r in readers(cl).items() if n in names}
         left = list(names)
         while left and not self._stop.wait(every):

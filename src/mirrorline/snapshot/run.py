@@ -2,15 +2,16 @@
 reconciliation of targets with the configuration at start.
 
 Over the wire: a consistent point (:mod:`mirrorline.snapshot.source`), the configured tables described under its
-snapshot, chunks read in parallel by Spark tasks each importing the snapshot. A PostgreSQL target gets each chunk
-COPYed straight into its table by the task (so the load scales out with the tasks); SQLite and DuckDB get chunk files
-staged by the tasks and bulk-loaded by the driver in one transaction as they arrive. Either way the target's applied
+snapshot, chunks read in parallel by Spark tasks each importing the snapshot. A target whose kind loads chunks from
+the tasks (``Target.chunk_loader``: PostgreSQL, COPY piped into COPY) gets each chunk straight into its table from the
+task that read it, so the load scales out with the tasks; the other kinds get chunk files staged by the tasks and
+bulk-loaded by the driver in one transaction as they arrive. Either way the target's applied
 position becomes the snapshot's consistent position and the target continues from the log there. The target is
 registered with the log as a reader at that position first, so retention keeps what it will need.
 
-One module of about 710 lines: over the wire, export and load share the consistent point, the tables'
-description, the chunk plan and the retry when a table is rewritten under the snapshot. The PostgreSQL COPY pipe
-itself is a Spark task in ``snapshot/tasks.py``.
+One module of about 700 lines: over the wire, export and load share the consistent point, the tables'
+description, the chunk plan and the retry when a table is rewritten under the snapshot. What one Spark task does
+with one chunk is in ``snapshot/tasks.py``; a kind's load straight from the tasks in its folder under ``apply/``.
 """
 
 from __future__ import annotations
@@ -42,8 +43,8 @@ from mirrorline.snapshot.source import (
     ConsistentPoint,
     consistent_point,
     current_wal_lsn,
-    describe,
     require_source,
+    sized_tables,
     snapshot_connection,
 )
 from mirrorline.snapshot.tasks import pipe_chunk, write_chunk
@@ -247,8 +248,9 @@ def snapshot_target(
     finally:
         target.close()
     if only is None:
-        set_applied(ChangeLog(config.log.path), name, cp.position)
-        clear_reload(ChangeLog(config.log.path), name)
+        cl = ChangeLog(config.log.path)
+        set_applied(cl, name, cp.position)
+        clear_reload(cl, name)
     res = SnapshotResult(name, cp.lsn, cp.position, rows, time.monotonic() - t0, cp.slot, not cp.temporary)
     log.info("%s", res.summary())
     return res
@@ -273,7 +275,7 @@ def tables_at(
     assert config.source is not None
     conn = snapshot_connection(config.source.dsn, cp.snapshot)
     try:
-        stats = describe(conn, config, keyless_ok)
+        stats = sized_tables(conn, config, keyless_ok)
     finally:
         conn.close()
     if only is not None:

@@ -165,8 +165,9 @@ FROM pg_class c WHERE c.oid = %s
 """
 
 
-def describe(conn: Any, config: Config, keyless_ok: bool = False) -> dict[str, TableStat]:
-    """The configured tables (every one, or an error naming it), with schema, key and size, in load order.
+def sized_tables(conn: Any, config: Config, keyless_ok: bool = False) -> dict[str, TableStat]:
+    """The configured tables as capture describes them (:func:`~mirrorline.capture.source.describe_tables`, every
+    one, or an error naming it) with what a snapshot adds: each one's size and place in the load order.
     ``keyless_ok``: see :func:`~mirrorline.capture.source.describe_tables`."""
     import psycopg2
 
