@@ -91,6 +91,38 @@ def _cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
     )
 
 
+_READER = """
+import json, sys, time, duckdb
+path, n = sys.argv[1], int(sys.argv[2])
+ok, t0 = 0, time.monotonic()
+for _ in range(n):
+    for attempt in range(200):  # run holds the file while it applies a unit: a read waits for the unit's end
+        try:
+            con = duckdb.connect(path, read_only=True)
+            break
+        except duckdb.Error as e:
+            if "lock" not in str(e).lower():
+                raise
+            time.sleep(0.05)
+    else:
+        continue
+    con.execute("SELECT count(*) FROM keyed").fetchone()
+    con.close()
+    ok += 1
+    time.sleep(0.2)  # a reader that holds the file keeps run waiting: this one lets go between reads
+print(json.dumps({"ok": ok, "seconds": time.monotonic() - t0}))
+"""
+
+
+def _read_only_reads(path: str, n: int) -> dict[str, Any]:
+    """``n`` reads of a DuckDB file by another process, each opening it read-only (retried while a writer holds it)."""
+    import json
+
+    out = subprocess.run([sys.executable, "-c", _READER, path, str(n)], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return dict(json.loads(out.stdout))
+
+
 def _all_same(pg: Any, urls: dict[str, str]) -> bool:
     try:
         for kind, url in urls.items():
@@ -146,9 +178,10 @@ def test_verify_and_apply_beside_a_live_run(pg: Any, pg_cluster: Any, tmp_path: 
 @pytest.mark.pg
 @pytest.mark.spark
 def test_status_and_verify_beside_a_live_run_on_duckdb(pg: Any, pg_cluster: Any, tmp_path: Path) -> None:
-    """DuckDB lets one process open a database to write it. Beside a live ``run`` that keeps a DuckDB target open:
-    ``status`` reports it (its position from the log's registry, no error, ``--check`` OK), and ``verify`` compares
-    it (``run`` lets go of the file once verify holds the target's applier lock, then takes it up again)."""
+    """DuckDB lets one process open a database to write it, and keeps writers out while another has it open. Beside a
+    live ``run``, which holds a DuckDB target's file only while it applies a unit: ``status`` reports it (no error,
+    ``--check`` OK), ``verify`` compares it, and any other DuckDB client reads it read-only between units, under a
+    load."""
     from mirrorline import status as status_mod
 
     pg.execute(
@@ -181,6 +214,23 @@ def test_status_and_verify_beside_a_live_run_on_duckdb(pg: Any, pg_cluster: Any,
         while duck()[1].lag_bytes != 0 or not _all_same(pg, {"sqlite": urls["sqlite"]}):
             assert time.monotonic() < deadline, (duck()[1], (tmp_path / "run.log").read_text()[-2000:])
             time.sleep(0.5)
+        # any DuckDB client reads the replica while run keeps it current under a load: run holds the file only
+        # while it applies a unit, so another process opens it read-only between units
+        pg.execute("DELETE FROM public.keyed")  # the load inserts ids from 1
+        load = _Load(pg.dsn)
+        load.start()
+        try:
+            reads = _read_only_reads(oracle.location(urls["duckdb"]), 15)
+        finally:
+            load.stop.set()
+            load.join(30)
+        assert reads["ok"] == 15 and reads["seconds"] < 60, reads
+        assert not load.errors and load.n > 20
+        deadline = time.monotonic() + 120
+        while not _all_same(pg, urls):  # the tests' own reader opens the file too, while run is live
+            assert run.poll() is None, (tmp_path / "run.log").read_text()[-3000:]
+            assert time.monotonic() < deadline, "the DuckDB target did not catch up after the load"
+            time.sleep(0.5)
         assert run.poll() is None, (tmp_path / "run.log").read_text()[-3000:]
     finally:
         run.terminate()
@@ -188,6 +238,5 @@ def test_status_and_verify_beside_a_live_run_on_duckdb(pg: Any, pg_cluster: Any,
             run.wait(30)
         except subprocess.TimeoutExpired:
             run.kill()
-    assert _all_same(pg, urls)  # the tests' own reader, once run has let go of the file
     log = (tmp_path / "run.log").read_text(errors="replace")
     assert "Traceback" not in log and "stopped" not in log, log[-3000:]

@@ -1,10 +1,19 @@
-"""DuckDB target: one file, opened once per target; every session (apply thread) is a cursor of that database.
-Worktables are TEMP tables created straight from the Arrow rows (DuckDB scans a registered Arrow table without
-copying it through Python)."""
+"""DuckDB target: one file; every session (apply thread) is a cursor of the target's one open database. Worktables
+are TEMP tables created straight from the Arrow rows (DuckDB scans a registered Arrow table without copying it through
+Python).
+
+DuckDB lets one process at a time open a database file to write it, and a process that has it open for reading keeps
+writers out. So the target holds the file only while it is used: from the first session to the last one's end, and
+for a whole :meth:`apply`. Between units any DuckDB client can open it (``duckdb.connect(path, read_only=True)``),
+``status`` and ``verify`` too; while one holds it, applying waits for it (:attr:`open_wait`, then the target waits its
+turn). The applied positions read between units come from memory while the file is as this target left it (its
+size and time unchanged), so an idle ``run`` does not open the file at all.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 import time
 from typing import Any
@@ -14,7 +23,7 @@ import duckdb
 from mirrorline.apply import lock
 from mirrorline.apply.duckdb.dialect import DUCKDB
 from mirrorline.apply.duckdb.session import DuckdbSession
-from mirrorline.apply.engine import Target
+from mirrorline.apply.engine import ApplyResult, Target
 from mirrorline.apply.lock import TargetBusy
 from mirrorline.apply.session import Session
 from mirrorline.apply.state import AppliedState
@@ -29,11 +38,52 @@ class DuckdbTarget(Target):
         super().__init__(*args, **kwargs)
         self._db: duckdb.DuckDBPyConnection | None = None
         self._lock = threading.Lock()
-
-    # DuckDB lets one process open a database file to write it. This target keeps it open between units, and lets
-    # go of it when another mirrorline process takes its applier lock (verify, apply), so that one can open it.
+        self._users = 0  # sessions handed out and not closed, plus applies running: the file is held while > 0
+        self._known: tuple[tuple[int, ...], AppliedState] | None = None  # the state read, and the file's stamp then
 
     open_wait = 10.0  # seconds a connection waits for another process to close the database (a status, a reader)
+
+    def _stamp(self) -> tuple[int, ...]:
+        """The database file's (and its WAL's) identity, size and time: unchanged while nobody wrote it."""
+        out: list[int] = []
+        for path in (self.location, self.location + ".wal"):
+            try:
+                st = os.stat(path)
+                out += [st.st_ino, st.st_size, st.st_mtime_ns]
+            except OSError:
+                out += [0, 0, 0]
+        return tuple(out)
+
+    def _use(self, n: int) -> None:
+        """Count a user in (1) or out (-1); the last one out lets go of the file (under the same lock as an open, so
+        a session being opened meanwhile is counted first)."""
+        with self._lock:
+            self._users += n
+            if self._users == 0:
+                self._close()
+
+    def session(self) -> Session:
+        self._use(1)
+        try:
+            return super().session()
+        except BaseException:
+            self._use(-1)
+            raise
+
+    def _release(self, s: Session) -> None:
+        try:
+            super()._release(s)
+        finally:
+            self._use(-1)
+
+    def apply(self, *args: Any, **kwargs: Any) -> ApplyResult:
+        """As every kind's, the file held for the whole unit and let go of after it."""
+        self._use(1)
+        try:
+            return super().apply(*args, **kwargs)
+        finally:
+            self._known = None
+            self._use(-1)
 
     def connect(self) -> Session:
         with self._lock:
@@ -78,19 +128,33 @@ class DuckdbTarget(Target):
                     target=self.name,
                 )
             self.unlock(handle)
-        return super().applied_positions()
+        known, stamp = self._known, self._stamp()
+        if known is not None and known[0] == stamp and self._users == 0:
+            return known[1]
+        self._use(1)
+        try:
+            state = super().applied_positions()
+        finally:
+            self._use(-1)
+        self._known = (self._stamp(), state) if self._users == 0 else None
+        return state
 
     def _let_go(self) -> None:
-        """Close the database (its idle sessions first), so that another process can open it."""
+        """Close the database (its idle sessions first), so that another process can open it (DuckDB writes what its
+        WAL holds into the file as it closes)."""
+        with self._lock:
+            self._close()
+
+    def _close(self) -> None:
+        """:meth:`_let_go`, the caller holding ``_lock``."""
         with self._idle_lock:
             idle, self._idle = self._idle, []
         for sess in idle:
             with contextlib.suppress(Exception):
                 sess.disconnect()
-        with self._lock:
-            if self._db is not None:
-                self._db.close()
-                self._db = None
+        if self._db is not None:
+            self._db.close()
+            self._db = None
 
     def close(self) -> None:
         super().close()
