@@ -259,6 +259,13 @@ class Compiler:
         self.small_unit = limits.SMALL_UNIT
         self.driver_unit = limits.DRIVER_UNIT
 
+    def configure(self, tables: Collection[str], actions: Actions, bags: Bags) -> None:
+        """Compile for these tables and actions from the next unit on (a configuration reloaded); ``bags`` adds to
+        the tables without a key seen so far."""
+        self.tables = tables
+        self.actions = normalised(actions)
+        self._bags.update(bags)
+
     def span(self, start: Position, end: Position) -> Span:
         """The unit ``(start, end]`` as the routes see it."""
         stats = self.log.stats(start, end)

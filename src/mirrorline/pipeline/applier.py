@@ -152,6 +152,7 @@ class Applier:
             keep_on_driver=not self._save_units,
         )
         self._admitted: list[str] = []  # loaded targets to add at the next unit (admit)
+        self._paused: list[tuple[str, threading.Event]] = []  # targets to take out at the next unit (pause)
         self._admit_lock = threading.Lock()
         self._joining: set[str] = set()  # added targets still catching up with the others
         self._turn = False
@@ -203,6 +204,27 @@ class Applier:
 
     # -- positions ---------------------------------------------------------------------------------------------
 
+    def configure(self, config: Config) -> None:
+        """Go on with ``config`` (``run`` reloaded it): its targets and tables from the next unit on. Units compiled
+        for the tables of before (the next one, compiled ahead; those stored for other processes) are dropped."""
+        tables_changed = set(config.tables) != set(self.config.tables)
+        self.config = config
+        self.actions = config.actions
+        self.compiler.configure(list(config.tables), self.actions, known_bags(config))
+        if tables_changed:
+            if self._ahead is not None:
+                self._ahead[0].release()
+                self._ahead = None
+            self._store.prune(Position(1 << 62, 1 << 62))
+
+    def pause(self, name: str) -> threading.Event:
+        """Take ``name`` out of the pipeline at its next step (from another thread: ``run`` loads a table added to
+        it); the event is set once it is out. :meth:`admit` adds it again."""
+        out = threading.Event()
+        with self._admit_lock:
+            self._paused.append((name, out))
+        return out
+
     def admit(self, name: str) -> None:
         """Add a target that was loaded while this pipeline applied to the others (``run`` loads new targets beside
         the live ones, DESIGN §7). It applies from the next unit on, catching up from where its load left it; while
@@ -211,6 +233,11 @@ class Applier:
             self._admitted.append(name)
 
     def _take_admitted(self) -> None:
+        with self._admit_lock:
+            paused, self._paused = self._paused, []
+        for name, out in paused:
+            self.remove(name)
+            out.set()
         with self._admit_lock:
             names, self._admitted = self._admitted, []
         from mirrorline.apply import open_target
@@ -433,6 +460,8 @@ class Applier:
         :meth:`closes_at`).
         ``covered``: the log is known to hold every change up to ``upto`` (capture has passed it), so the targets
         move to ``upto`` itself even where it lies beyond the log's last change."""
+        if self._admitted or self._paused:
+            self._take_admitted()
         durable = self.log.durable()
         if covered and upto is not None:
             limit = upto
@@ -440,8 +469,6 @@ class Applier:
             return None
         else:
             limit = min(durable, upto) if upto is not None else durable
-        if self._admitted:
-            self._take_admitted()
         states = self._states(self._ready())
         positions = {n: st.live for n, st in states.items()}
         behind = {n: p for n, p in positions.items() if p < limit}

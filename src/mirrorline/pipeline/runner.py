@@ -61,6 +61,8 @@ class Runner:
         self.on_message = on_message or (lambda m: log.info("%s", m))
         self._ready = threading.Event()
         self.capture = Capture(config, once=once, on_ready=lambda _stats: self._ready.set())
+        self._capture_thread: threading.Thread | None = None
+        self._restarting = False  # capture is being started again with a reloaded configuration
         self.result = RunResult()
         self._stop = threading.Event()
         self._capture_error: BaseException | None = None
@@ -90,8 +92,10 @@ class Runner:
 
     def _reload_config(self, applier: Applier) -> None:
         """The configuration file read again: targets added are loaded beside the others (or wait for files),
-        targets removed are no longer applied; any other change is said to take effect at the next start. A file
-        that does not load is reported and the running configuration kept."""
+        targets removed are no longer applied; tables added or removed restart capture with them, then each target
+        in turn pauses while it loads the added tables (the others go on) and catches up. Any other change is said
+        to take effect at the next start. A file that does not load, or tables the source does not have as
+        configured, are reported and the running configuration kept."""
         import dataclasses
 
         from mirrorline import config as config_mod
@@ -103,14 +107,34 @@ class Runner:
             self.on_message(f"configuration not reloaded (run goes on as it was): {e}")
             return
         old = self.config
-        later = [
-            k for k in ("source", "log", "apply", "tables", "spark", "metrics") if getattr(new, k) != getattr(old, k)
-        ]
+        later = [k for k in ("source", "log", "apply", "spark", "metrics") if getattr(new, k) != getattr(old, k)]
         later += [f"targets.{n}" for n in old.targets if n in new.targets and new.targets[n] != old.targets[n]]
+        later += [f'tables."{t}"' for t in old.tables if t in new.tables and new.tables[t] != old.tables[t]]
         added = [n for n in new.targets if n not in old.targets]
         removed = [n for n in old.targets if n not in new.targets]
         kept = {n: t for n, t in old.targets.items() if n in new.targets}
-        self.config = applier.config = dataclasses.replace(old, targets={**kept, **{n: new.targets[n] for n in added}})
+        tables_added = [t for t in new.tables if t not in old.tables]
+        tables_removed = [t for t in old.tables if t not in new.tables]
+        tables = {t: old.tables.get(t, c) for t, c in new.tables.items()}  # a changed table keeps its settings
+        targets = {**kept, **{n: new.targets[n] for n in added}}
+        if (tables_added or tables_removed) and "source" not in later and "log" not in later:
+            changed = dataclasses.replace(old, tables=tables, targets=targets)
+            error = self._check_tables(changed)
+            if error is None:
+                error = self._restart_capture(changed)
+                if error is not None:  # capture goes on with the tables it had
+                    again = self._restart_capture(dataclasses.replace(old, targets=targets))
+                    if again is not None:
+                        raise again
+            if error is not None:
+                self.on_message(f"configuration not reloaded (run goes on as it was): {first_line(error)}")
+                return
+        elif tables_added or tables_removed:
+            later.append("tables")
+            tables_added = tables_removed = []
+            tables = old.tables
+        self.config = dataclasses.replace(old, tables=tables, targets=targets)
+        applier.configure(self.config)
         announce_run(self.config.log.path, self.config.targets)
         for n in removed:
             applier.remove(n)
@@ -120,10 +144,28 @@ class Runner:
             )
         wire = [n for n in added if self.config.targets[n].initial == "wire"]
         files = [n for n in added if n not in wire]
+        if tables_added or tables_removed:
+            what = [f"added {', '.join(tables_added)}"] if tables_added else []
+            what += [f"removed {', '.join(tables_removed)}"] if tables_removed else []
+            then = (
+                "the targets pause, load the added tables one after the other, and each catches up once loaded"
+                if tables_added
+                else "no longer applied (left at the targets as they are)"
+            )
+            self.on_message(f"tables {'; '.join(what)}: captured from now on as configured; {then}")
+            wire += list(kept)
         if wire:
-            self.on_message(f"target(s) {', '.join(wire)} added: loaded beside the others, then applied")
+            if added:
+                self.on_message(
+                    f"target(s) {', '.join(n for n in wire if n in added)} added: loaded beside the "
+                    "others, then applied"
+                )
             threading.Thread(
-                target=self._load_beside, args=(wire, applier), name="mirrorline-load", daemon=True
+                target=self._load_beside,
+                args=(wire, applier),
+                kwargs={"pause": [n for n in wire if n in kept]},
+                name="mirrorline-load",
+                daemon=True,
             ).start()
         if files:
             self._keep_log_for(files)
@@ -134,8 +176,28 @@ class Runner:
             self.on_message(
                 f"configuration reloaded; changed {', '.join(later)}: that takes effect when run starts again"
             )
-        elif not added and not removed:
+        elif not added and not removed and not tables_added and not tables_removed:
             self.on_message("configuration reloaded: no change")
+
+    def _check_tables(self, config: Config) -> BaseException | None:
+        """The configured tables as the source has them now (each exists, is a table, has a key): the error, if
+        not."""
+        from mirrorline.capture.source import connect, describe_tables
+
+        assert config.source is not None
+        replicated: set[str] = set()
+        if self.log.layout.exists():
+            self.log.schemas.refresh()
+            replicated = set(self.log.schemas.tables())
+        try:
+            conn = connect(config.source.dsn)
+            try:
+                describe_tables(conn, config, replicated=replicated)
+            finally:
+                conn.close()
+        except Exception as e:
+            return e
+        return None
 
     def _tick(self, applier: Applier) -> None:
         """Before each step of the live loop: the configuration read again when asked (SIGHUP), and tables whose
@@ -188,15 +250,50 @@ class Runner:
         finally:
             self._reloading.discard((name, table))
 
-    def _capture_main(self) -> None:
+    def _capture_main(self, capture: Any, done: threading.Event) -> None:
         try:
-            stats = self.capture.run()
-            self.result.captured = stats.changes
-        except BaseException as e:  # handed to the main thread
+            stats = capture.run()
+            self.result.captured += stats.changes
+        except BaseException as e:  # handed to the main thread (which, restarting capture, takes it back)
             self._capture_error = e
-            self._stop.set()
+            if not self._restarting:
+                self._stop.set()
         finally:
-            self._capture_done.set()
+            done.set()
+
+    def _start_capture(self) -> None:
+        done = self._capture_done = threading.Event()
+        self._capture_thread = threading.Thread(
+            target=self._capture_main, args=(self.capture, done), name="mirrorline-capture", daemon=True
+        )
+        self._capture_thread.start()
+
+    def _stop_capture(self) -> None:
+        self.capture.stop()
+        if self._capture_thread is not None:
+            self._capture_thread.join(timeout=30)
+
+    def _restart_capture(self, config: Config) -> BaseException | None:
+        """Capture stopped at a transaction's end and started again with ``config`` (its tables: the publication
+        reconciled, their schemas recorded); the error when it does not get to streaming (then it is not running)."""
+        from mirrorline.capture.session import Capture
+
+        self._stop_capture()
+        if self._capture_error is not None:
+            return self._capture_error
+        self._ready.clear()
+        self._restarting = True
+        try:
+            self.capture = Capture(config, once=self.once, on_ready=lambda _stats: self._ready.set())
+            self._start_capture()
+            while not (self._ready.wait(0.1) or self._capture_done.is_set()):
+                pass
+        finally:
+            self._restarting = False
+        if self._ready.is_set():
+            return None
+        e, self._capture_error = self._capture_error, None
+        return e or MirrorlineError("capture ended before it streamed")
 
     def _stopped_now(self) -> tuple[list[str], list[tuple[str, str]]]:
         """The targets and the (target, table)s stopped now, for the metrics (read from another thread)."""
@@ -228,16 +325,20 @@ class Runner:
         for r in reconcile_targets(self.config, names):
             self.on_message(r.summary())
 
-    def _load_beside(self, names: list[str], applier: Applier) -> None:
+    def _load_beside(self, names: list[str], applier: Applier, pause: list[str] | None = None) -> None:
         """In a thread of its own: load each of ``names`` (its Spark jobs in a scheduler pool of their own) and add
         it to ``applier``, which meanwhile applies to the other targets. A load that fails stops that target alone
         (recorded for ``status``): it is loaded again after 2 s, the delay doubling up to 60 s, while the others go
-        on. ``loaded`` is set once every target was tried once."""
+        on. ``loaded`` is set once every target was tried once. ``pause``: these targets are taken out of ``applier``
+        first (tables were added to the ones it applies to: none may apply their changes before loading them), each
+        added again once loaded."""
         left: dict[str, float] = {}  # a target whose load failed -> its delay before the next try
         try:
             from mirrorline.sparkenv import get_spark
 
             get_spark().sparkContext.setLocalProperty("spark.scheduler.pool", "load")
+            if pause and not self._paused(pause, applier):
+                return
             for name in names:
                 if self._stop.is_set():
                     return
@@ -255,6 +356,15 @@ class Runner:
             self._stop.set()
         finally:
             self.loaded.set()
+
+    def _paused(self, names: list[str], applier: Applier) -> bool:
+        """Wait until the pipeline has taken ``names`` out (False: run stops meanwhile)."""
+        events = [applier.pause(n) for n in names]
+        for out in events:
+            while not out.wait(0.1):
+                if self._stop.is_set():
+                    return False
+        return True
 
     def _load_one(self, name: str, applier: Applier) -> bool:
         """Load target ``name`` and add it to ``applier``; False (recorded, said) when the load failed."""
@@ -396,7 +506,6 @@ class Runner:
 
     def run(self) -> RunResult:
         self._removed_targets()
-        thread = threading.Thread(target=self._capture_main, name="mirrorline-capture", daemon=True)
         applier: Applier | None = None
         if self.config.metrics.listen is not None:
             from mirrorline.metrics import RunMetrics
@@ -406,7 +515,7 @@ class Runner:
             )
             self.metrics_address = self.metrics.start()
         try:
-            thread.start()
+            self._start_capture()
             # Spark warms up while capture connects and new targets load; the first unit waits for it
             from mirrorline.compile.compiler import warm_up
             from mirrorline.sparkenv import get_spark
@@ -434,8 +543,7 @@ class Runner:
                 self.metrics.errors.labels("apply").inc()
             raise
         finally:
-            self.capture.stop()
-            thread.join(timeout=30)
+            self._stop_capture()
             if applier is not None:
                 applier.close()
             if self.metrics is not None:
