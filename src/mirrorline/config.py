@@ -113,6 +113,12 @@ class TableConfig:
     sequence: int = -1
     key: tuple[str, ...] = ()
     columns: dict[str, str] = field(default_factory=dict)  # column -> PostgreSQL type, for tables fed from files
+    # part of a table: only these columns (``columns = [...]``), or all but these (``exclude``), and only the rows
+    # for which ``where`` (a PostgreSQL boolean expression on the table's columns) is true: the publication's column
+    # list and row filter, the snapshot's and verify's SELECT
+    select: tuple[str, ...] = ()
+    exclude: tuple[str, ...] = ()
+    where: str | None = None
     on_schema_change: str = "follow"  # follow the source's schema changes, or stop the target at each one
     dropped_columns: str = "drop"  # a column dropped at the source: drop it at the target, or keep it (then NULL)
     # a partition detached or dropped with its rows (nothing sent): stop the table until it is loaded again, or keep
@@ -543,7 +549,17 @@ def storage_path(text: str) -> Path:
 
 def _table(file: str, name: str, spec: Any) -> TableConfig:
     r = _Reader(file, f'tables."{name}"', spec)
-    r.only("actions", "sequence", "key", "columns", "on_schema_change", "dropped_columns", "detached_partitions")
+    r.only(
+        "actions",
+        "sequence",
+        "key",
+        "columns",
+        "exclude",
+        "where",
+        "on_schema_change",
+        "dropped_columns",
+        "detached_partitions",
+    )
     actions = r.get("actions", str, "IDU").upper()
     on_schema_change = r.get("on_schema_change", str, "follow")
     if on_schema_change not in ("follow", "stop"):
@@ -562,7 +578,20 @@ def _table(file: str, name: str, spec: Any) -> TableConfig:
         raise r.fail("key", "expected a list of column names")
     if len(set(key)) != len(key):
         raise r.fail("key", "names a column twice")
-    columns = r.get("columns", dict, {})
+    columns = r.get("columns", (dict, list), {})
+    select: list[str] = []
+    if isinstance(columns, list):  # the columns to replicate (a table of names and types: a table fed from files)
+        select, columns = columns, {}
+        if not select or not all(isinstance(c, str) and c for c in select) or len(set(select)) != len(select):
+            raise r.fail("columns", "expected a list of the column names to replicate, each once")
+    exclude = r.get("exclude", list, [])
+    if not all(isinstance(c, str) and c for c in exclude) or len(set(exclude)) != len(exclude):
+        raise r.fail("exclude", "expected a list of the column names to leave out, each once")
+    if select and exclude:
+        raise r.fail("exclude", "give either columns = [...] (the ones to replicate) or exclude = [...], not both")
+    where = r.get("where", str, None)
+    if where is not None and not where.strip():
+        raise r.fail("where", 'expected a PostgreSQL boolean expression on the table\'s columns, such as "amount > 0"')
     for col, typ in columns.items():
         if not isinstance(typ, str) or not typ.strip():
             raise r.fail(f"columns.{col}", 'expected a PostgreSQL type name such as "bigint" or "text"')
@@ -575,6 +604,9 @@ def _table(file: str, name: str, spec: Any) -> TableConfig:
         sequence=max(sequence, -1),
         key=tuple(key),
         columns=dict(columns),
+        select=tuple(select),
+        exclude=tuple(exclude),
+        where=where.strip() if where is not None else None,
         on_schema_change=on_schema_change,
         dropped_columns=dropped_columns,
         detached_partitions=detached,

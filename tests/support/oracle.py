@@ -193,3 +193,18 @@ def assert_same(dsn: str, kind: str, url: str, table: str) -> None:
             f"{table} at the {kind} target: {sum(src.values())} source rows, {sum(got.values())} target rows; "
             f"missing {sorted(missing, key=repr)[:3]}, extra {sorted(extra, key=repr)[:3]}"
         )
+
+
+def assert_same_part(dsn: str, kind: str, url: str, table: str, names: list[str], where: str) -> None:
+    """The target holds exactly the source's rows of ``table`` for which ``where`` is true, in the columns
+    ``names`` (a table replicated in part)."""
+    cols = [(n, t) for n, t in columns(dsn, table) if n in names]
+    src = Counter(_pg_rows(dsn, table, cols, f"(SELECT * FROM {_relation(table)} WHERE ({where})) AS part"))
+    got = target(kind, url, table, cols)
+    assert got is not None, f"{kind} target {url}: no table {table}"
+    if got != src:
+        missing, extra = src - got, got - src
+        raise AssertionError(
+            f"{table} (in part) at the {kind} target: {sum(src.values())} source rows, {sum(got.values())} target "
+            f"rows; missing {sorted(missing, key=repr)[:3]}, extra {sorted(extra, key=repr)[:3]}"
+        )

@@ -21,7 +21,7 @@ import logging
 import select
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -38,6 +38,7 @@ from mirrorline.capture.events import (
     SpillCommit,
     TableInfo,
 )
+from mirrorline.capture.selection import publication_specs
 from mirrorline.capture.source import (
     PublicationReport,
     TypeNames,
@@ -169,7 +170,11 @@ class Capture:
                         frozenset(c.name for c in s.columns if not c.nullable),
                     )
                 self.stats.publication = reconcile_publication(
-                    conn, self.source.publication, tables, str(self.config.log.path)
+                    conn,
+                    self.source.publication,
+                    tables,
+                    str(self.config.log.path),
+                    publication_specs(self.config, tables),
                 )
                 log.debug("%s", self.stats.publication.summary())
                 self._check_source(conn)
@@ -248,6 +253,7 @@ class Capture:
             )
             asm.oids = self._oids = {t.oid: n for n, t in tables.items()}
             asm.on_renamed = lambda was, now, lsn: self._gone(was, f"renamed to {now} at the source", lsn)
+            self._parts_changed(asm, tables)
             self._loop(asm, writer)
         finally:
             self._spills.clear()
@@ -382,6 +388,22 @@ class Capture:
             return ch.describe("detached with its rows") if held else ""
         older = self._types.rows_before(ch.leaf)
         return None if older is None else "" if older else "suspect"
+
+    def _parts_changed(self, asm: BatchAssembler, tables: Mapping[str, Any]) -> None:
+        """A table whose replicated part (``columns`` / ``exclude`` / ``where``) is not the one its logged changes
+        were captured with: its rows at the targets are another part than the one configured now, so it is marked
+        to be loaded again (:meth:`_resync`). The parts are kept in the log (``parts.json``) for the next start."""
+        from mirrorline.capture.selection import changed_parts, read_parts, write_parts
+
+        assert self._writer is not None
+        root = self.config.log.path
+        now = {
+            n: ([c.name for c in t.columns] if t.left_out else None, self.config.table(n).where)
+            for n, t in tables.items()
+        }
+        for name, what in changed_parts(read_parts(root), now, set(self._writer.schemas.tables())).items():
+            self._resync(asm, tables[name].oid, what)
+        write_parts(root, now)
 
     def _resync(self, asm: BatchAssembler, relid: int, what: str) -> None:
         """Mark ``relid``'s table: a schema version like its latest with ``resync`` set, which its later changes

@@ -18,6 +18,7 @@ from typing import Any
 
 from mirrorline.capture.assembler import TableInfo
 from mirrorline.capture.partitions import Leaf
+from mirrorline.capture.selection import check_filter, selected
 from mirrorline.config import Config, redact_dsn
 from mirrorline.errors import ConfigError, SourceError, TransientSourceError
 from mirrorline.model import Column, default_key, quote_ident, quote_table, split_table_name
@@ -146,6 +147,7 @@ class SourceTable:
     identity: tuple[str, ...]  # replica identity columns ('d': the primary key, 'i': the index's; 'f': every one)
     columns: tuple[Column, ...]
     info: TableInfo = field(default_factory=lambda: TableInfo(""))
+    left_out: tuple[str, ...] = ()  # columns not replicated (the table's ``columns`` / ``exclude``)
 
 
 _UNIQUE_INDEX_SQL = """
@@ -245,8 +247,15 @@ def describe_tables(
                 f"{name} has no primary key and no columns, so it has no usable key",
                 hint="add a primary key, or configure tables.key",
             )
+        left_out: tuple[str, ...] = ()
+        if tcfg.select or tcfg.exclude or tcfg.where is not None:
+            if tcfg.where is not None:
+                check_filter(conn, file, name, tcfg.where)
+            kept = selected(file, name, tcfg, columns, identity)
+            left_out = tuple(c.name for c in columns if c not in kept)
+            columns = kept
         info = TableInfo(name, tuple(tcfg.key), pk, frozenset(c.name for c in columns if not c.nullable))
-        out[name] = SourceTable(name, int(oid), ident, pk, identity, columns, info)
+        out[name] = SourceTable(name, int(oid), ident, pk, identity, columns, info, left_out)
     if lacking:
         raise ConfigError(
             file,
@@ -269,6 +278,20 @@ def publication_members(conn: Any, publication: str) -> list[str]:
             "SELECT n.nspname, c.relname FROM pg_publication_rel r JOIN pg_publication p ON p.oid = r.prpubid "
             "JOIN pg_class c ON c.oid = r.prrelid JOIN pg_namespace n ON n.oid = c.relnamespace "
             "WHERE p.pubname = %s",
+            (publication,),
+        )
+    )
+
+
+def _has_parts(conn: Any, publication: str) -> bool:
+    """Does the publication carry a column list or a row filter for some table (PostgreSQL 15 or later)?"""
+    if int(_fetch(conn, "SHOW server_version_num")[0][0]) < 150000:
+        return False
+    return bool(
+        _fetch(
+            conn,
+            "SELECT 1 FROM pg_publication_rel r JOIN pg_publication p ON p.oid = r.prpubid WHERE p.pubname = %s "
+            "AND (r.prattrs IS NOT NULL OR r.prqual IS NOT NULL)",
             (publication,),
         )
     )
@@ -372,12 +395,16 @@ def teardown(conn: Any, slot: str, publication: str, owner: str) -> Teardown:
     return t
 
 
-def reconcile_publication(conn: Any, publication: str, tables: Iterable[str], owner: str) -> PublicationReport:
+def reconcile_publication(
+    conn: Any, publication: str, tables: Iterable[str], owner: str, specs: Mapping[str, str] | None = None
+) -> PublicationReport:
     """Make the publication hold exactly the configured tables (DESIGN §3): create it, add the missing tables,
     remove the ones no longer configured, publish every operation, and publish a partitioned table's changes as its
     own (``publish_via_partition_root``: its partitions' changes come under its name, in its columns). The
     publication belongs to the log at ``owner`` (its comment says so, written when it is created or first
-    reconciled): one that another log owns is refused before anything changes. Reports what changed."""
+    reconciled): one that another log owns is refused before anything changes. ``specs``: a table published in
+    part, as the publication names it with its column list and row filter
+    (:func:`~mirrorline.capture.selection.publication_spec`; PostgreSQL 15 or later). Reports what changed."""
     wanted = sorted(set(tables))
     report = PublicationReport(publication)
     pub = quote_ident(publication)
@@ -399,12 +426,16 @@ def reconcile_publication(conn: Any, publication: str, tables: Iterable[str], ow
                 "receives",
                 hint='give this configuration a publication of its own: [source] publication = "..."',
             )
-        if not rows:
-            _fetch(
-                conn,
-                f"CREATE PUBLICATION {pub} FOR TABLE {', '.join(quote_table(t) for t in wanted)} "
-                "WITH (publish_via_partition_root = true)",
+        parts = {t: v for t, v in (specs or {}).items() if t in wanted and v != quote_table(t)}
+        if parts and int(_fetch(conn, "SHOW server_version_num")[0][0]) < 150000:
+            raise SourceError(
+                f"{', '.join(sorted(parts))}: replicating part of a table (columns, exclude, where) needs PostgreSQL "
+                "15 or later at the source, whose publications carry column lists and row filters",
+                hint="replicate the whole table, or upgrade the source",
             )
+        named = ", ".join(parts.get(t, quote_table(t)) for t in wanted)
+        if not rows:
+            _fetch(conn, f"CREATE PUBLICATION {pub} FOR TABLE {named} WITH (publish_via_partition_root = true)")
             report.created = True
             report.added = wanted
         else:
@@ -420,9 +451,12 @@ def reconcile_publication(conn: Any, publication: str, tables: Iterable[str], ow
             current = publication_members(conn, publication)
             report.added = [t for t in wanted if t not in current]
             report.removed = [t for t in current if t not in wanted]
-            if report.added:
+            partial = bool(parts) or _has_parts(conn, publication)
+            if partial:  # column lists and row filters set as configured, with the members, at once
+                _fetch(conn, f"ALTER PUBLICATION {pub} SET TABLE {named}")
+            elif report.added:
                 _fetch(conn, f"ALTER PUBLICATION {pub} ADD TABLE {', '.join(quote_table(t) for t in report.added)}")
-            if report.removed:
+            if report.removed and not partial:
                 _fetch(conn, f"ALTER PUBLICATION {pub} DROP TABLE {', '.join(quote_table(t) for t in report.removed)}")
             if not publishes_all:
                 _fetch(conn, f"ALTER PUBLICATION {pub} SET (publish = 'insert, update, delete, truncate')")

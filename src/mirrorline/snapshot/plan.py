@@ -78,6 +78,7 @@ class TableStat:
     rows: int  # the planner's estimate (progress only)
     sequence: int = -1
     index: int = 0  # place in load order
+    row_filter: str | None = None  # only the rows for which this is true (the table's ``where``)
 
     @property
     def table(self) -> str:
@@ -93,9 +94,10 @@ class Chunk:
     number: int  # the chunk's place inside its table
     first: int | None
     stop: int | None
+    row_filter: str | None = None  # the table's ``where``: only its rows
 
     def where(self) -> str:
-        parts = []
+        parts = [f"({self.row_filter})"] if self.row_filter is not None else []
         if self.first is not None:
             parts.append(f"ctid >= '({self.first},0)'::tid")
         if self.stop is not None:
@@ -127,7 +129,7 @@ def plan_chunks(tables: Iterable[TableStat], chunk_blocks: int, min_chunks: int 
     out: list[Chunk] = []
     for t in sorted(tables, key=lambda s: s.index):
         if t.relkind == "p" or t.blocks <= 1:
-            out.append(Chunk(t.table, t.index, 0, None, None))
+            out.append(Chunk(t.table, t.index, 0, None, None, t.row_filter))
             continue
         n = max(-(-t.blocks // max(chunk_blocks, 1)), min(min_chunks, t.blocks))
         step = -(-t.blocks // n)
@@ -135,7 +137,7 @@ def plan_chunks(tables: Iterable[TableStat], chunk_blocks: int, min_chunks: int 
         for i, b in enumerate(bounds):
             first = None if i == 0 else b
             stop = None if i == len(bounds) - 1 else bounds[i + 1]
-            out.append(Chunk(t.table, t.index, i, first, stop))
+            out.append(Chunk(t.table, t.index, i, first, stop, t.row_filter))
     return out
 
 

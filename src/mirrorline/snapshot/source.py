@@ -18,6 +18,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from mirrorline.capture.selection import publication_specs
 from mirrorline.capture.source import (
     check_failover,
     check_server,
@@ -90,7 +91,10 @@ def consistent_point(config: Config, *, reconcile: bool = True, create_main: boo
             check_server(conn)
             check_failover(conn, src.failover)
             if reconcile and config.tables:
-                reconcile_publication(conn, src.publication, describe_tables(conn, config), str(config.log.path))
+                described = describe_tables(conn, config)
+                reconcile_publication(
+                    conn, src.publication, described, str(config.log.path), publication_specs(config, described)
+                )
             main_exists = _slot_exists(conn, src.slot)
         except psycopg2.Error as e:
             raise source_error(e, src.dsn, "source check failed") from None
@@ -186,7 +190,7 @@ def sized_tables(conn: Any, config: Config, keyless_ok: bool = False) -> dict[st
 
             schema = TableSchema(name, st.columns, key, bag=bag, relid=st.oid)
             idx, seq = order[name]
-            out[name] = TableStat(schema, relkind, int(blocks), int(rows), seq, idx)
+            out[name] = TableStat(schema, relkind, int(blocks), int(rows), seq, idx, tcfg.where)
     except psycopg2.Error as e:
         raise SourceError(f"cannot describe the configured tables: {str(e).strip().splitlines()[0]}") from None
     return dict(sorted(out.items(), key=lambda kv: kv[1].index))
