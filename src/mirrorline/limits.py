@@ -17,6 +17,10 @@ from __future__ import annotations
 # the small route's unit: a plan prepared once on the driver, no job planning per unit (compile/small.py)
 SMALL_UNIT = 50_000
 
+# while Spark starts and warms up, a unit of at most this many changes is folded on the driver in plain Python
+# (compile/driver.py): the first changes after a start need not wait for the JVM (bench/live's restart phase)
+FOLD_UNIT = 20_000
+
 # a backlog at least this large is caught up in units of max_changes, a smaller one in units of SMALL_UNIT: under
 # load the general route's many stages starve (bench/live unthrottled: a 209k-change unit compiled in 42 s and
 # applied in 29 s while pgbench saturated the cores; units of 50,000 took 4 to 6 s), so only a large backlog takes it

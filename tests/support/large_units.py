@@ -24,7 +24,9 @@ B = TableSchema(
 )
 
 
-def one_unit_pipeline(tmp_path: Path, catch_up_changes: int = 500, spark: Any = None, **urls: str) -> Applier:
+def one_unit_pipeline(
+    tmp_path: Path, catch_up_changes: int = 500, spark: Any = None, warm_up: Any = None, **urls: str
+) -> Applier:
     """A pipeline on the log at ``tmp_path / "log"`` (targets: ``urls``, else one SQLite file) whose units are large
     once ``catch_up_changes`` changes are behind (the log advances by whole transactions: at most that many)."""
     targets = {n: {"url": u} for n, u in (urls or {"t": f"sqlite:///{tmp_path / 't.db'}"}).items()}
@@ -36,7 +38,7 @@ def one_unit_pipeline(tmp_path: Path, catch_up_changes: int = 500, spark: Any = 
         },
         tmp_path / "m.toml",
     )
-    a = Applier(conf, spark=spark)
+    a = Applier(conf, spark=spark, warm_up=warm_up)
     a.small_unit, a.catch_up_changes = 100, catch_up_changes
     return a
 

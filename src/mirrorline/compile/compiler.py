@@ -8,6 +8,8 @@ of :mod:`mirrorline.compile.reference`); they differ in what they cost:
 =========  ==========================================================  ===============================================
 route      takes a unit that ...                                       how (module)
 =========  ==========================================================  ===============================================
+driver     holds at most ``limits.FOLD_UNIT`` changes, while Spark     the rules' own fold in plain Python on the
+           starts and warms up                                         driver (``compile/driver.py``)
 small      holds at most ``limits.SMALL_UNIT`` changes, no TRUNCATE,   a plan prepared once, run on the unit's rows
            no key change leaving columns unsent                        sent from the driver (``compile/small.py``)
 inserts    only inserts, at most ``limits.INSERTS_MAX_ROWS``           images read on the driver while Spark checks
@@ -21,7 +23,8 @@ A route may leave a check running (inserts, updates): the batch settles it itsel
 end (:class:`~mirrorline.compile.batch.Feed`) and apply asks it before it commits anything; a check that fails with
 :class:`~mirrorline.errors.Unverified` means the unit must take the general route (:meth:`Compiler.again`).
 
-A route also warms itself up (``warm``): the small route's plan at start, in the background
+A route on Spark waits for Spark's warm-up when it takes a unit before the warm-up ended (the driver route does
+not). A route also warms itself up (``warm``): the small route's plan at start, in the background
 (:meth:`Compiler.warm_up`); the updates route's JVM code once the pipeline is idle (:meth:`Compiler.warm_idle`).
 """
 
@@ -73,11 +76,16 @@ class Span:
     tables: Collection[str]  # the configured tables (empty: every table)
     actions: Actions  # the tables replicating only some kinds of change (normalised: see reference.normalised)
     bags: Bags  # the tables without a key the pipeline has seen, with their columns
-    spark: Any
+    get_spark: Callable[[], Any]  # the session (made on first use: a route on the driver never asks for it)
     schemas_of: SchemasOf
     keep_on_driver: bool = True  # may the net rows stay in the driver's memory (not when units are stored)
     small_unit: int = limits.SMALL_UNIT  # the small route's largest unit
     driver_unit: int = limits.DRIVER_UNIT  # the largest unit whose net rows come to the driver through Arrow
+    warm: bool = True  # Spark is warm (else it is starting or warming up: a route on the driver may take the unit)
+
+    @cached_property
+    def spark(self) -> Any:
+        return self.get_spark()
 
     @property
     def changes(self) -> int:
@@ -107,9 +115,11 @@ class Span:
 
 
 class Route(Protocol):
-    """One way to compile a unit. ``compile`` may still decline (None) once it has looked at the rows."""
+    """One way to compile a unit. ``compile`` may still decline (None) once it has looked at the rows. ``spark``:
+    the route needs Spark (a unit it takes waits for the warm-up)."""
 
     name: str
+    spark: bool
 
     def qualifies(self, span: Span) -> bool: ...
 
@@ -120,8 +130,25 @@ class Route(Protocol):
         ...
 
 
+class OnDriver:
+    name = "driver"
+    spark = False
+
+    def qualifies(self, span: Span) -> bool:
+        return not span.warm and span.changes <= limits.FOLD_UNIT
+
+    def compile(self, span: Span) -> NetBatch:
+        from mirrorline.compile.driver import fold_unit
+
+        return fold_unit(span.log, span.start, span.end, span.tables, span.actions, span.bags, span.changes)
+
+    def warm(self, spark: Any, actions: Actions, bags: Bags) -> float:
+        return 0.0
+
+
 class Small:
     name = "small"
+    spark = True
 
     def qualifies(self, span: Span) -> bool:
         from mirrorline.compile.small import qualifies
@@ -142,6 +169,7 @@ class Small:
 
 class InsertsOnly:
     name = "inserts"
+    spark = True
 
     def qualifies(self, span: Span) -> bool:
         from mirrorline.compile.inserts import qualifies
@@ -168,6 +196,7 @@ class InsertsOnly:
 
 class InsertsAndUpdates:
     name = "updates"
+    spark = True
 
     def qualifies(self, span: Span) -> bool:
         from mirrorline.compile.updates import qualifies
@@ -202,6 +231,7 @@ class InsertsAndUpdates:
 
 class General:
     name = "general"
+    spark = True
 
     def qualifies(self, span: Span) -> bool:
         return True
@@ -226,8 +256,8 @@ class General:
         return warm_up(spark)
 
 
-SMALL, INSERTS, UPDATES, GENERAL = Small(), InsertsOnly(), InsertsAndUpdates(), General()
-ROUTES: tuple[Route, ...] = (SMALL, INSERTS, UPDATES, GENERAL)  # asked in this order; the last takes any unit
+DRIVER, SMALL, INSERTS, UPDATES, GENERAL = OnDriver(), Small(), InsertsOnly(), InsertsAndUpdates(), General()
+ROUTES: tuple[Route, ...] = (DRIVER, SMALL, INSERTS, UPDATES, GENERAL)  # asked in this order; the last takes any
 
 
 class Compiler:
@@ -266,8 +296,8 @@ class Compiler:
         self.actions = normalised(actions)
         self._bags.update(bags)
 
-    def span(self, start: Position, end: Position) -> Span:
-        """The unit ``(start, end]`` as the routes see it."""
+    def span(self, start: Position, end: Position, warm: bool = True) -> Span:
+        """The unit ``(start, end]`` as the routes see it (``warm``: Spark is warm)."""
         stats = self.log.stats(start, end)
         if self.tables:
             stats = {t: s for t, s in stats.items() if t in self.tables}
@@ -279,19 +309,27 @@ class Compiler:
             tables=self.tables,
             actions=self.actions,
             bags=self.bags(sorted(stats), end, start),
-            spark=self._spark(),
+            get_spark=self._spark,
             schemas_of=self._schemas_of,
             keep_on_driver=self.keep_on_driver,
             small_unit=self.small_unit,
             driver_unit=self.driver_unit,
+            warm=warm,
         )
 
-    def compile(self, start: Position, end: Position, *, general: bool = False) -> NetBatch:
+    def compile(
+        self, start: Position, end: Position, *, general: bool = False, warming: WarmUp | None = None
+    ) -> NetBatch:
         """Compile ``(start, end]`` by the first route that takes it (``general``: the general route only). A batch
-        whose route left a check running comes back before the check ends (see the module's docstring)."""
-        span = self.span(start, end)
+        whose route left a check running comes back before the check ends (see the module's docstring).
+        ``warming``: Spark's warm-up, still running: a route on the driver may take the unit meanwhile, one on Spark
+        waits for it first."""
+        span = self.span(start, end, warm=warming is None)
         for route in self.routes if not general else (GENERAL,):
             if route.qualifies(span):
+                if route.spark and warming is not None:
+                    warming.wait()
+                    warming = None
                 batch = route.compile(span)
                 if batch is not None:
                     self.last_route = route.name

@@ -292,5 +292,9 @@ class WarmUp:
         finally:
             self._first.set()
 
+    def done(self) -> bool:
+        """Has the warm-up ended (well or not)?"""
+        return self._first.is_set()
+
     def wait(self, timeout: float | None = None) -> None:
         self._first.wait(timeout)

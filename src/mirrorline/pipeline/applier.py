@@ -677,8 +677,10 @@ class Applier:
             from mirrorline.compile.batch import NET_ARROW, NetBatch
 
             return NetBatch(start=start, end=end, tables=[], rows=NET_ARROW.empty_table()), False, 0.0
-        self._warmed()
-        batch = self.compiler.compile(start, end)
+        warming = self._warm_up if self._warm_up is not None and not self._warm_up.done() else None
+        if warming is None:
+            self._warm_up = None
+        batch = self.compiler.compile(start, end, warming=warming)
         if self._save_units:
             batch = self._store.save(self.spark, self.compiler.verified(batch))
         return batch, True, time.monotonic() - t0
