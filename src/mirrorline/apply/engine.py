@@ -16,7 +16,7 @@ from the existing row), inserts (insert-select), each from a bulk-loaded worktab
   first that fails: stop with :class:`ApplyError` naming it, or (``on_error = "reject"``) record it in
   ``mirrorline_rejects`` and apply the rest, the position advanced (:mod:`mirrorline.apply.serial`).
 
-One module of about 870 lines: the unit's transaction (or lanes), the bulk statements' order and the failure
+One module of about 880 lines: the unit's transaction (or lanes), the bulk statements' order and the failure
 path share the unit's state (:class:`UnitWork`) and must be read together to see that a unit applies exactly once;
 SQL text is generated in ``apply/sql.py``, worktables staged in ``apply/stage.py``, the failure path in
 ``apply/serial.py``.

@@ -11,7 +11,7 @@ Watermarks (DESIGN §2), kept apart and named:
 A dropped connection is retried (with back-off) from the slot, after making what was received whole durable and
 discarding open stream spills (PostgreSQL streams those transactions again from their start).
 
-One module of about 650 lines: the session's loop and everything that must run between two of its messages
+One module of about 680 lines: the session's loop and everything that must run between two of its messages
 (keepalives, reconnects, the partition looks) share the session's watermarks.
 """
 

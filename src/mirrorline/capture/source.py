@@ -4,7 +4,7 @@ reconciled with the configuration, the replication slot, type names.
 Everything here runs before streaming starts, so that a missing table or a table without a usable key is a clear
 error before anything streams. Errors never show a password (:func:`mirrorline.config.redact_dsn`).
 
-One module of about 710 lines: every catalog query capture makes before it streams, so that each table's
+One module of about 750 lines: every catalog query capture makes before it streams, so that each table's
 checks read as one list.
 """
 

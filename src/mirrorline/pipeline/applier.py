@@ -6,7 +6,7 @@ stops alone at it), tried again with a growing delay. With several targets confi
 in the log (compile/store.py) so that separate ``apply --target`` processes reuse them rather than compile again.
 Where a unit ends and when it closes: :mod:`mirrorline.pipeline.plan`.
 
-One module of about 900 lines: forming a unit, applying it to the targets at one position and keeping each
+One module of about 940 lines: forming a unit, applying it to the targets at one position and keeping each
 failure to the target or table it belongs to are one loop that must see every step; what stands alone is in
 ``plan.py`` (where a unit ends) and ``targets.py`` (stops, upkeep).
 """
