@@ -47,8 +47,9 @@ After the phases: the source's WAL position is taken and one marker update commi
 each mirrorline target (applied position past that WAL position, from the reader registry) and the subscriber
 (``replay_lsn`` past the marker) took to apply everything, bounded by ``--drain-timeout``. ``peak_rss_mb``: the
 highest resident memory of ``run``'s process tree from its start to here (``total`` at one moment; ``python``,
-``jvm`` and ``other``, Spark's Python workers, each its own peak), sampled every half second. Then ``run`` is stopped
-(SIGTERM).
+``jvm`` and ``other``, Spark's Python workers, each its own peak), sampled every half second; ``peak_pss_mb`` the
+same in proportional set size (a page shared by several processes, as Spark's forked Python workers share most of
+theirs, counted once in all: what the tree takes from the machine). Then ``run`` is stopped (SIGTERM).
 
 ``restart`` (unless ``--restart-transactions 0``): with ``run`` stopped, ``pgbench -n -c 1 -t N`` (N =
 ``--restart-transactions``, default 1,000: about 4,000 changes) and a marker update; then ``run`` is started again (a
@@ -202,9 +203,22 @@ class CpuMeter:
         return out
 
 
-def _tree_rss(root: int) -> dict[str, int]:
-    """Resident bytes now of process ``root`` and its descendants, by kind: ``python`` (root itself), ``jvm`` (its
-    Java children), ``other`` (Spark's Python workers and anything else it started)."""
+def _pss(pid: str) -> int:
+    """The process's proportional set size in bytes: its resident pages, each shared page divided among the
+    processes sharing it (Spark's Python workers are forked from one daemon and share most of their pages)."""
+    try:
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+            if line.startswith("Pss:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, IndexError, ValueError):
+        pass
+    return 0
+
+
+def _tree_rss(root: int) -> dict[str, dict[str, int]]:
+    """Resident bytes now (``rss``) and proportional bytes (``pss``) of process ``root`` and its descendants, by
+    kind: ``python`` (root itself), ``jvm`` (its Java children), ``other`` (Spark's Python workers and anything else
+    it started)."""
     procs: dict[int, tuple[int, str, int]] = {}
     for d in os.listdir("/proc"):
         if not d.isdigit():
@@ -216,39 +230,43 @@ def _tree_rss(root: int) -> dict[str, int]:
             continue
         comm = stat[stat.index("(") + 1 : stat.rindex(")")]
         procs[int(d)] = (int(stat[stat.rindex(")") + 2 :].split()[1]), comm, rss)
-    out = {"python": 0, "jvm": 0, "other": 0}
+    out = {m: {"python": 0, "jvm": 0, "other": 0} for m in ("rss", "pss")}
     for pid, (_, comm, rss) in procs.items():
         p = pid
         while p > 1 and p in procs and p != root:
             p = procs[p][0]
         if p != root:
             continue
-        out["python" if pid == root else "jvm" if comm == "java" else "other"] += rss
+        kind = "python" if pid == root else "jvm" if comm == "java" else "other"
+        out["rss"][kind] += rss
+        out["pss"][kind] += _pss(str(pid))
     return out
 
 
 class RssMeter:
-    """The peak resident memory of ``mirrorline run``'s process tree (sampled every half second in a thread)."""
+    """The peak memory of ``mirrorline run``'s process tree (sampled every half second in a thread): resident
+    (``rss``, shared pages counted in each process) and proportional (``pss``, shared pages divided among the
+    processes sharing them: what the tree takes from the machine)."""
 
     def __init__(self, root: int) -> None:
         self.root = root
-        self.peak: dict[str, int] = {"total": 0, "python": 0, "jvm": 0, "other": 0}
+        self.peak = {m: {"total": 0, "python": 0, "jvm": 0, "other": 0} for m in ("rss", "pss")}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._main, name="rss-meter", daemon=True)
         self._thread.start()
 
     def _main(self) -> None:
         while not self._stop.wait(0.5):
-            now = _tree_rss(self.root)
-            for k, v in now.items():
-                self.peak[k] = max(self.peak[k], v)
-            self.peak["total"] = max(self.peak["total"], sum(now.values()))
+            for m, now in _tree_rss(self.root).items():
+                for k, v in now.items():
+                    self.peak[m][k] = max(self.peak[m][k], v)
+                self.peak[m]["total"] = max(self.peak[m]["total"], sum(now.values()))
 
-    def stop(self) -> dict[str, float]:
+    def stop(self) -> dict[str, dict[str, float]]:
         """The peaks in MB (``total`` the tree's at one moment; the others each kind's own peak)."""
         self._stop.set()
         self._thread.join(timeout=5)
-        return {k: round(v / 2**20) for k, v in self.peak.items()}
+        return {m: {k: round(v / 2**20) for k, v in p.items()} for m, p in self.peak.items()}
 
 
 UNIT_RE = re.compile(r"^unit (\S+)\.\.(\S+): (\d+) changes, (compiled|reused) in ([0-9.]+)s, applied: (.*)$")
@@ -1006,8 +1024,9 @@ def bench(args: argparse.Namespace, work: Path, out: dict[str, Any]) -> None:
             heartbeat.stop()
             out["units_total"] = len(runlog.units)
             out["unparsed_unit_lines"] = runlog.unparsed_units
-            out["peak_rss_mb"] = rss.stop()
-            say(f"peak resident memory of run's processes (MB): {out['peak_rss_mb']}")
+            peaks = rss.stop()
+            out["peak_rss_mb"], out["peak_pss_mb"] = peaks["rss"], peaks["pss"]
+            say(f"peak memory of run's processes (MB): resident {peaks['rss']}, proportional {peaks['pss']}")
             say("stopping mirrorline run (SIGTERM)")
             out["mirrorline_exit"] = stop_run(proc)
             runlog.thread.join(timeout=30)

@@ -131,6 +131,14 @@ def master() -> str:
     return os.environ.get("MIRRORLINE_SPARK_MASTER", DEFAULT_MASTER)
 
 
+# Sized for a small machine (bench/live reports run's peak memory): a heap of at most 1 GB (local mode: the executors
+# are in this JVM) that starts small and gives back what it no longer uses (the serial collector shrinks the heap to
+# keep at most 30% of it free). Raise with [spark] conf = { "spark.driver.memory" = "4g" } (or
+# MIRRORLINE_SPARK_DRIVER_MEMORY) for units of millions of changes on a machine that has the memory.
+DRIVER_MEMORY = "1g"
+SMALL_JVM = "-Xms64m -XX:+UseSerialGC -XX:MinHeapFreeRatio=10 -XX:MaxHeapFreeRatio=30"
+
+
 def get_spark(
     master_url: str | None = None, app: str = "mirrorline", conf: dict[str, str] | None = None
 ) -> SparkSession:
@@ -147,7 +155,7 @@ def get_spark(
 
     log4j = resources.files("mirrorline").joinpath("resources/log4j2.properties")
     java_opts = f"-Dlog4j.configurationFile=file:{log4j} -Dlog4j2.configurationFile=file:{log4j}"
-    driver_opts = f"{java_opts} {_archive_opts()}".strip()
+    driver_opts = f"{java_opts} {SMALL_JVM} {_archive_opts()}".strip()
     settings = {
         "spark.ui.enabled": "false",
         "spark.ui.showConsoleProgress": "false",
@@ -159,7 +167,7 @@ def get_spark(
         # jobs of a pool share the cores fairly with other pools: a target loading beside live targets (run) has a
         # pool of its own, so that their small units do not queue behind its chunks
         "spark.scheduler.mode": "FAIR",
-        "spark.driver.memory": os.environ.get("MIRRORLINE_SPARK_DRIVER_MEMORY", "4g"),
+        "spark.driver.memory": os.environ.get("MIRRORLINE_SPARK_DRIVER_MEMORY", DRIVER_MEMORY),
         "spark.driver.extraJavaOptions": driver_opts,
         "spark.executor.extraJavaOptions": java_opts,
         "spark.sql.warehouse.dir": os.path.join(os.environ.get("TMPDIR", "/tmp"), "mirrorline-spark-warehouse"),
