@@ -153,7 +153,7 @@ class Runner:
                 else "no longer applied (left at the targets as they are)"
             )
             self.on_message(f"tables {'; '.join(what)}: captured from now on as configured; {then}")
-            wire += list(kept)
+            wire += [n for n in kept if n in applier.targets]  # (one waiting for files loads them all later)
         if wire:
             if added:
                 self.on_message(
