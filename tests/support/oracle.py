@@ -185,14 +185,7 @@ def target(kind: str, url: str, table: str, cols: list[tuple[str, str]]) -> Coun
 def assert_same(dsn: str, kind: str, url: str, table: str) -> None:
     """The target holds exactly the source's rows of ``table`` (as multisets), each value as PostgreSQL shows it."""
     src = source(dsn, table)
-    got = target(kind, url, table, columns(dsn, table))
-    assert got is not None, f"{kind} target {url}: no table {table}"
-    if got != src:
-        missing, extra = src - got, got - src
-        raise AssertionError(
-            f"{table} at the {kind} target: {sum(src.values())} source rows, {sum(got.values())} target rows; "
-            f"missing {sorted(missing, key=repr)[:3]}, extra {sorted(extra, key=repr)[:3]}"
-        )
+    _equal(f"{table} at the {kind} target {url}", src, target(kind, url, table, columns(dsn, table)))
 
 
 def assert_same_part(dsn: str, kind: str, url: str, table: str, names: list[str], where: str) -> None:
@@ -200,11 +193,15 @@ def assert_same_part(dsn: str, kind: str, url: str, table: str, names: list[str]
     ``names`` (a table replicated in part)."""
     cols = [(n, t) for n, t in columns(dsn, table) if n in names]
     src = Counter(_pg_rows(dsn, table, cols, f"(SELECT * FROM {_relation(table)} WHERE ({where})) AS part"))
-    got = target(kind, url, table, cols)
-    assert got is not None, f"{kind} target {url}: no table {table}"
+    _equal(f"{table} (in part) at the {kind} target {url}", src, target(kind, url, table, cols))
+
+
+def _equal(what: str, src: Counter[tuple[Any, ...]], got: Counter[tuple[Any, ...]] | None) -> None:
+    """The target's rows (None: no such table) are the source's, as multisets; else an error saying what differs."""
+    assert got is not None, f"{what}: no such table"
     if got != src:
         missing, extra = src - got, got - src
         raise AssertionError(
-            f"{table} (in part) at the {kind} target: {sum(src.values())} source rows, {sum(got.values())} target "
-            f"rows; missing {sorted(missing, key=repr)[:3]}, extra {sorted(extra, key=repr)[:3]}"
+            f"{what}: {sum(src.values())} source rows, {sum(got.values())} target rows; "
+            f"missing {sorted(missing, key=repr)[:3]}, extra {sorted(extra, key=repr)[:3]}"
         )
