@@ -6,7 +6,8 @@ Every slot is created before the workload, so each consumer decodes exactly the 
 
 - ``bare``: a psycopg2 pgoutput receiver (protocol 2, streaming on) that only counts messages;
 - ``recvlogical``: ``pg_recvlogical`` with ``test_decoding`` writing to /dev/null, up to the workload's end LSN;
-- ``capture``: mirrorline's capture (``Capture(once=True)``): decode, assemble, write the change log (Parquet).
+- ``capture``: mirrorline's capture (``Capture(once=True)``): decode, assemble, write the change log (Parquet);
+  each round a log and a publication of its own (a publication belongs to one log).
 
 Each consumer runs ``--rounds`` times (one slot per round); the figures are medians. Prints one JSON line: changes/s
 of each and the ratios capture/bare and capture/recvlogical (time ratios: 1.0 = as fast, 1.25 = 25% slower), plus
@@ -122,7 +123,7 @@ def recvlogical(c: PgCluster, slot: str, end: int) -> float:
 def capture(c: PgCluster, slot: str, folder: Path, profile: bool) -> tuple[float, int]:
     config = parse_config(
         {
-            "source": {"dsn": c.dsn(), "slot": slot, "publication": "bench"},
+            "source": {"dsn": c.dsn(), "slot": slot, "publication": slot},  # one per round: a log owns its own
             "log": {"path": str(folder / slot)},
             "tables": {"public.bench": {}},
         },
@@ -159,6 +160,7 @@ def main() -> None:
         for r in rounds:
             c.execute(f"SELECT pg_create_logical_replication_slot('bare_{r}', 'pgoutput')")
             c.execute(f"SELECT pg_create_logical_replication_slot('recv_{r}', 'test_decoding')")
+            c.execute(f"CREATE PUBLICATION cap_{r} FOR TABLE bench")
             c.execute(f"SELECT pg_create_logical_replication_slot('cap_{r}', 'pgoutput')")
         t0 = time.perf_counter()
         end, commits = workload(c, args.changes)

@@ -34,9 +34,9 @@ def test_each_benchmark_module_imports(module: str) -> None:
 
 
 TINY = {
-    "apply.py": (["--changes", "2000", "--runs", "1"], "update_heavy"),
+    "apply.py": (["--changes", "2000"], "update_heavy"),
     "apply_targets.py": (["--rows", "1000"], "bench"),
-    "capture.py": (["--changes", "2000", "--rounds", "1"], "changes_per_s"),
+    "capture.py": (["--changes", "2000"], "changes_per_s"),
     "compile.py": (["--sizes", "2000"], "sizes"),
     "live.py": (["--phase-seconds", "3", "--scale", "1", "--restart-transactions", "100"], "equal"),
     "log_write.py": (["--changes", "2000"], "write_changes_per_s"),
