@@ -929,6 +929,32 @@ def read_table(
         dconn.close()
 
 
+def differences(src: list[tuple[Any, ...]], got: list[tuple[Any, ...]]) -> dict[str, Any] | None:
+    """None when the two sorted row lists are equal as multisets, else what is missing and extra in ``got``."""
+    if got == src:
+        return None
+    a, b = collections.Counter(src), collections.Counter(got)
+    missing, extra = a - b, b - a
+    return {
+        "missing": sum(missing.values()),
+        "extra": sum(extra.values()),
+        "missing_example": repr(next(iter(missing))) if missing else None,
+        "extra_example": repr(next(iter(extra))) if extra else None,
+    }
+
+
+def compare_table(
+    source_dsn: str, kind: str, where: str, table: str, columns: tuple[tuple[str, str], ...] | None = None
+) -> dict[str, Any] | str | None:
+    """None when ``table`` of a copy (``kind``, ``where``: see :func:`read_table`) equals the source's, every row
+    and column; else its differences, or why it could not be read."""
+    try:
+        got = read_table(kind, where, table, columns)
+    except Exception as e:
+        return f"cannot read: {type(e).__name__}: {str(e).strip().splitlines()[0]}"
+    return differences(read_table("postgresql", source_dsn, table, columns), got)
+
+
 def compare_all(cluster: PgCluster, work: Path) -> tuple[dict[str, int], dict[str, Any]]:
     copies = {
         "sqlite": ("sqlite", str(work / "target.sqlite")),
@@ -951,16 +977,10 @@ def compare_all(cluster: PgCluster, work: Path) -> tuple[dict[str, int], dict[st
                 res["differences"][table] = f"cannot read: {type(e).__name__}: {str(e).strip().splitlines()[0]}"
                 continue
             res["rows"][table] = len(got)
-            if got != src:
+            diff = differences(src, got)
+            if diff is not None:
                 res["equal"] = False
-                a, b = collections.Counter(src), collections.Counter(got)
-                missing, extra = a - b, b - a
-                res["differences"][table] = {
-                    "missing": sum(missing.values()),
-                    "extra": sum(extra.values()),
-                    "missing_example": repr(next(iter(missing))) if missing else None,
-                    "extra_example": repr(next(iter(extra))) if extra else None,
-                }
+                res["differences"][table] = diff
             del got
         say(
             f"compared {table}: source {len(src)} rows; "

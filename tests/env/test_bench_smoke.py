@@ -36,6 +36,7 @@ def test_each_benchmark_module_imports(module: str) -> None:
 TINY = {
     "apply.py": (["--changes", "2000"], "update_heavy"),
     "apply_targets.py": (["--rows", "1000"], "bench"),
+    "bigtxn.py": (["--rows", "500"], "equal"),
     "capture.py": (["--changes", "2000"], "changes_per_s"),
     "compile.py": (["--sizes", "2000"], "sizes"),
     "live.py": (["--phase-seconds", "3", "--scale", "1", "--restart-transactions", "100"], "equal"),
