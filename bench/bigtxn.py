@@ -171,8 +171,9 @@ class Waiter:
         return 0
 
     def wait(self, before: int, probe: str, want: Any, t0: float, timeout: float) -> dict[str, float | None]:
-        """Seconds from ``t0`` until each has the transaction whose commit record is at or after WAL position ``before`` (``probe``
-        gives ``want`` on the subscriber once it has it); None for what did not within ``timeout``."""
+        """Seconds from ``t0`` until each has the transaction whose commit record is at or after WAL position
+        ``before`` (``probe`` gives ``want`` on the subscriber once it has it); None for what did not within
+        ``timeout``."""
         got: dict[str, float | None] = {k: None for k in ("durable", *TARGETS, "subscriber")}
         deadline = t0 + timeout
         while any(v is None for v in got.values()) and time.monotonic() < deadline:
