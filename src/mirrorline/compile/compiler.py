@@ -14,6 +14,9 @@ small      holds at most ``limits.SMALL_UNIT`` changes, no TRUNCATE,   a plan pr
            no key change leaving columns unsent                        sent from the driver (``compile/small.py``)
 inserts    only inserts, at most ``limits.INSERTS_MAX_ROWS``           images read on the driver while Spark checks
                                                                        that no key repeats (``compile/inserts.py``)
+distinct   is mostly streamed transactions, at most                    no fold: the changes read on the driver, declined
+           ``limits.DRIVER_UNIT`` changes, no TRUNCATE or key change,  when a key repeats (``compile/distinct.py``)
+           every table keyed and replicating every kind
 updates    only inserts and updates of keyed tables replicating        Spark finds each key's last position, the driver
            every kind, at most ``limits.DRIVER_UNIT`` changes          reads its image (``compile/updates.py``)
 general    any                                                         the fold on Spark (``compile/spark.py``)
@@ -194,6 +197,30 @@ class InsertsOnly:
         return 0.0  # its Spark job is a hash aggregate the general route's warm-up builds; its read is the driver's
 
 
+class Distinct:
+    name = "distinct"
+    spark = False
+
+    def qualifies(self, span: Span) -> bool:
+        from mirrorline.compile.distinct import qualifies
+
+        streamed = sum(seg.count for seg in span.log.select(span.start, span.end) if seg.stream)
+        return qualifies(
+            span.stats, span.bags, streamed, span.small_unit, span.driver_unit, span.keep_on_driver, span.actions
+        )
+
+    def compile(self, span: Span) -> NetBatch | None:
+        from mirrorline.compile.distinct import compile_distinct
+
+        batch = compile_distinct(span.rows(), span.stats, span.start, span.end, span.tables)
+        if batch is None:
+            log.info("unit %s..%s: a key has more than one change; folding it", span.start, span.end)
+        return batch
+
+    def warm(self, spark: Any, actions: Actions, bags: Bags) -> float:
+        return 0.0  # no Spark
+
+
 class InsertsAndUpdates:
     name = "updates"
     spark = True
@@ -256,8 +283,9 @@ class General:
         return warm_up(spark)
 
 
-DRIVER, SMALL, INSERTS, UPDATES, GENERAL = OnDriver(), Small(), InsertsOnly(), InsertsAndUpdates(), General()
-ROUTES: tuple[Route, ...] = (DRIVER, SMALL, INSERTS, UPDATES, GENERAL)  # asked in this order; the last takes any
+DRIVER, SMALL, INSERTS, DISTINCT = OnDriver(), Small(), InsertsOnly(), Distinct()
+UPDATES, GENERAL = InsertsAndUpdates(), General()
+ROUTES: tuple[Route, ...] = (DRIVER, SMALL, INSERTS, DISTINCT, UPDATES, GENERAL)  # asked in this order; the last any
 
 
 class Compiler:

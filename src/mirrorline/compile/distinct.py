@@ -1,0 +1,94 @@
+"""Units in which no key repeats: the net rows are the changes themselves.
+
+A nightly batch job's ``UPDATE`` of every row, a purge's ``DELETE``, a backfill: one large transaction whose every
+change is to a different key. Under the rules (:mod:`mirrorline.compile.reference`) the fold of a key with one
+change is that change (an I, a U with the columns it leaves unsent still marked, a D), so such a unit has nothing to
+fold, and the shuffle a fold needs is all cost. This route reads the unit's rows on the driver once (the log layout,
+:meth:`~mirrorline.log.ChangeLog.read_arrow`), checks that each (table, key) appears once (a hash count of the keys
+joined as text, in Arrow's C++), and hands the rows to apply in the :data:`~mirrorline.compile.batch.NET_ARROW`
+layout. When a key repeats the route declines (None) and the next route folds the unit: what that costs is the read.
+
+It takes a unit larger than the small route's, small enough for the driver (``limits.DRIVER_UNIT``), with no
+TRUNCATE, no key change, no table without a key or replicating only some kinds of change (an insert into a table
+that does not replicate deletes replaces the row: the fold says so), in which most changes are in streamed
+transactions (the log's stream segments: PostgreSQL streamed them because they are large). Units of many small
+transactions are left to the routes that fold them (a catch-up of a table updated again and again repeats its keys,
+and the read would be wasted). ``bench/bigtxn.py`` measures it: one transaction of 1,000,000 rows updated or
+deleted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from mirrorline.compile.batch import NET_ARROW, NetBatch
+from mirrorline.compile.reference import ALL_ACTIONS, Actions, actions_of
+from mirrorline.compile.small import unit_rows
+from mirrorline.log.stats import Stats
+from mirrorline.position import Position
+
+
+def qualifies(
+    stats: Stats,
+    bags: Collection[str],
+    streamed: int,
+    small_unit: int,
+    driver_unit: int,
+    on_driver: bool = True,
+    actions: Actions | None = None,
+) -> bool:
+    """Does the unit with these statistics (of the tables it replicates), ``streamed`` of whose changes are in
+    streamed transactions, qualify (see the module's docstring)? ``on_driver``: its net rows may stay in the
+    driver's memory."""
+    count = sum(s.count for s in stats.values())
+    if not on_driver or not small_unit < count <= driver_unit or 2 * streamed < count:
+        return False
+    return all(
+        not s.truncates and not s.key_changes and "T" not in s.first and t not in bags
+        for t, s in stats.items()
+        if actions_of(actions, t) == ALL_ACTIONS
+    ) and all(actions_of(actions, t) == ALL_ACTIONS for t in stats)
+
+
+def compile_distinct(
+    batches: Iterable[pa.Table],
+    stats: Stats,
+    start: Position,
+    end: Position,
+    tables: Collection[str] | None = None,
+) -> NetBatch | None:
+    """The unit ``(start, end]`` (``batches``: its rows read on the driver, the log layout; ``stats``: their
+    statistics; ``tables``: the configured tables, empty for all) as a batch of its changes as net rows, or None
+    when some (table, key) has more than one change (a fold is needed) or a key holds a NULL."""
+    rows = unit_rows(tables, batches)
+    keys = pc.binary_join(rows["key"], "\x00")  # PostgreSQL's text never holds NUL
+    if keys.null_count:
+        return None
+    ids = pc.binary_join_element_wise(rows["table"], keys, "\x01")
+    if pc.count_distinct(ids).as_py() != rows.num_rows:
+        return None
+    n = rows.num_rows
+    net = pa.table(
+        {
+            "table": rows["table"],
+            "kind": rows["op"],
+            "key": rows["key"],
+            "new": pc.if_else(pc.equal(rows["op"], "D"), pa.nulls(n, NET_ARROW.field("new").type), rows["new"]),
+            "unchanged": rows["unchanged"],
+            "lsn": rows["lsn"],
+            "seq": rows["seq"],
+            "moved_from": pa.nulls(n, NET_ARROW.field("moved_from").type),
+        }
+    ).cast(NET_ARROW)
+    order = [t for _, t in sorted((min(s.first.values()), t) for t, s in stats.items())]
+    return NetBatch(
+        start=start,
+        end=end,
+        tables=order,
+        rows=net,
+        changes=sum(s.count for s in stats.values()),
+        net_rows=n,
+    )
