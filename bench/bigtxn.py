@@ -45,15 +45,13 @@ import contextlib
 import json
 import os
 import sys
-import tempfile
 import time
-import traceback
 from pathlib import Path
 from typing import Any
 
 import psycopg2
 
-from live import RssMeter, RunLog, compare_table, registry_lag, start_run, stop_run
+from live import RssMeter, RunLog, compare_table, registry_lag, run_in_folder, start_run, stop_run
 from mirrorline.log.layout import parse_segment_name
 from mirrorline.pgcluster import PgCluster
 from mirrorline.position import parse_lsn
@@ -226,7 +224,7 @@ def one(
         "subscriber_s": got["subscriber"],
         "mirrorline_s": {n: got[n] for n in TARGETS},
         "last_target_s": last if done else None,
-        "ratio": round(got["subscriber"] / last, 2) if done and last and got["subscriber"] else None,
+        "ratio": round(got["subscriber"] / last, 2) if done and last and got["subscriber"] is not None else None,
         "durable_s": got["durable"],
         "units": len(units),
         "changes": sum(u.changes for u in units),
@@ -304,21 +302,7 @@ def main() -> None:
     p.add_argument("--timeout", type=float, default=900, help="seconds for each transaction to reach every copy")
     args = p.parse_args()
     out: dict[str, Any] = {"bench": "bigtxn", "rows": args.rows, "latency": args.latency}
-    try:
-        if args.keep:
-            work = Path(args.keep).resolve()
-            work.mkdir(parents=True, exist_ok=True)
-            bench(args, work, out)
-        else:
-            with tempfile.TemporaryDirectory(prefix="mirrorline-bench-bigtxn-") as tmp:
-                os.chmod(tmp, 0o755)
-                bench(args, Path(tmp), out)
-    except Exception as e:
-        say(traceback.format_exc().rstrip())
-        out["error"] = f"{type(e).__name__}: {e}"
-        print(json.dumps(out))
-        sys.exit(1)
-    print(json.dumps(out))
+    run_in_folder(bench, args, out, "bigtxn", say)
 
 
 if __name__ == "__main__":

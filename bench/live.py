@@ -88,6 +88,7 @@ import tempfile
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
@@ -1096,17 +1097,29 @@ def main() -> None:
     p.add_argument("--drain-timeout", type=float, default=300, help="seconds to apply everything after the load")
     args = p.parse_args()
     out: dict[str, Any] = {"latency": args.latency, "scale": args.scale, "phase_seconds": args.phase_seconds}
+    run_in_folder(bench, args, out, "live", say)
+
+
+def run_in_folder(
+    fn: Callable[[argparse.Namespace, Path, dict[str, Any]], None],
+    args: argparse.Namespace,
+    out: dict[str, Any],
+    name: str,
+    tell: Callable[[str], None],
+) -> None:
+    """``fn(args, folder, out)`` in ``args.keep`` (kept) or a temporary folder, then ``out`` printed as one JSON
+    line; an error is told (``tell``) with its trace, added to ``out`` and exits 1."""
     try:
         if args.keep:
             work = Path(args.keep).resolve()
             work.mkdir(parents=True, exist_ok=True)
-            bench(args, work, out)
+            fn(args, work, out)
         else:
-            with tempfile.TemporaryDirectory(prefix="mirrorline-bench-live-") as tmp:
+            with tempfile.TemporaryDirectory(prefix=f"mirrorline-bench-{name}-") as tmp:
                 os.chmod(tmp, 0o755)
-                bench(args, Path(tmp), out)
+                fn(args, Path(tmp), out)
     except Exception as e:
-        say(traceback.format_exc().rstrip())
+        tell(traceback.format_exc().rstrip())
         out["error"] = f"{type(e).__name__}: {e}"
         print(json.dumps(out))
         sys.exit(1)
