@@ -47,10 +47,9 @@ def qualifies(
     if not on_driver or not small_unit < count <= driver_unit or 2 * streamed < count:
         return False
     return all(
-        not s.truncates and not s.key_changes and "T" not in s.first and t not in bags
+        not s.truncates and not s.key_changes and t not in bags and actions_of(actions, t) == ALL_ACTIONS
         for t, s in stats.items()
-        if actions_of(actions, t) == ALL_ACTIONS
-    ) and all(actions_of(actions, t) == ALL_ACTIONS for t in stats)
+    )
 
 
 def compile_distinct(
