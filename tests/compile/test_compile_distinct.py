@@ -72,19 +72,19 @@ def test_which_units_qualify() -> None:
     rnd = random.Random(0)
     ups = [Change(Position(10, i), 0, 1, "public.a", Op.UPDATE, (str(i),), _row("public.a", i, rnd)) for i in range(9)]
     stats = table_stats(changes_to_table(ups))
-    assert qualifies(stats, (), streamed=9, small_unit=5, driver_unit=9)
-    assert qualifies(stats, (), streamed=5, small_unit=5, driver_unit=9)  # most changes streamed
-    assert not qualifies(stats, (), streamed=4, small_unit=5, driver_unit=9)  # most in small transactions
-    assert not qualifies(stats, (), streamed=9, small_unit=9, driver_unit=20)  # the small route's
-    assert not qualifies(stats, (), streamed=9, small_unit=5, driver_unit=8)  # too many for the driver
-    assert not qualifies(stats, (), streamed=9, small_unit=5, driver_unit=9, on_driver=False)  # stored units
-    assert not qualifies(stats, ("public.a",), streamed=9, small_unit=5, driver_unit=9)  # a bag of rows
-    assert not qualifies(stats, (), 9, 5, 9, actions={"public.a": "IU"})  # an insert would replace
-    assert qualifies(stats, (), 9, 5, 9, actions={"public.b": "IU"})
+    assert qualifies(stats, (), streamed=lambda: 9, small_unit=5, driver_unit=9)
+    assert qualifies(stats, (), streamed=lambda: 5, small_unit=5, driver_unit=9)  # most changes streamed
+    assert not qualifies(stats, (), streamed=lambda: 4, small_unit=5, driver_unit=9)  # most in small transactions
+    assert not qualifies(stats, (), streamed=lambda: 9, small_unit=9, driver_unit=20)  # the small route's
+    assert not qualifies(stats, (), streamed=lambda: 9, small_unit=5, driver_unit=8)  # too many for the driver
+    assert not qualifies(stats, (), streamed=lambda: 9, small_unit=5, driver_unit=9, on_driver=False)  # stored units
+    assert not qualifies(stats, ("public.a",), streamed=lambda: 9, small_unit=5, driver_unit=9)  # a bag of rows
+    assert not qualifies(stats, (), lambda: 9, 5, 9, actions={"public.a": "IU"})  # an insert would replace
+    assert qualifies(stats, (), lambda: 9, 5, 9, actions={"public.b": "IU"})
     trunc = Change(Position(11, 0), 0, 1, "public.a", Op.TRUNCATE)
     moved = Change(Position(11, 0), 0, 1, "public.a", Op.UPDATE, ("99",), _row("public.a", 99, rnd), old_key=("1",))
     for other in (trunc, moved):
-        assert not qualifies(table_stats(changes_to_table([*ups, other])), (), 10, 5, 10)
+        assert not qualifies(table_stats(changes_to_table([*ups, other])), (), lambda: 10, 5, 10)
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])

@@ -204,7 +204,9 @@ class Distinct:
     def qualifies(self, span: Span) -> bool:
         from mirrorline.compile.distinct import qualifies
 
-        streamed = sum(seg.count for seg in span.log.select(span.start, span.end) if seg.stream)
+        def streamed() -> int:
+            return sum(seg.count for seg in span.log.select(span.start, span.end) if seg.stream)
+
         return qualifies(
             span.stats, span.bags, streamed, span.small_unit, span.driver_unit, span.keep_on_driver, span.actions
         )

@@ -19,7 +19,7 @@ deleted.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable
+from collections.abc import Callable, Collection, Iterable
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -34,21 +34,24 @@ from mirrorline.position import Position
 def qualifies(
     stats: Stats,
     bags: Collection[str],
-    streamed: int,
+    streamed: Callable[[], int],
     small_unit: int,
     driver_unit: int,
     on_driver: bool = True,
     actions: Actions | None = None,
 ) -> bool:
-    """Does the unit with these statistics (of the tables it replicates), ``streamed`` of whose changes are in
-    streamed transactions, qualify (see the module's docstring)? ``on_driver``: its net rows may stay in the
-    driver's memory."""
+    """Does the unit with these statistics (of the tables it replicates), ``streamed()`` of whose changes are in
+    streamed transactions (asked last: it reads the log's segment list), qualify (see the module's docstring)?
+    ``on_driver``: its net rows may stay in the driver's memory."""
     count = sum(s.count for s in stats.values())
-    if not on_driver or not small_unit < count <= driver_unit or 2 * streamed < count:
+    if not on_driver or not small_unit < count <= driver_unit:
         return False
-    return all(
-        not s.truncates and not s.key_changes and t not in bags and actions_of(actions, t) == ALL_ACTIONS
-        for t, s in stats.items()
+    return (
+        all(
+            not s.truncates and not s.key_changes and t not in bags and actions_of(actions, t) == ALL_ACTIONS
+            for t, s in stats.items()
+        )
+        and 2 * streamed() >= count
     )
 
 
