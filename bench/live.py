@@ -1108,7 +1108,9 @@ def run_in_folder(
     tell: Callable[[str], None],
 ) -> None:
     """``fn(args, folder, out)`` in ``args.keep`` (kept) or a temporary folder, then ``out`` printed as one JSON
-    line; an error is told (``tell``) with its trace, added to ``out`` and exits 1."""
+    line; an error is told (``tell``) with its trace, added to ``out`` and exits 1. SIGTERM (``timeout``, a
+    supervisor) exits through the same ``finally`` blocks, so that ``run``, its JVM and the clusters stop too."""
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     try:
         if args.keep:
             work = Path(args.keep).resolve()
