@@ -112,6 +112,12 @@ def test_a_repeated_key_is_declined(tmp_path: Path) -> None:
     log = _log(tmp_path / "log", [], [*changes, again])
     end = log.durable()
     assert compile_distinct(log.read_arrow(ZERO, end), log.stats(ZERO, end), ZERO, end) is None
+    # one table with a one-column key (its keys compared as they are)
+    only_a = [c for c in changes if c.table == "public.a"]
+    twice = replace(only_a[3], op=Op.DELETE, new=None)
+    log1 = _log(tmp_path / "log1", [], [*only_a, twice])
+    end = log1.durable()
+    assert compile_distinct(log1.read_arrow(ZERO, end), log1.stats(ZERO, end), ZERO, end) is None
     # the same key in another table is another key
     other = Change(ZERO, 0, 1, "public.b", Op.INSERT, ("10",), None)
     log2 = _log(tmp_path / "log2", [], [*[c for c in changes if c.table == "public.a"], other])

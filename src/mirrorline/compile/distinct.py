@@ -64,13 +64,9 @@ def compile_distinct(
 ) -> NetBatch | None:
     """The unit ``(start, end]`` (``batches``: its rows read on the driver, the log layout; ``stats``: their
     statistics; ``tables``: the configured tables, empty for all) as a batch of its changes as net rows, or None
-    when some (table, key) has more than one change (a fold is needed) or a key holds a NULL."""
+    when some (table, key) has more than one change (a fold is needed)."""
     rows = unit_rows(tables, batches)
-    keys = pc.binary_join(rows["key"], "\x00")  # PostgreSQL's text never holds NUL
-    if keys.null_count:
-        return None
-    ids = pc.binary_join_element_wise(rows["table"], keys, "\x01")
-    if pc.count_distinct(ids).as_py() != rows.num_rows:
+    if pc.count_distinct(_ids(rows, len(stats) > 1), mode="all").as_py() != rows.num_rows:
         return None
     n = rows.num_rows
     net = pa.table(
@@ -94,3 +90,15 @@ def compile_distinct(
         changes=sum(s.count for s in stats.values()),
         net_rows=n,
     )
+
+
+def _ids(rows: pa.Table, tables: bool) -> pa.ChunkedArray:
+    """Each row's key as one value (``tables``: prefixed by its table): a one-column key as it is, else its columns
+    joined by NUL, which PostgreSQL's text never holds. A key holding a NULL (no key column does) is NULL, and two
+    NULLs count as one value: such a unit is folded, never taken wrongly."""
+    keys = rows["key"]
+    lengths = pc.min_max(pc.list_value_length(keys)).as_py()
+    ids = pc.list_element(keys, 0) if lengths["min"] == lengths["max"] == 1 else pc.binary_join(keys, "\x00")
+    if tables:
+        ids = pc.binary_join_element_wise(rows["table"], ids, "\x01", null_handling="replace", null_replacement="\x02")
+    return ids
