@@ -69,12 +69,15 @@ def compile_distinct(
     if pc.count_distinct(_ids(rows, len(stats) > 1), mode="all").as_py() != rows.num_rows:
         return None
     n = rows.num_rows
+    new, deletes = rows["new"], pc.equal(rows["op"], "D")
+    if pc.any(pc.and_(deletes, pc.is_valid(new))).as_py():  # a net D carries no image (capture writes none)
+        new = pc.if_else(deletes, pa.nulls(n, NET_ARROW.field("new").type), new)
     net = pa.table(
         {
             "table": rows["table"],
             "kind": rows["op"],
             "key": rows["key"],
-            "new": pc.if_else(pc.equal(rows["op"], "D"), pa.nulls(n, NET_ARROW.field("new").type), rows["new"]),
+            "new": new,
             "unchanged": rows["unchanged"],
             "lsn": rows["lsn"],
             "seq": rows["seq"],
