@@ -150,3 +150,60 @@ def test_a_log_that_cannot_be_read_leaves_the_unit_the_whole_latency(tmp_path: P
         seg.write_bytes(b"not parquet")
     left = a.closes_at(ZERO) - time.monotonic()
     assert a.config.apply.latency - 0.1 < left <= a.config.apply.latency
+
+
+def test_a_unit_whose_segments_another_process_retained_meanwhile_is_formed_again(tmp_path: Path, spark: Any) -> None:
+    """Two processes apply the same targets (``run`` and ``verify``, or ``apply --once``): between one reading its
+    targets' positions and reading the unit's segments, the other applies past them and its retention removes the
+    segments. The first forms its unit again from the new positions instead of stopping on a "damaged" log; a
+    segment removed while a target still needs it is still an error."""
+    import sqlite3
+
+    import pytest
+
+    from mirrorline.errors import LogError
+    from mirrorline.log.retention import retain
+    from mirrorline.model import Column, TableSchema
+
+    with LogWriter(tmp_path / "log", segment_changes=1) as w:
+        w.record_schema(TableSchema("public.t", (Column("id", "text", nullable=False),), ("id",)))
+        for k in range(1, 6):  # five transactions, a segment each
+            w.add_transaction(k * 10, k, [Change(ZERO, 0, 0, "public.t", Op.INSERT, (str(k),), {"id": str(k)})])
+    conf = parse(
+        {
+            "source": {"dsn": "postgresql://nobody@127.0.0.1:1/x"},
+            "log": {"path": str(tmp_path / "log")},
+            "targets": {"t": {"url": f"sqlite:///{tmp_path / 't.db'}"}},
+        },
+        tmp_path / "m.toml",
+    )
+    first, other = Applier(conf, spark=spark), Applier(conf, spark=spark)
+    first.catch_up(Position(20, 0))
+    first.prune()
+    assert len(list((tmp_path / "log").rglob("*.parquet"))) == 3
+    compile_ = first._compile
+
+    def raced(*args: Any, **kwargs: Any) -> Any:
+        other.catch_up()  # the other process applies everything meanwhile, and retains
+        other.prune()
+        return compile_(*args, **kwargs)
+
+    first._compile = raced  # type: ignore[method-assign]
+    assert first.step() is None  # formed again at the next step, nothing lost
+    first._compile = compile_  # type: ignore[method-assign]
+    assert first.step() is None and first.positions() == {"t": Position(50, 0)}
+    with sqlite3.connect(tmp_path / "t.db") as db:
+        assert sorted(r[0] for r in db.execute('SELECT "id" FROM "t"')) == ["1", "2", "3", "4", "5"]
+    first.close()
+    other.close()
+
+    # a target behind what retention removed (nothing registered: keep nothing) still stops with the log's error
+    with LogWriter(tmp_path / "log", segment_changes=1) as w:
+        w.add_transaction(60, 6, [Change(ZERO, 0, 0, "public.t", Op.INSERT, ("6",), {"id": "6"})])
+        w.add_transaction(70, 7, [Change(ZERO, 0, 0, "public.t", Op.INSERT, ("7",), {"id": "7"})])
+    behind = Applier(conf, spark=spark)
+    (tmp_path / "log" / "readers" / "t.json").unlink()
+    retain(behind.log, keep_nothing=True)
+    with pytest.raises(LogError, match="no longer retained"):
+        behind.step()
+    behind.close()

@@ -48,6 +48,13 @@ def open_parquet(path: Path) -> pq.ParquetWriter:
 
 
 def damaged(path: Path, reason: object) -> LogError:
+    if isinstance(reason, FileNotFoundError) or (isinstance(reason, OSError) and not path.exists()):
+        return LogError(
+            f"change log segment {path} is gone: {reason}",
+            hint="retention removes a segment once every registered target has applied it; a reader still needing "
+            "it was behind them (reload its target: snapshot), or the file was deleted by hand",
+            path=str(path),
+        )
     return LogError(
         f"change log segment {path} is damaged: {reason}",
         hint="restore it from a backup, or rebuild the log from the source; the log is not usable past it",

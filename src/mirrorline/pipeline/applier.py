@@ -494,10 +494,31 @@ class Applier:
             self._turn = not self._turn  # the targets catching up and the others take turns
             starts = [min(live), starts[0]] if self._turn else [starts[0], min(live)]
         for start in starts:
-            report = self._unit_at(start, behind, positions, states, limit, wait_latency)
+            try:
+                report = self._unit_at(start, behind, positions, states, limit, wait_latency)
+            except Exception as e:
+                if not self._passed_meanwhile(start, [n for n, p in behind.items() if p == start]):
+                    raise
+                log.info(
+                    "another process applied past %s and its retention removed the log's segments there while this "
+                    "unit was read (%s): the next step forms the unit from the targets' new positions",
+                    start,
+                    e,
+                )
+                return None
             if report is not None:
                 return report
         return None
+
+    def _passed_meanwhile(self, start: Position, group: list[str]) -> bool:
+        """Whether the log's retention has removed what follows ``start`` because every target that was at
+        ``start`` has applied past it since (another process applied them: ``verify``, ``apply --once``), so that a
+        unit from ``start`` failing to read its segments is no fault of the log."""
+        retained = self.log.retained()
+        if retained is None or retained.after <= start:
+            return False
+        states = self._states(group)
+        return len(states) == len(group) and all(st.position >= retained.after for st in states.values())
 
     def _unit_at(
         self,
