@@ -9,7 +9,7 @@ unit of work; each says where it is used, and why (with the benchmark that showe
   through Arrow in the fold's job, beyond it through Parquet (``compile/spark.py``).
 - Apply (``apply/engine.py``, ``apply/postgresql/target.py``): a unit of more than :data:`DRIVER_ROWS` changes is loaded
   table by table; a PostgreSQL target loads units of at least :data:`PARALLEL_ROWS` net rows into its worktables
-  from Spark tasks.
+  from Spark tasks; a worktable is filled from the driver's rows :data:`LOAD_ROWS` rows at a time.
 """
 
 from __future__ import annotations
@@ -38,3 +38,7 @@ DRIVER_ROWS = 200_000
 
 # a PostgreSQL target loads worktables of units of at least this many net rows from Spark tasks in parallel
 PARALLEL_ROWS = 1_000_000
+
+# a worktable is loaded from the driver's Arrow rows a slice of this many rows at a time (SQLite's Python values,
+# PostgreSQL's CSV text): what the load holds beside the rows is one slice's, whatever the unit's size
+LOAD_ROWS = 65_536

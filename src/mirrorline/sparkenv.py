@@ -250,6 +250,11 @@ def _launch_quietly(url: str, app: str, settings: dict[str, str]) -> None:
         raise KeyboardInterrupt
 
 
+def started() -> bool:
+    """Has this process made its SparkSession (:func:`get_spark`)?"""
+    return _started_seconds is not None
+
+
 def startup_seconds() -> float | None:
     """How long the first ``get_spark`` call of this process took (Spark's start-up time)."""
     return _started_seconds

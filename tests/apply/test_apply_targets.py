@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from apply_support import ITEMS, KINDS, MODES, ORDERS, P, batch, fetch, net, open_target, sql
+from apply_support import ITEMS, KINDS, MODES, ORDERS, SQL_KINDS, P, batch, fetch, net, open_target, sql
 
 from mirrorline.apply.stage import Stager
 from mirrorline.errors import TargetError
@@ -400,3 +400,29 @@ def test_a_snapshot_chunk_loads_by_the_kinds_bulk_path_and_the_session_is_reset_
         assert s.query("PRAGMA synchronous") == [(1,)]  # NORMAL
         s.close()
     t.close()
+
+
+@pytest.mark.parametrize("kind", SQL_KINDS)
+def test_a_worktable_is_loaded_a_slice_at_a_time_whole(
+    kind: str, request: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The driver's rows go into a worktable ``LOAD_ROWS`` at a time (bounded memory, however large the unit): every
+    row arrives once, values that need quoting or are NULL as they were, across slice boundaries."""
+    import pyarrow as pa
+
+    from mirrorline.apply.postgresql import session as pg_session
+    from mirrorline.apply.sqlite import session as sqlite_session
+
+    monkeypatch.setattr(pg_session, "LOAD_ROWS", 10)
+    monkeypatch.setattr(sqlite_session, "LOAD_ROWS", 10)
+    values = [None if i % 7 == 3 else f'v{i}, "q"\n{i}' for i in range(25)]
+    data = pa.table({"k": [str(i) for i in range(25)], "v": values})
+    t = open_target(kind, request, tmp_path)
+    s = t.session()
+    s.begin()
+    s.load("mirrorline_w_slices", ["k", "v"], data)
+    got = s.query('SELECT "k", "v" FROM mirrorline_w_slices')
+    s.rollback()
+    s.close()
+    t.close()
+    assert sorted(got, key=lambda r: int(r[0])) == [(str(i), v) for i, v in enumerate(values)]

@@ -207,3 +207,55 @@ def test_a_unit_whose_segments_another_process_retained_meanwhile_is_formed_agai
     with pytest.raises(LogError, match="no longer retained"):
         behind.step()
     behind.close()
+
+
+_NO_SPARK = """
+import json, sys
+from pathlib import Path
+from mirrorline import sparkenv
+from mirrorline.config import parse
+from mirrorline.log import LogWriter
+from mirrorline.model import Change, Column, Op, TableSchema
+from mirrorline.pipeline import Applier
+from mirrorline.position import ZERO
+
+root = Path(sys.argv[1])
+with LogWriter(root / "log") as w:
+    w.record_schema(TableSchema("public.t", (Column("id", "text", nullable=False), Column("v", "text")), ("id",)))
+    for k in range(1, 201):
+        ops = [Change(ZERO, 0, 0, "public.t", Op.INSERT, (str(k),), {"id": str(k), "v": "a"})]
+        if k % 3 == 0:
+            ops.append(Change(ZERO, 0, 0, "public.t", Op.UPDATE, (str(k),), {"id": str(k), "v": "b"}))
+        if k % 5 == 0:
+            ops.append(Change(ZERO, 0, 0, "public.t", Op.DELETE, (str(k),), None))
+        w.add_transaction(k * 10, k, ops)
+conf = parse(
+    {
+        "source": {"dsn": "postgresql://nobody@127.0.0.1:1/x"},
+        "log": {"path": str(root / "log")},
+        "targets": {"t": {"url": f"sqlite:///{root / 't.db'}"}},
+    },
+    root / "m.toml",
+)
+a = Applier(conf)
+a.catch_up()
+print(json.dumps({"started": sparkenv.started(), "route": a.compiler.last_route, "at": str(a.positions()["t"])}))
+a.close()
+"""
+
+
+def test_a_process_without_spark_applies_small_units_without_starting_it(tmp_path: Path) -> None:
+    """``apply --once`` and ``verify``'s catch-up start no warm-up: a unit the driver route takes is folded on the
+    driver, and Spark is never started for it (a Spark start is 10 to 20 seconds of a short command)."""
+    import json
+    import sqlite3
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", _NO_SPARK, str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got == {"started": False, "route": "driver", "at": str(Position(2000, 1))}, got
+    with sqlite3.connect(tmp_path / "t.db") as db:
+        rows = dict(db.execute('SELECT "id", "v" FROM "t"').fetchall())
+    assert rows == {str(k): "b" if k % 3 == 0 else "a" for k in range(1, 201) if k % 5}

@@ -50,7 +50,7 @@ from mirrorline.model import TableSchema
 from mirrorline.position import Position
 
 if TYPE_CHECKING:
-    from mirrorline.compile.warmup import WarmUp
+    from mirrorline.compile.warmup import NotStarted, WarmUp
     from mirrorline.log.reader import ChangeLog
 
 log = logging.getLogger(__name__)
@@ -348,12 +348,17 @@ class Compiler:
         )
 
     def compile(
-        self, start: Position, end: Position, *, general: bool = False, warming: WarmUp | None = None
+        self,
+        start: Position,
+        end: Position,
+        *,
+        general: bool = False,
+        warming: WarmUp | NotStarted | None = None,
     ) -> NetBatch:
         """Compile ``(start, end]`` by the first route that takes it (``general``: the general route only). A batch
         whose route left a check running comes back before the check ends (see the module's docstring).
-        ``warming``: Spark's warm-up, still running: a route on the driver may take the unit meanwhile, one on Spark
-        waits for it first."""
+        ``warming``: Spark's warm-up, still running (or Spark not started at all): a route on the driver may take the
+        unit meanwhile, one on Spark waits for it first."""
         span = self.span(start, end, warm=warming is None)
         for route in self.routes if not general else (GENERAL,):
             if route.qualifies(span):

@@ -252,6 +252,18 @@ def warm_small(spark: Any, actions: Any = None, shapes: tuple[bool, ...] = (Fals
     return time.monotonic() - t0
 
 
+class NotStarted:
+    """Spark is not started in this process and nothing is starting it (``apply --once``, ``verify``'s catch-up): a
+    unit the driver route takes (:mod:`mirrorline.compile.driver`) needs no Spark at all, and a route on Spark starts
+    it when it asks for the session (``wait`` returns at once)."""
+
+    def done(self) -> bool:
+        return False
+
+    def wait(self, timeout: float | None = None) -> None:
+        return None
+
+
 class WarmUp:
     """A route's warm-up in a background thread (by default :func:`warm_small` for the plan most small units take,
     no key changes; the other is built by the first unit that needs it, and large catch-up units warm the JVM

@@ -23,7 +23,8 @@ from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from mirrorline import limits, stopped
+from mirrorline import limits, sparkenv, stopped
+from mirrorline.compile.warmup import NotStarted
 from mirrorline.config import Config
 from mirrorline.errors import ConfigError, MirrorlineError, Unverified, first_line
 from mirrorline.model import Change, TableSchema
@@ -698,9 +699,13 @@ class Applier:
             from mirrorline.compile.batch import NET_ARROW, NetBatch
 
             return NetBatch(start=start, end=end, tables=[], rows=NET_ARROW.empty_table()), False, 0.0
-        warming = self._warm_up if self._warm_up is not None and not self._warm_up.done() else None
-        if warming is None:
+        warming: WarmUp | NotStarted | None = None
+        if self._warm_up is not None and not self._warm_up.done():
+            warming = self._warm_up
+        else:
             self._warm_up = None
+            if self._spark is None and not sparkenv.started():  # a unit the driver route takes needs no Spark
+                warming = NotStarted()
         batch = self.compiler.compile(start, end, warming=warming)
         if self._save_units:
             batch = self._store.save(self.spark, self.compiler.verified(batch))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import io
 import select
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -17,6 +17,7 @@ from mirrorline.apply.session import Session
 from mirrorline.apply.sql import OWN_INDEX
 from mirrorline.config import redact_dsn
 from mirrorline.errors import TransientTargetError
+from mirrorline.limits import LOAD_ROWS
 from mirrorline.model import TableSchema, quote_ident
 
 if TYPE_CHECKING:
@@ -78,8 +79,21 @@ def copy_csv_sql(name: str, columns: Sequence[str]) -> str:
     return f"COPY {name} ({', '.join(quote_ident(c) for c in columns)}) FROM STDIN WITH (FORMAT csv)"
 
 
+def slices(data: pa.Table, rows: int = LOAD_ROWS) -> Iterator[pa.Table]:
+    """``data`` in slices of at most ``rows`` rows (zero-copy)."""
+    for offset in range(0, data.num_rows, rows):
+        yield data.slice(offset, rows)
+
+
 def copy_in(cur: Any, name: str, columns: Sequence[str], data: pa.Table) -> None:
-    cur.copy_expert(copy_csv_sql(name, columns), to_csv(data), size=1 << 20)
+    """One COPY of ``data`` into ``name``, its CSV made a slice at a time as COPY reads it."""
+    stream = _CsvChunks(slices(data, LOAD_ROWS))
+    try:
+        cur.copy_expert(copy_csv_sql(name, columns), stream, size=1 << 20)
+    except psycopg2.Error:
+        if stream.error is not None:
+            raise stream.error from None
+        raise
 
 
 class PgSession(Session):

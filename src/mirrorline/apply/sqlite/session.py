@@ -20,6 +20,7 @@ from mirrorline.apply.session import Session
 from mirrorline.apply.sql import OWN_INDEX, Dialect
 from mirrorline.apply.sqlite.dialect import SQLITE
 from mirrorline.errors import TargetError
+from mirrorline.limits import LOAD_ROWS
 from mirrorline.model import TableSchema, quote_ident
 
 _UDF_FAILED = "user-defined function raised exception"
@@ -103,8 +104,10 @@ class SqliteSession(Session):
     def load(self, name: str, columns: Sequence[str], data: pa.Table) -> None:
         self.execute(self.dialect.create_worktable(name, columns))
         marks = ", ".join("?" * len(columns))
-        rows = zip(*(data.column(i).to_pylist() for i in range(data.num_columns)), strict=True)
-        self.conn.executemany(f"INSERT INTO {name} VALUES ({marks})", rows)
+        sql = f"INSERT INTO {name} VALUES ({marks})"
+        for offset in range(0, data.num_rows, LOAD_ROWS):  # Python objects of one slice at a time
+            part = data.slice(offset, LOAD_ROWS)
+            self.conn.executemany(sql, zip(*(c.to_pylist() for c in part.columns), strict=True))
 
     def bulk_begin(self) -> None:
         self.conn.execute("PRAGMA synchronous = OFF")  # the load is one transaction: it commits whole or not at all
