@@ -1,5 +1,5 @@
 """One applier per target: a lock at the target, held while a unit is applied. ``verify`` and ``apply
---once`` run five times each beside a live ``run`` on a table without a key (where a unit applied twice would leave
+--once`` run three times each beside a live ``run`` on a table without a key (where a unit applied twice would leave
 extra copies) and a keyed one, under load: every verify says equal, every apply ends cleanly, and afterwards every
 target equals the source as a multiset (the tests' own reader)."""
 
@@ -157,7 +157,7 @@ def test_verify_and_apply_beside_a_live_run(pg: Any, pg_cluster: Any, tmp_path: 
             assert time.monotonic() < deadline, "run did not load the targets"
             time.sleep(1)
         load.start()
-        for i in range(5):
+        for i in range(3):
             v = _cli("verify", "-c", str(path))
             assert v.returncode == 0, f"verify {i}: {v.returncode}\n{v.stdout}\n{v.stderr}"
             a = _cli("apply", "--once", "--target", "postgresql", "-c", str(path))

@@ -49,7 +49,10 @@ def test_apply_killed_at_random_applies_everything_exactly_once(pg, pg_cluster, 
         work.run(transactions=30)
         Capture(conf, once=True).run()
 
-    landed, mid_apply = kill_loop(["apply", "--once", "-c", str(conf_file)], tmp_path, rng, more_work)
+    # apply --once folds these units on the driver without starting Spark: a unit takes a fraction of a second,
+    # so the kills come soon after the start and after a unit, or the process would be done before them
+    args = ["apply", "--once", "-c", str(conf_file)]
+    landed, mid_apply = kill_loop(args, tmp_path, rng, more_work, start_up=(0.2, 2.0), after_unit=(0.0, 0.3))
     assert landed >= KILLS and mid_apply >= KILLS // 2
     finish(["apply", "--once", "-c", str(conf_file)], tmp_path)
     for name, url in urls.items():

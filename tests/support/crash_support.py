@@ -35,11 +35,16 @@ def units_logged(path: Path) -> int:
 
 
 def kill_loop(
-    args: list[str], tmp_path: Path, rng: random.Random, between: Callable[[], None] | None = None
+    args: list[str],
+    tmp_path: Path,
+    rng: random.Random,
+    between: Callable[[], None] | None = None,
+    start_up: tuple[float, float] = (0.2, 6.0),
+    after_unit: tuple[float, float] = (0.0, 2.0),
 ) -> tuple[int, int]:
-    """Start ``mirrorline ARGS`` and SIGKILL it, KILLS times: one kill in four at a random moment of its start-up,
-    the others a random moment (0-3 s) after it applied a unit, so they land between and inside units. Returns
-    (kills that landed on a running process, of which after a unit was applied)."""
+    """Start ``mirrorline ARGS`` and SIGKILL it, KILLS times: one kill in four at a random moment of its start-up
+    (``start_up`` seconds), the others a random moment (``after_unit`` seconds) after it applied a unit, so they land
+    between and inside units. Returns (kills that landed on a running process, of which after a unit was applied)."""
     landed = mid_apply = attempts = 0
     child_log = tmp_path / "child.log"
     while landed < KILLS:
@@ -48,12 +53,12 @@ def kill_loop(
         before = units_logged(child_log)
         proc = mirrorline_process(*args, log_file=child_log)
         if rng.random() < 0.25:
-            time.sleep(rng.uniform(0.2, 6.0))
+            time.sleep(rng.uniform(*start_up))
         else:
             deadline = time.monotonic() + 180
             while proc.poll() is None and units_logged(child_log) == before and time.monotonic() < deadline:
                 time.sleep(0.05)
-            time.sleep(rng.uniform(0.0, 2.0))
+            time.sleep(rng.uniform(*after_unit))
             mid_apply += units_logged(child_log) > before and proc.poll() is None
         if proc.poll() is None:
             proc.send_signal(signal.SIGKILL)
