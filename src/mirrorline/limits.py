@@ -18,7 +18,8 @@ from __future__ import annotations
 SMALL_UNIT = 50_000
 
 # while Spark starts and warms up, a unit of at most this many changes is folded on the driver in plain Python
-# (compile/driver.py): the first changes after a start need not wait for the JVM (bench/live's restart phase)
+# (compile/driver.py): the first changes after a start need not wait for the JVM (bench/live's restart phase);
+# a process that has not started Spark (apply --once, verify's catch-up) folds such units without ever starting it
 FOLD_UNIT = 20_000
 
 # a backlog at least this large is caught up in units of max_changes, a smaller one in units of SMALL_UNIT: under

@@ -9,7 +9,7 @@ of :mod:`mirrorline.compile.reference`); they differ in what they cost:
 route      takes a unit that ...                                       how (module)
 =========  ==========================================================  ===============================================
 driver     holds at most ``limits.FOLD_UNIT`` changes, while Spark     the rules' own fold in plain Python on the
-           starts and warms up                                         driver (``compile/driver.py``)
+           starts and warms up, or is not started at all               driver (``compile/driver.py``)
 small      holds at most ``limits.SMALL_UNIT`` changes, no TRUNCATE,   a plan prepared once, run on the unit's rows
            no key change leaving columns unsent                        sent from the driver (``compile/small.py``)
 inserts    only inserts, at most ``limits.INSERTS_MAX_ROWS``           images read on the driver while Spark checks
