@@ -48,7 +48,7 @@ def open_parquet(path: Path) -> pq.ParquetWriter:
 
 
 def damaged(path: Path, reason: object) -> LogError:
-    if isinstance(reason, FileNotFoundError) or (isinstance(reason, OSError) and not path.exists()):
+    if isinstance(reason, OSError) and not path.exists():
         return LogError(
             f"change log segment {path} is gone: {reason}",
             hint="retention removes a segment once every registered target has applied it; a reader still needing "

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import io
 import select
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -27,7 +27,7 @@ _DATA_CLASSES = ("22", "23", "P0")  # data exception, integrity constraint, rais
 _CSV = pacsv.WriteOptions(include_header=False, quoting_style="all_valid")
 
 
-def to_csv(data: pa.Table) -> io.BytesIO:
+def to_csv(data: pa.Table | pa.RecordBatch) -> io.BytesIO:
     """Arrow rows as CSV for ``COPY ... (FORMAT csv)``: NULL unquoted and empty, every value quoted."""
     buf = io.BytesIO()
     pacsv.write_csv(data, buf, _CSV)
@@ -39,7 +39,7 @@ class _CsvChunks(io.RawIOBase):
     """A stream of the chunks' CSV (:func:`to_csv`), each made when COPY has read the one before: a chunk still
     being produced is waited for; an error producing one is raised to COPY's reader (the COPY fails)."""
 
-    def __init__(self, chunks: Iterable[pa.Table]) -> None:
+    def __init__(self, chunks: Iterable[pa.Table | pa.RecordBatch]) -> None:
         self._chunks = iter(chunks)
         self._buf = memoryview(b"")
         self._pos = 0
@@ -79,15 +79,9 @@ def copy_csv_sql(name: str, columns: Sequence[str]) -> str:
     return f"COPY {name} ({', '.join(quote_ident(c) for c in columns)}) FROM STDIN WITH (FORMAT csv)"
 
 
-def slices(data: pa.Table, rows: int = LOAD_ROWS) -> Iterator[pa.Table]:
-    """``data`` in slices of at most ``rows`` rows (zero-copy)."""
-    for offset in range(0, data.num_rows, rows):
-        yield data.slice(offset, rows)
-
-
 def copy_in(cur: Any, name: str, columns: Sequence[str], data: pa.Table) -> None:
     """One COPY of ``data`` into ``name``, its CSV made a slice at a time as COPY reads it."""
-    stream = _CsvChunks(slices(data, LOAD_ROWS))
+    stream = _CsvChunks(data.to_batches(max_chunksize=LOAD_ROWS))
     try:
         cur.copy_expert(copy_csv_sql(name, columns), stream, size=1 << 20)
     except psycopg2.Error:

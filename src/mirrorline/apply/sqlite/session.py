@@ -105,8 +105,7 @@ class SqliteSession(Session):
         self.execute(self.dialect.create_worktable(name, columns))
         marks = ", ".join("?" * len(columns))
         sql = f"INSERT INTO {name} VALUES ({marks})"
-        for offset in range(0, data.num_rows, LOAD_ROWS):  # Python objects of one slice at a time
-            part = data.slice(offset, LOAD_ROWS)
+        for part in data.to_batches(max_chunksize=LOAD_ROWS):  # Python objects of one slice at a time
             self.conn.executemany(sql, zip(*(c.to_pylist() for c in part.columns), strict=True))
 
     def bulk_begin(self) -> None:
