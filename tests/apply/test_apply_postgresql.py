@@ -161,3 +161,28 @@ def test_rows_copied_as_they_come_an_error_making_one_is_raised_as_itself(pg: An
     finally:
         s.disconnect()
     assert pg.execute("SELECT id, v FROM t") == [(3, "c")]
+
+
+def test_a_large_worktable_gets_the_memory_of_its_join_for_its_transaction_only(pg: Any) -> None:
+    """A worktable of many rows raises ``work_mem`` for the rest of its transaction (its join is then not split into
+    batches on disk), never below the server's setting; apply's sessions run without JIT."""
+    from mirrorline.apply.postgresql import PgSession
+
+    s = PgSession(pg.dsn)
+    try:
+        assert s.query("SHOW jit") == [("off",)]
+        s.begin()
+        s.fit_join(10)
+        assert s.query("SHOW work_mem") == [("4MB",)]
+        s.fit_join(1_000_000)
+        assert s.query("SELECT pg_size_bytes(current_setting('work_mem'))")[0][0] == 1_000_000 * 200 // 1024 * 1024
+        s.commit()
+        assert s.query("SHOW work_mem") == [("4MB",)]
+        s.execute("SET work_mem = '1GB'")  # a server (or role) that gives more already: left as it is
+        s.commit()
+        s.begin()
+        s.fit_join(10_000_000)
+        assert s.query("SHOW work_mem") == [("1GB",)]
+        s.commit()
+    finally:
+        s.disconnect()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from typing import Any
 
 import pyarrow as pa
 import pytest
@@ -73,3 +74,43 @@ def test_targets_of_one_unit_share_its_worktable_rows() -> None:
     other = ArrowStager(_batch(), whole=True)  # another unit: its own rows
     assert other.rows(TS, "U") is not updates
     assert other.rows(TS, "U") == updates
+
+
+def test_the_rows_of_a_table_and_kind_are_the_net_rows_themselves_when_nothing_else_is_there() -> None:
+    """Selecting copies every column (the images too): a unit of one table and one kind, a big transaction's, is
+    passed on as it is; a mixed one is filtered."""
+    mixed = _batch().rows
+    assert mixed is not None
+    updates = work_rows.select(mixed, "public.t", "U")
+    assert updates.column("key").to_pylist() == [["3"], ["2"]]
+    assert work_rows.select(updates, "public.t", "U") is updates
+    assert work_rows.select(mixed, "public.t") is mixed
+    assert work_rows.select(updates, "public.t", "D").num_rows == 0
+    assert work_rows.select(mixed, "public.other").num_rows == 0
+
+
+def test_a_duckdb_worktable_is_the_arrow_rows_in_place_and_no_transaction_leaves_one_behind(tmp_path: Any) -> None:
+    """DuckDB scans a worktable's Arrow rows where they are (registered, not copied into a temp table); dropping
+    it, or a rollback, lets go of them."""
+    import duckdb
+
+    from mirrorline.apply.duckdb.session import DuckdbSession
+
+    conn = duckdb.connect(str(tmp_path / "t.duckdb"))
+    s = DuckdbSession(conn)
+    rows = pa.table({"a": ["1", "2"], "b": ["x", None]})
+    s.begin()
+    s.load("mirrorline_w1_u", ["k0", "v"], rows)
+    assert s.query("SELECT k0, v FROM mirrorline_w1_u ORDER BY k0") == [("1", "x"), ("2", None)]
+    assert s.query("SELECT count(*) FROM duckdb_tables() WHERE table_name LIKE 'mirrorline_w%'") == [(0,)]  # no copy
+    s.drop_worktable("mirrorline_w1_u")
+    with pytest.raises(duckdb.CatalogException):
+        s.query("SELECT * FROM mirrorline_w1_u")
+    s.rollback()
+    s.begin()
+    s.load("mirrorline_w2_u", ["k0", "v"], rows)
+    s.rollback()  # e.g. a unit that failed: its worktables go with the transaction
+    with pytest.raises(duckdb.CatalogException):
+        s.query("SELECT * FROM mirrorline_w2_u")
+    s.disconnect()
+    conn.close()

@@ -34,10 +34,13 @@ def value_columns(s: TableSchema) -> list[str]:
 
 
 def select(net: pa.Table, table: str, kind: str | None = None) -> pa.Table:
-    """The net rows of one table (and kind)."""
+    """The net rows of one table (and kind): ``net`` itself when it holds no other (filtering copies every column,
+    the images too: a unit of one table and kind, a big transaction's, would be held twice)."""
     cond = pc.equal(net["table"], table)
     if kind is not None:
         cond = pc.and_(cond, pc.equal(net["kind"], kind))
+    if pc.all(cond).as_py() is not False and not net["table"].null_count:
+        return net
     return net.filter(cond)
 
 

@@ -71,6 +71,10 @@ class Session(ABC):
     def load(self, name: str, columns: Sequence[str], data: pa.Table) -> None:
         """Create the temp worktable ``name`` (text columns) and bulk-load ``data`` into it."""
 
+    def drop_worktable(self, name: str) -> None:
+        """Drop a worktable :meth:`load` made (inside the current transaction)."""
+        self.execute(self.dialect.drop_table(name))
+
     def insert_rows(self, table: str, columns: Sequence[str], data: Iterable[pa.Table]) -> int:
         """Bulk-load text rows, in chunks loaded as they come, straight into the target table (engines whose bulk
         path converts text to the column's type as a cast would: :attr:`Target.direct_inserts`). Returns the number

@@ -122,7 +122,7 @@ class ArrowStager(Stager):
 
     def finish(self, s: Session, table: str) -> None:
         for name in self._names.pop((id(s), table), []):
-            s.execute(s.dialect.drop_table(name))
+            s.drop_worktable(name)
         with self._lock:
             self._flat.pop(table, None)
 

@@ -32,6 +32,7 @@ class DuckdbSession(Session):
 
     def __init__(self, conn: duckdb.DuckDBPyConnection) -> None:
         self.cur = conn.cursor()
+        self._worktables: set[str] = set()  # Arrow tables registered as worktables (see load)
 
     savepoints = False  # DuckDB has none: a reject restarts the serial pass
 
@@ -43,6 +44,12 @@ class DuckdbSession(Session):
 
     def rollback(self) -> None:
         self.cur.execute("ROLLBACK")
+        self._unregister()
+
+    def _unregister(self) -> None:
+        """Let go of the worktables a failed transaction left registered (a rollback does not touch them)."""
+        for name in list(self._worktables):
+            self.drop_worktable(name)
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> None:
         self.cur.execute(sql, list(params) if params else None)
@@ -60,12 +67,17 @@ class DuckdbSession(Session):
             yield batch
 
     def load(self, name: str, columns: Sequence[str], data: pa.Table) -> None:
-        view = f"mirrorline_arrow_{next(_views)}"
-        self.cur.register(view, data.rename_columns(list(columns)))
-        try:
-            self.cur.execute(f"CREATE TEMP TABLE {name} AS SELECT * FROM {view}")
-        finally:
-            self.cur.unregister(view)
+        """The rows registered as they are: DuckDB scans the Arrow table in place, no copy into a temp table (a 1M-row
+        worktable is ~100 MB the process need not hold twice, and 0.3-0.5 s not spent copying)."""
+        self.cur.register(name, data.rename_columns(list(columns)))
+        self._worktables.add(name)
+
+    def drop_worktable(self, name: str) -> None:
+        if name in self._worktables:
+            self.cur.unregister(name)
+            self._worktables.discard(name)
+        else:
+            super().drop_worktable(name)
 
     def load_chunk(self, ts: TableSchema, path: str | Path, header: bool = True) -> int:
         """Each batch of the file registered as an Arrow view and converted by one INSERT ... SELECT."""
@@ -111,4 +123,5 @@ class DuckdbSession(Session):
         return text.split("\n\nLINE")[0].strip() if text else type(exc).__name__
 
     def disconnect(self) -> None:
+        self._worktables.clear()
         self.cur.close()

@@ -224,6 +224,8 @@ class SparkCopyStager(Stager):
 
     def stage(self, s: Session, ts: TableSchema, kind: str) -> tuple[str, int] | None:
         n = self.counts.get((ts.table, kind), 0)
+        if n and isinstance(s, PgSession):
+            s.fit_join(n)
         return (self.plan[(ts.table, kind)], n) if n else None
 
     def finish(self, s: Session, table: str) -> None:
