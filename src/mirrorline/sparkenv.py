@@ -133,10 +133,13 @@ def master() -> str:
 
 # Sized for a small machine (bench/live reports run's peak memory): a heap of at most 1 GB (local mode: the executors
 # are in this JVM) that starts small and gives back what it no longer uses (the serial collector shrinks the heap to
-# keep at most 30% of it free). Raise with [spark] conf = { "spark.driver.memory" = "4g" } (or
+# keep at most 30% of it free, at once rather than over several collections; run asks for a collection when idle:
+# :func:`shrink`). Raise with [spark] conf = { "spark.driver.memory" = "4g" } (or
 # MIRRORLINE_SPARK_DRIVER_MEMORY) for units of millions of changes on a machine that has the memory.
 DRIVER_MEMORY = "1g"
-SMALL_JVM = "-Xms64m -XX:+UseSerialGC -XX:MinHeapFreeRatio=10 -XX:MaxHeapFreeRatio=30"
+SMALL_JVM = "-Xms64m -XX:+UseSerialGC -XX:MinHeapFreeRatio=10 -XX:MaxHeapFreeRatio=30 -XX:-ShrinkHeapInSteps"
+SHRINK_GROWTH = 32 << 20  # a heap grown by more than this since the last shrink is worth a collection (shrink)
+_shrunk_to = 64 << 20  # the heap's size after the last shrink (at first: -Xms)
 
 
 def get_spark(
@@ -248,6 +251,26 @@ def _launch_quietly(url: str, app: str, settings: dict[str, str]) -> None:
     threading.Thread(target=relay, name="mirrorline-jvm-stderr", daemon=True).start()
     if interrupted:
         raise KeyboardInterrupt
+
+
+def shrink() -> int:
+    """When this process has a JVM whose heap grew by more than :data:`SHRINK_GROWTH` since the last call, collect
+    it: the serial collector then gives what is unused back to the system (a heap grown by a warm-up or a large unit
+    otherwise stays grown, mostly garbage, until the old generation fills; bench/bigtxn's peak memory shows what it
+    holds). Returns the bytes given back. For idle moments: a full collection pauses Spark's jobs briefly."""
+    global _shrunk_to
+    from pyspark import SparkContext
+
+    jvm = SparkContext._jvm if started() else None
+    if jvm is None:
+        return 0
+    runtime = jvm.java.lang.Runtime.getRuntime()
+    before = int(runtime.totalMemory())
+    if before <= _shrunk_to + SHRINK_GROWTH:
+        return 0
+    jvm.java.lang.System.gc()
+    _shrunk_to = int(runtime.totalMemory())
+    return max(0, before - _shrunk_to)
 
 
 def started() -> bool:

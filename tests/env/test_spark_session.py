@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 import pytest
 
@@ -67,3 +68,22 @@ def test_the_jvms_banner_is_not_printed_and_its_errors_are():
     assert r.returncode == 0, r.stderr[-2000:]
     assert "Using incubator modules" not in r.stderr
     assert "said by the JVM" in r.stderr, r.stderr[-2000:]
+
+
+def test_an_idle_jvm_gives_back_the_heap_its_work_left_unused(spark: Any) -> None:
+    """After a job that grew the heap (mostly with garbage), ``shrink`` (run calls it when idle) collects it once, and
+    the serial collector gives back what is unused beyond its MaxHeapFreeRatio in that one collection; called
+    again with nothing grown, it collects nothing."""
+    from pyspark.sql import functions as F
+
+    from mirrorline import sparkenv
+
+    sparkenv.shrink()
+    rows = spark.range(0, 4_000_000).selectExpr("id % 1000 AS k", "CAST(id AS STRING) AS s")
+    rows.groupBy("k").agg(F.max("s")).collect()
+    runtime = spark._jvm.java.lang.Runtime.getRuntime()
+    grown = int(runtime.totalMemory())
+    freed = sparkenv.shrink()
+    total = int(runtime.totalMemory())
+    assert freed == grown - total and total < grown / 2, (grown >> 20, total >> 20)
+    assert sparkenv.shrink() == 0

@@ -65,6 +65,7 @@ class Applier:
     # follow() warms the large-unit route up (compile/warmup.py: warm_large) once, in the background, when no unit
     # has been applied for this many seconds (a local Spark only; 0: never)
     idle_warm_up = 10.0
+    idle_shrink = 5.0  # seconds between looks, when idle, at the JVM's heap (sparkenv.shrink: a grown heap collected)
     retry = True  # a stopped target is tried again (after its delay); catch_up() does not
     lock_wait = 30.0  # seconds a unit waits for another process (verify, apply) to let go of its target
 
@@ -875,7 +876,7 @@ class Applier:
     ) -> None:
         """Apply continuously until ``stop`` is set (or ``until()`` holds), closing units by latency or size.
         ``tick``: called before each step (``run``'s reload of its configuration)."""
-        last_prune = last_unit = time.monotonic()
+        last_prune = last_unit = last_shrink = time.monotonic()
         while not stop.is_set():
             if tick is not None:
                 tick()
@@ -890,10 +891,23 @@ class Applier:
             if time.monotonic() - last_prune > 30:
                 self.prune()
                 last_prune = time.monotonic()
+            if time.monotonic() - last_shrink > self.idle_shrink:
+                self._shrink()
+                last_shrink = time.monotonic()
             self.upkeep()
             if time.monotonic() - last_unit >= self.idle_warm_up > 0:
                 self.warm_large_when_idle()
             stop.wait(poll)
+
+    def _shrink(self) -> None:
+        """Give back the JVM heap that Spark's work since the last idle moment left unused (sparkenv.shrink)."""
+        try:
+            freed = sparkenv.shrink()
+        except Exception as e:  # (the JVM gone: the next unit that needs it says so)
+            log.debug("shrinking the JVM's heap failed: %s", e)
+            return
+        if freed:
+            log.debug("idle: the JVM gave back %d MB of heap", freed >> 20)
 
     def warm_large_when_idle(self) -> None:
         """Warm the route of large units of inserts and updates up (:func:`~mirrorline.compile.warmup.warm_large`)
@@ -910,6 +924,7 @@ class Applier:
             try:
                 self.spark.sparkContext.setLocalProperty("spark.scheduler.pool", "warm-up")
                 log.info("warmed up for large units in %.1f s (idle)", self.compiler.warm_idle())
+                self._shrink()
             except Exception as e:
                 log.warning("warming up for large units failed (the first large unit will run cold): %s", e)
 
