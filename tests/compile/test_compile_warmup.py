@@ -4,6 +4,7 @@ warm-up that fails only logs (the first real unit reports the cause)."""
 from __future__ import annotations
 
 import logging
+import time
 
 import pytest
 
@@ -195,6 +196,36 @@ def test_an_idle_pipeline_warms_up_for_large_units_once(tmp_path, spark, caplog)
     with caplog.at_level(logging.INFO, logger="mirrorline.pipeline"):
         _follow_until(a, lambda: "warmed up for large units" in caplog.text)
     assert caplog.text.count("warmed up for large units in") == 1
+    assert a.positions()["t"] == ChangeLog(tmp_path / "log").durable()
+
+
+def test_no_large_warm_up_while_a_large_transaction_is_arriving(tmp_path, spark, caplog):
+    """A streamed transaction being received (spilled, neither committed nor aborted) is not idle time, however long
+    no unit comes: its unit is next, and a warm-up beside it would slow its capture and compile."""
+    from mirrorline.log import ChangeLog, LogWriter
+    from mirrorline.model import Change, Op
+    from mirrorline.position import ZERO
+
+    a = _idle_pipeline(tmp_path, spark)
+    with LogWriter(tmp_path / "log") as w:
+        s = w.open_stream(2000)
+        s.add(2000, [Change(ZERO, 0, 0, "public.a", Op.INSERT, ("2",), {"id": "2", "v": "y", "w": None})])
+        s.end_block()
+        assert ChangeLog(tmp_path / "log").receiving()
+        durable = ChangeLog(tmp_path / "log").durable()
+        applied: list[float] = []
+
+        def idle_long() -> bool:  # the log's unit applied, then six times idle_warm_up without a unit
+            if not applied and a.positions()["t"] == durable:
+                applied.append(time.monotonic())
+            return bool(applied) and time.monotonic() - applied[0] > 3.0
+
+        with caplog.at_level(logging.INFO, logger="mirrorline.pipeline"):
+            _follow_until(a, idle_long)
+        assert applied
+        s.abort()
+    assert "warmed up for large units" not in caplog.text
+    assert not ChangeLog(tmp_path / "log").receiving()
     assert a.positions()["t"] == ChangeLog(tmp_path / "log").durable()
 
 

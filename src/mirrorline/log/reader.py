@@ -126,6 +126,14 @@ class ChangeLog:
     def retained(self) -> Retained | None:
         return read_retained(self.layout)
 
+    def receiving(self) -> bool:
+        """Is a streamed transaction being received (spilled, neither committed nor aborted yet)? A large
+        transaction's changes arrive while its statement runs; the source is not idle then."""
+        try:
+            return any(True for _ in os.scandir(self.layout.spill))
+        except FileNotFoundError:
+            return False
+
     def segments(self) -> list[SegmentInfo]:
         """Every retained segment in log order, their chain checked."""
         infos = self.segment_files()

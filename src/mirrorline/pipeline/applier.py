@@ -63,7 +63,8 @@ class Applier:
     overlap = True  # compile the next unit while the targets apply this one
     catch_up_changes = limits.CATCH_UP_CHANGES
     # follow() warms the large-unit route up (compile/warmup.py: warm_large) once, in the background, when no unit
-    # has been applied for this many seconds (a local Spark only; 0: never)
+    # has been applied for this many seconds and no large transaction is arriving (a local Spark only; 0: never).
+    # Warming up beside a transaction streamed in made its unit 2-3x slower to reach the targets (bench/bigtxn).
     idle_warm_up = 10.0
     idle_shrink = 5.0  # seconds between looks, when idle, at the JVM's heap (sparkenv.shrink: a grown heap collected)
     retry = True  # a stopped target is tried again (after its delay); catch_up() does not
@@ -895,7 +896,9 @@ class Applier:
                 self._shrink()
                 last_shrink = time.monotonic()
             self.upkeep()
-            if time.monotonic() - last_unit >= self.idle_warm_up > 0:
+            if self.log.receiving():  # a large transaction arriving: its unit is next, and it is not idle time
+                last_unit = time.monotonic()
+            elif time.monotonic() - last_unit >= self.idle_warm_up > 0:
                 self.warm_large_when_idle()
             stop.wait(poll)
 
