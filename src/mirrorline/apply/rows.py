@@ -39,7 +39,7 @@ def select(net: pa.Table, table: str, kind: str | None = None) -> pa.Table:
     cond = pc.equal(net["table"], table)
     if kind is not None:
         cond = pc.and_(cond, pc.equal(net["kind"], kind))
-    if pc.all(cond).as_py() is not False and not net["table"].null_count:
+    if pc.all(cond, skip_nulls=False).as_py() is True:  # (None: a null somewhere, or no row)
         return net
     return net.filter(cond)
 

@@ -68,7 +68,7 @@ class DuckdbSession(Session):
 
     def load(self, name: str, columns: Sequence[str], data: pa.Table) -> None:
         """The rows registered as they are: DuckDB scans the Arrow table in place, no copy into a temp table (a 1M-row
-        worktable is ~100 MB the process need not hold twice, and 0.3-0.5 s not spent copying)."""
+        worktable is ~100 MB the process need not hold twice: bench/bigtxn's peak memory)."""
         self.cur.register(name, data.rename_columns(list(columns)))
         self._worktables.add(name)
 

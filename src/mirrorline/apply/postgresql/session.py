@@ -25,9 +25,9 @@ if TYPE_CHECKING:
 
 _DATA_CLASSES = ("22", "23", "P0")  # data exception, integrity constraint, raised by a target trigger
 _CSV = pacsv.WriteOptions(include_header=False, quoting_style="all_valid")
-# A worktable row's share of a hash join's memory (a text key and its row; measured with 1M rows): a worktable's
+# A worktable row's share of a hash join's memory (a text key and its row, about 100 bytes of text): a worktable's
 # join gets work_mem for its rows, up to JOIN_MEM_MAX, so that the join of a large unit is not split into batches
-# on disk (bench/apply_targets: a 1M-row UPDATE ... FROM 14.6 s -> 12.6 s with JIT off, medians of 3).
+# on disk (bench/bigtxn's UPDATE shows the apply's seconds).
 JOIN_ROW_BYTES = 200
 JOIN_MEM_MAX = 256 << 20
 
