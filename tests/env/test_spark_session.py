@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import sys
-from typing import Any
 
 import pytest
 
@@ -70,20 +69,31 @@ def test_the_jvms_banner_is_not_printed_and_its_errors_are():
     assert "said by the JVM" in r.stderr, r.stderr[-2000:]
 
 
-def test_an_idle_jvm_gives_back_the_heap_its_work_left_unused(spark: Any) -> None:
+IDLE_JVM = """
+import json
+from pyspark.sql import functions as F
+from mirrorline import sparkenv
+spark = sparkenv.get_spark("local[2]")
+runtime = spark._jvm.java.lang.Runtime.getRuntime()
+rows = spark.range(0, 4_000_000).selectExpr("id % 1000 AS k", "CAST(id AS STRING) AS s")
+rows.groupBy("k").agg(F.max("s")).collect()
+grown = int(runtime.totalMemory())
+freed = sparkenv.shrink()
+print(json.dumps({"grown": grown, "freed": freed, "total": int(runtime.totalMemory()), "again": sparkenv.shrink()}))
+"""
+
+
+def test_an_idle_jvm_gives_back_the_heap_its_work_left_unused() -> None:
     """After a job that grew the heap (mostly with garbage), ``shrink`` (run calls it when idle) collects it once, and
     the serial collector gives back what is unused beyond its MaxHeapFreeRatio in that one collection; called
-    again with nothing grown, it collects nothing."""
-    from pyspark.sql import functions as F
+    again with nothing grown, it collects nothing. (A JVM of its own: the suite's shared one holds other tests'
+    heap.)"""
+    import json
+    import subprocess
 
-    from mirrorline import sparkenv
-
-    sparkenv.shrink()
-    rows = spark.range(0, 4_000_000).selectExpr("id % 1000 AS k", "CAST(id AS STRING) AS s")
-    rows.groupBy("k").agg(F.max("s")).collect()
-    runtime = spark._jvm.java.lang.Runtime.getRuntime()
-    grown = int(runtime.totalMemory())
-    freed = sparkenv.shrink()
-    total = int(runtime.totalMemory())
-    assert freed == grown - total and total < grown / 2, (grown >> 20, total >> 20)
-    assert sparkenv.shrink() == 0
+    r = subprocess.run([sys.executable, "-c", IDLE_JVM], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    grown, freed, total = got["grown"], got["freed"], got["total"]
+    assert freed == grown - total and total < 0.6 * grown, (grown >> 20, total >> 20)  # in steps: ~5% at first
+    assert got["again"] == 0
