@@ -64,7 +64,7 @@ class Applier:
     catch_up_changes = limits.CATCH_UP_CHANGES
     # follow() warms the large-unit route up (compile/warmup.py: warm_large) once, in the background, when no unit
     # has been applied for this many seconds and no large transaction is arriving (a local Spark only; 0: never).
-    # Warming up beside a transaction streamed in made its unit 2-3x slower to reach the targets (bench/bigtxn).
+    # A warm-up beside a transaction being streamed in slows that unit 2-3x on two cores (bench/bigtxn, UPDATE).
     idle_warm_up = 10.0
     idle_shrink = 5.0  # seconds between looks, when idle, at the JVM's heap (sparkenv.shrink: a grown heap collected)
     retry = True  # a stopped target is tried again (after its delay); catch_up() does not
