@@ -10,8 +10,9 @@ Setup (not timed): one throwaway PostgreSQL cluster (its default ``logical_decod
 PostgreSQL's own replication: a publication of the tables, database ``bench_sub`` with the same tables and a
 subscription with ``streaming = on`` (seeded by ``copy_data``). mirrorline: ``mirrorline run`` as a process of its
 own (``[apply] latency = --latency``) with three targets, ``sqlite`` and ``duckdb`` files and ``pg`` (database
-``bench_ml`` of the same cluster), which it loads itself by a snapshot; timing starts once every target and the
-subscriber hold a marker committed after the snapshot.
+``bench_ml`` of the same cluster), which it loads itself by a snapshot. The transactions start once every target and
+the subscriber hold a marker committed after the snapshot, and ``run`` has said that its idle warm-up for large units
+has ended (``warm_wait_s``, ``warm_large_s``): a pipeline that has run a while, as a nightly batch meets it.
 
 Then, per table, three transactions, each one statement touching every row once (nothing folds: every change a
 different key), committed one after the other, each waited for before the next:
@@ -26,7 +27,9 @@ target's applied position in the log's reader registry, written right after each
 taken just before the COMMIT) and ``last_target_s``; ``ratio`` = subscriber_s / last_target_s (> 1: mirrorline's
 last target had it sooner). The seconds split by phase: ``durable_s`` (the log holds the transaction, fsynced:
 capture received its commit and made its streamed changes log content), and from ``run``'s unit lines for the
-units that carried it: ``compile_s`` and ``apply_s`` per target (targets apply side by side). ``statement_s``: how
+units that carried it: ``compile_s`` and ``apply_s`` per target (targets apply side by side), the latter by phase in
+``apply_phases_s`` (``stage``: net rows into worktables, waiting for rows still being read; ``delete``, ``update``,
+``insert``; ``commit``; ``other``: connecting, locks, the target's state). ``statement_s``: how
 long the source took to run the statement. ``peak_pss_mb`` / ``peak_rss_mb``: the peak memory of ``run``'s process
 tree (Python, JVM, Spark's Python workers) during that transaction's replication (proportional: shared pages
 counted once), and over the whole run (``peak``).
@@ -230,6 +233,7 @@ def one(
         "changes": sum(u.changes for u in units),
         "compile_s": round(sum(u.compile_s for u in units), 3),
         "apply_s": {n: round(sum(u.apply_s.get(n, 0.0) for u in units), 3) for n in TARGETS},
+        "apply_phases_s": {n: phases_of(units, n) for n in TARGETS},
         "peak_pss_mb": peaks["pss"],
         "peak_rss_mb": peaks["rss"],
     }
@@ -239,6 +243,26 @@ def one(
         f"peak PSS {peaks['pss']['total']} MB"
     )
     return out
+
+
+def phases_of(units: list[Any], target: str) -> dict[str, float]:
+    """A target's apply seconds by phase (run's unit lines: stage, delete, update, insert, commit, other), summed
+    over ``units``."""
+    out: dict[str, float] = {}
+    for u in units:
+        for k, v in u.phases.get(target, {}).items():
+            out[k] = round(out.get(k, 0.0) + v, 2)
+    return out
+
+
+def wait_warm(runlog: RunLog, timeout: float) -> float | None:
+    """Seconds until ``run`` says its idle warm-up for large units has ended (it starts after 10 s without a unit),
+    or None when it did not within ``timeout``: a pipeline that has run a while, as a nightly batch meets it."""
+    t0 = time.monotonic()
+    while runlog.warm_large is None and time.monotonic() - t0 < timeout:
+        runlog.check_alive()
+        time.sleep(0.2)
+    return None if runlog.warm_large is None else round(time.monotonic() - t0, 1)
 
 
 def bench(args: argparse.Namespace, work: Path, out: dict[str, Any]) -> None:
@@ -257,6 +281,9 @@ def bench(args: argparse.Namespace, work: Path, out: dict[str, Any]) -> None:
             whole = RssMeter(proc.pid)
             waiter = Waiter(cluster, work / "log", runlog)
             out["live_s"] = wait_live(cluster, waiter, args.start_timeout)
+            say("waiting for run's idle warm-up for large units")
+            out["warm_wait_s"] = wait_warm(runlog, args.start_timeout)
+            out["warm_large_s"] = runlog.warm_large
             out["results"] = {}
             for table in tables:
                 for shape in args.shapes.split(","):

@@ -271,12 +271,14 @@ class RssMeter:
 
 
 UNIT_RE = re.compile(r"^unit (\S+)\.\.(\S+): (\d+) changes, (compiled|reused) in ([0-9.]+)s, applied: (.*)$")
-APPLIED_RE = re.compile(r"(\S+) ([0-9.]+)s")
+# a target's seconds, and for an apply of a second or more its phases: "pg 12.72s [insert 12.10, commit 0.40]"
+APPLIED_RE = re.compile(r"(\S+) ([0-9.]+)s(?: \[([^\]]*)\])?")
 # the snapshot's progress lines, e.g. "snapshot pg: 7/7 chunks (100%), 200,022 rows, 148,166 rows/s, 1 s"
 SNAPSHOT_RE = re.compile(r"^snapshot (\S+): .*?([0-9,]+) rows, [0-9,]+ rows/s, ([0-9]+) s$")
 RECONCILED_RE = re.compile(r"^target (\S+): ")
 FINAL_RE = re.compile(r"^captured \d+ changes; applied \d+ units")
 SPARK_READY_RE = re.compile(r"^Spark ready: started in ([0-9.]+)s, warmed up in ([0-9.]+)s$")
+SPARK_LARGE_RE = re.compile(r"^Spark warmed up for large units in ([0-9.]+)s")
 
 
 def say(msg: str) -> None:
@@ -332,6 +334,7 @@ class Unit:
     compiled: bool
     compile_s: float
     apply_s: dict[str, float]
+    phases: dict[str, dict[str, float]]  # target -> phase -> seconds (applies of a second or more)
 
 
 class RunLog:
@@ -345,6 +348,7 @@ class RunLog:
         self.first_unit: dict[str, float] = {}  # target -> monotonic time of its first unit line
         self.first_change_unit: dict[str, float] = {}  # ... of its first unit with changes
         self.spark_started: float | None = None  # monotonic time Spark's start began (from run's "Spark ready" line)
+        self.warm_large: float | None = None  # seconds of run's idle warm-up for large units, once it has ended
         self.reconciled: set[str] = set()
         self.snapshot: dict[str, tuple[int, float]] = {}  # target -> (rows, seconds) of its last progress line
         self.final = ""
@@ -367,8 +371,12 @@ class RunLog:
             self.tail.append(line)
             m = UNIT_RE.match(line)
             if m:
-                applied = {n: float(s) for n, s in APPLIED_RE.findall(m.group(6))}
-                u = Unit(now, int(m.group(3)), m.group(4) == "compiled", float(m.group(5)), applied)
+                found = APPLIED_RE.findall(m.group(6))
+                applied = {n: float(s) for n, s, _ in found}
+                phases = {
+                    n: {k: float(v) for k, v in (p.split(" ") for p in ph.split(", "))} for n, _, ph in found if ph
+                }
+                u = Unit(now, int(m.group(3)), m.group(4) == "compiled", float(m.group(5)), applied, phases)
                 self.units.append(u)
                 for n in applied:
                     self.first_unit.setdefault(n, now)
@@ -385,6 +393,9 @@ class RunLog:
                 self.reconciled.add(m.group(1))
             if FINAL_RE.match(line):
                 self.final = line
+            m = SPARK_LARGE_RE.match(line)
+            if m:
+                self.warm_large = float(m.group(1))
             m = SPARK_READY_RE.match(line)
             if m and self.spark_started is None:
                 self.spark_started = now - float(m.group(1)) - float(m.group(2))

@@ -85,3 +85,26 @@ def test_an_internal_error_is_not_a_difference(capsys, monkeypatch):
     assert main(["verify", "-c", "nowhere.toml"]) == 4
     err = capsys.readouterr().err
     assert "Traceback" in err and "internal error: RuntimeError: the key array" in err
+
+
+def test_a_unit_line_splits_an_apply_of_a_second_or_more_by_phase(capsys):
+    """``run``'s line per unit: each target's seconds; where a target took a second or more, its phases (longest
+    first, those under 0.05 s left out, ``other`` the rest of its seconds), in brackets a line parser reading
+    ``name seconds`` pairs passes over."""
+    import re
+
+    from mirrorline.apply.engine import ApplyResult
+    from mirrorline.cli._common import print_unit
+    from mirrorline.pipeline.applier import UnitReport
+    from mirrorline.position import Position
+
+    start, end = Position(0x100, 0), Position(0x200, 9)
+    pg = ApplyResult("pg", start, end, phases={"insert": 12.1, "commit": 0.4, "stage": 0.01})
+    quick = ApplyResult("duckdb", start, end, phases={"insert": 0.2})
+    report = UnitReport(
+        start, end, 10, ["pg", "duckdb"], True, 0.5, {"pg": 12.72, "duckdb": 0.3}, {"pg": pg, "duckdb": quick}
+    )
+    print_unit(report)
+    line = capsys.readouterr().err
+    assert "applied: pg 12.72s [insert 12.10, commit 0.40, other 0.21], duckdb 0.30s;" in line
+    assert dict(re.findall(r"(\S+) ([0-9.]+)s", line.split("applied: ")[1])) == {"pg": "12.72", "duckdb": "0.30"}

@@ -21,11 +21,12 @@ def load_config(args: argparse.Namespace) -> Config:
 
 
 def print_unit(r: UnitReport) -> None:
-    """One stderr line per applied unit, ending with when it was applied (local time, as the log lines)."""
+    """One stderr line per applied unit, ending with when it was applied (local time, as the log lines); a target's
+    apply of a second or more is split by phase, e.g. ``pg 12.72s [insert 12.10, commit 0.40]``."""
     import sys
     import time
 
-    secs = ", ".join(f"{n} {s:.2f}s" for n, s in r.apply_seconds.items())
+    secs = ", ".join(f"{n} {s:.2f}s{_phases(r, n, s)}" for n, s in r.apply_seconds.items())
     if r.table is not None:  # a table stopped alone, catching up on its own
         secs += f" (table {r.table} only)"
     how = "compiled" if r.compiled else "reused"
@@ -34,3 +35,13 @@ def print_unit(r: UnitReport) -> None:
         f"at {time.strftime('%Y-%m-%d %H:%M:%S')}",
         file=sys.stderr,
     )
+
+
+def _phases(r: UnitReport, target: str, seconds: float) -> str:
+    """`` [phase seconds, ...]`` of a target's apply of at least a second, its phases of at least 0.05 s."""
+    res = r.results.get(target)
+    if seconds < 1.0 or res is None:
+        return ""
+    phases = {**res.phases, "other": seconds - sum(res.phases.values())}  # connect, lock, schema, registry
+    shown = [f"{p} {s:.2f}" for p, s in sorted(phases.items(), key=lambda x: -x[1]) if s >= 0.05]
+    return f" [{', '.join(shown)}]" if shown else ""

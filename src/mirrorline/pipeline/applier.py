@@ -160,6 +160,7 @@ class Applier:
         self._joining: set[str] = set()  # added targets still catching up with the others
         self._turn = False
         self._large_warm_up: threading.Thread | None = None  # see idle_warm_up
+        self.on_message: Callable[[str], None] = lambda m: log.info("%s", m)  # what run prints (runner sets it)
         # targets stopped by an error (DESIGN §6: a failure stops only itself): name -> when to try again
         # (monotonic), the delay after that, and the error; the others go on meanwhile
         self._failed: Stops[str] = Stops()
@@ -926,7 +927,7 @@ class Applier:
         def main() -> None:
             try:
                 self.spark.sparkContext.setLocalProperty("spark.scheduler.pool", "warm-up")
-                log.info("warmed up for large units in %.1f s (idle)", self.compiler.warm_idle())
+                self.on_message(f"Spark warmed up for large units in {self.compiler.warm_idle():.2f}s (idle)")
                 self._shrink()
             except Exception as e:
                 log.warning("warming up for large units failed (the first large unit will run cold): %s", e)

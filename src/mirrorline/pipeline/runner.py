@@ -441,6 +441,7 @@ class Runner:
             )
         self._reconcile(ready)  # (tables removed from the configuration are marked)
         applier = Applier(self.config, ready, warm_up=warm, later=loading + waiting)
+        applier.on_message = self.on_message
         if loading:
             loader = threading.Thread(
                 target=self._load_beside, args=(loading, applier), name="mirrorline-load", daemon=True
