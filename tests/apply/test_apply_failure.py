@@ -261,26 +261,37 @@ def test_serial_path_key_change_keeps_the_old_rows_unsent_columns(
     assert fetch(t, "public.items", COLS) == [(11, "n11", 1, "toast11"), (12, "moved", 2, "toast10")]
 
 
-@pytest.mark.pg
-@pytest.mark.parametrize("on_error", ["stop", "reject"])
-def test_inserts_copied_straight_into_the_table_take_the_failure_path(
-    on_error: str, spark: Any, request: Any, tmp_path: Path, monkeypatch: Any
-) -> None:
-    """PostgreSQL loads net inserts by COPY straight into the table. A key already at the target (a row put there
-    by hand) fails that COPY: the unit rolls back and the serial pass names the insert (stop) or sets it aside
-    (reject) while the rest lands; the direct path was taken, and nothing was applied twice."""
-    t = open_target("postgresql", request, tmp_path, on_error=on_error)
-    seed(spark, t)
-    sql(t, "INSERT INTO public.items VALUES (2, 'by hand', 9, NULL)")
+DIRECT_KINDS = [pytest.param("postgresql", marks=pytest.mark.pg), "sqlite", "duckdb"]
+DUPLICATE = {"postgresql": "duplicate key", "sqlite": "UNIQUE constraint failed", "duckdb": "Duplicate key"}
+
+
+def counting_direct_inserts(t: Any, monkeypatch: Any) -> list[int]:
+    """The rows each call of the session's direct insert (``insert_rows``) was given, as it is called."""
     copied: list[int] = []
     insert_rows = type(t.session()).insert_rows
 
-    def counted(self: Any, table: str, columns: Any, data: Any) -> int:
+    def counted(self: Any, ts: Any, data: Any) -> int:
         chunks = list(data)
         copied.append(sum(c.num_rows for c in chunks))
-        return insert_rows(self, table, columns, chunks)
+        return insert_rows(self, ts, chunks)
 
     monkeypatch.setattr(type(t.session()), "insert_rows", counted)
+    return copied
+
+
+@pytest.mark.parametrize("on_error", ["stop", "reject"])
+@pytest.mark.parametrize("kind", DIRECT_KINDS)
+def test_inserts_loaded_straight_into_the_table_take_the_failure_path(
+    kind: str, on_error: str, spark: Any, request: Any, tmp_path: Path, monkeypatch: Any
+) -> None:
+    """PostgreSQL (by COPY), SQLite (INSERTs of many rows of parameters, converted) and DuckDB (INSERT ... SELECT
+    of each chunk, registered) load net inserts straight into the table. A key already at the target (a row put there
+    by hand) fails that load: the unit rolls back and the serial pass names the insert (stop) or sets it aside
+    (reject) while the rest lands; the direct path was taken, and nothing was applied twice."""
+    t = open_target(kind, request, tmp_path, on_error=on_error)
+    seed(spark, t)
+    sql(t, f"INSERT INTO {t.dialect.table('public.items')} VALUES (2, 'by hand', 9, NULL)")
+    copied = counting_direct_inserts(t, monkeypatch)
     changes = [
         change("public.items", "I", [1], {"id": 1, "name": "a", "qty": 1, "note": None}, pos=P(0x200, 0)),
         change("public.items", "I", [2], {"id": 2, "name": "b", "qty": 2, "note": None}, pos=P(0x200, 1)),
@@ -293,7 +304,7 @@ def test_inserts_copied_straight_into_the_table_take_the_failure_path(
             t.apply(b, SCHEMAS, changes)
         ctx = e.value.context
         assert (ctx["table"], ctx["key"], ctx["position"], ctx["op"]) == ("public.items", ["2"], "0/200:1", "I")
-        assert "duplicate key" in ctx["db_message"]
+        assert DUPLICATE[kind] in ctx["db_message"]
         assert sorted(fetch(t, "public.items", COLS)) == [
             (2, "by hand", 9, None),
             (10, "n10", 1, None),
@@ -310,4 +321,34 @@ def test_inserts_copied_straight_into_the_table_take_the_failure_path(
         ]
         assert [tuple(r) for r in sql(t, "SELECT lsn, seq, op FROM mirrorline_rejects")] == [(0x200, 1, "I")]
         assert t.applied_position() == P(0x300, 0)
-    assert copied == [2]  # the bulk path tried the two inserts at once, by COPY into the table
+    assert copied == [2]  # the bulk path tried the two inserts at once, straight into the table
+
+
+@pytest.mark.parametrize("on_error", ["stop", "reject"])
+def test_a_value_sqlite_cannot_take_fails_its_direct_insert_by_name(
+    on_error: str, spark: Any, request: Any, tmp_path: Path, monkeypatch: Any
+) -> None:
+    """SQLite's direct insert converts and checks each value in SQL as a worktable's insert-select does: a value that
+    is not of its column's type ('lots' for a bigint: a malformed log) fails the load by table, column, type and
+    value; stop names the insert and writes nothing, reject sets it aside and applies the rest."""
+    t = open_target("sqlite", request, tmp_path, on_error=on_error)
+    seed(spark, t)
+    copied = counting_direct_inserts(t, monkeypatch)
+    changes = [
+        change("public.items", "I", [1], {"id": 1, "name": "a", "qty": 1, "note": None}, pos=P(0x200, 0)),
+        change("public.items", "I", [2], {"id": 2, "name": "b", "qty": "lots", "note": None}, pos=P(0x200, 1)),
+        change("public.items", "I", [3], {"id": 3, "name": "c", "qty": "-7", "note": "x"}, pos=P(0x200, 2)),
+    ]
+    rows = [net(c.table, c.op.value, c.key, dict(c.new) if c.new else None, pos=c.pos) for c in changes]
+    b = batch(spark, rows, P(0x100), P(0x300, 0), changes=len(changes))
+    seeded = [(10, "n10", 1, None), (11, "n11", 1, None)]
+    if on_error == "stop":
+        with pytest.raises(ApplyError, match=r"public\.items\.qty: 'lots' is not a valid bigint value") as e:
+            t.apply(b, SCHEMAS, changes)
+        assert (e.value.context["key"], e.value.context["position"]) == (["2"], "0/200:1")
+        assert sorted(fetch(t, "public.items", COLS)) == seeded and t.applied_position() == P(0x100)
+    else:
+        assert t.apply(b, SCHEMAS, changes).rejects == 1
+        assert sorted(fetch(t, "public.items", COLS)) == [(1, "a", 1, None), (3, "c", -7, "x"), *seeded]
+        assert [tuple(r) for r in sql(t, "SELECT lsn, seq, op FROM mirrorline_rejects")] == [(0x200, 1, "I")]
+    assert copied == [3]

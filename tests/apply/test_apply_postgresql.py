@@ -10,6 +10,7 @@ import pytest
 from apply_support import ITEMS, ORDERS, P, batch, change, fetch, net, open_target, sql
 
 from mirrorline.errors import ApplyError
+from mirrorline.model import Column, TableSchema
 
 pytestmark = [pytest.mark.pg, pytest.mark.spark]
 
@@ -143,6 +144,7 @@ def test_rows_copied_as_they_come_an_error_making_one_is_raised_as_itself(pg: An
 
     from mirrorline.apply.postgresql import PgSession
 
+    T = TableSchema("public.t", (Column("id", "integer"), Column("v", "text")), ("id",))
     pg.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")
     s = PgSession(pg.dsn)
     try:
@@ -153,10 +155,10 @@ def test_rows_copied_as_they_come_an_error_making_one_is_raised_as_itself(pg: An
 
         s.begin()
         with pytest.raises(ValueError, match="second chunk"):
-            s.insert_rows("public.t", ["id", "v"], chunks())
+            s.insert_rows(T, chunks())
         s.rollback()
         s.begin()
-        assert s.insert_rows("public.t", ["id", "v"], iter([pa.table({"id": ["3"], "v": ["c"]})])) == 1
+        assert s.insert_rows(T, iter([pa.table({"id": ["3"], "v": ["c"]})])) == 1
         s.commit()
     finally:
         s.disconnect()

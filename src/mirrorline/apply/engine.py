@@ -746,7 +746,7 @@ class Target(ABC):
         elif direct is not None:
             chunks = _Counted(direct)
             if chunks.any():  # loaded as they come: an inserts-only unit's rows are still being read
-                got = s.insert_rows(ts.table, ts.column_names, chunks)
+                got = s.insert_rows(ts, chunks)
                 if got != chunks.rows:
                     raise _Mismatch(ts.table, "I", chunks.rows, got)
                 counts["I"] = got

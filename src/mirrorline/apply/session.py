@@ -75,10 +75,10 @@ class Session(ABC):
         """Drop a worktable :meth:`load` made (inside the current transaction)."""
         self.execute(self.dialect.drop_table(name))
 
-    def insert_rows(self, table: str, columns: Sequence[str], data: Iterable[pa.Table]) -> int:
-        """Bulk-load text rows, in chunks loaded as they come, straight into the target table (engines whose bulk
-        path converts text to the column's type as a cast would: :attr:`Target.direct_inserts`). Returns the number
-        of rows loaded."""
+    def insert_rows(self, ts: TableSchema, data: Iterable[pa.Table]) -> int:
+        """Bulk-load text rows (``ts``'s columns, in its order), in chunks loaded as they come, straight into its
+        table (engines whose bulk path converts text to the column's type as the worktables' conversions would:
+        :attr:`Target.direct_inserts`). Returns the number of rows loaded."""
         raise NotImplementedError(f"{type(self).__name__} has no direct bulk insert")
 
     def bulk_begin(self) -> None:

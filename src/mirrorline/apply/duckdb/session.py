@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -81,20 +81,25 @@ class DuckdbSession(Session):
 
     def load_chunk(self, ts: TableSchema, path: str | Path, header: bool = True) -> int:
         """Each batch of the file registered as an Arrow view and converted by one INSERT ... SELECT."""
+        return sum(self._insert_view(ts, pa.Table.from_batches([b])) for b in read_chunk(path, ts.column_names, header))
+
+    def insert_rows(self, ts: TableSchema, data: Iterable[pa.Table]) -> int:
+        """Each chunk, as it comes, registered as an Arrow view and converted by one INSERT ... SELECT (the
+        conversions of a worktable's insert-select): the first rows land while the last are still being read."""
+        return sum(self._insert_view(ts, chunk.select(list(ts.column_names))) for chunk in data)
+
+    def _insert_view(self, ts: TableSchema, rows: pa.Table) -> int:
+        """``rows`` (text, ``ts``'s columns in order) into its table, converted; the number inserted."""
         d = self.dialect
         cols = ", ".join(quote_ident(c) for c in ts.column_names)
         exprs = ", ".join(
             d.conv(f"v.c{i}", d.type_info(ts.table, c), ts.table, c.name) for i, c in enumerate(ts.columns)
         )
-        n = 0
-        for batch in read_chunk(path, ts.column_names, header):
-            n += batch.num_rows
-            view = f"mirrorline_snap_{next(_views)}"
-            self.cur.register(view, pa.Table.from_batches([batch]))
-            try:
-                self.cur.execute(f"INSERT INTO {d.table(ts.table)} ({cols}) SELECT {exprs} FROM {view} AS v")
-            finally:
-                self.cur.unregister(view)
+        view = f"mirrorline_view_{next(_views)}"
+        # a worktable: a failed INSERT aborts the transaction (no unregister then), whose rollback lets go of it
+        self.load(view, [f"c{i}" for i in range(len(ts.columns))], rows)
+        n = self.dml(f"INSERT INTO {d.table(ts.table)} ({cols}) SELECT {exprs} FROM {view} AS v")
+        self.drop_worktable(view)
         return n
 
     def table_columns(self, table: str) -> list[str] | None:

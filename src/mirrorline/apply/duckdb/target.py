@@ -33,6 +33,7 @@ from mirrorline.errors import TargetError
 class DuckdbTarget(Target):
     kind = "duckdb"
     dialect = DUCKDB
+    direct_inserts = True  # each chunk as it comes, by the conversions of the worktables' insert-select
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

@@ -142,12 +142,12 @@ class PgSession(Session):
         copy_in(self.cur, name, columns, data)
         self.fit_join(data.num_rows)
 
-    def insert_rows(self, table: str, columns: Sequence[str], data: Iterable[pa.Table]) -> int:
+    def insert_rows(self, ts: TableSchema, data: Iterable[pa.Table]) -> int:
         """One COPY, fed each chunk's CSV as the chunk comes. An error making a chunk fails the COPY (psycopg2
         reports it as a cancelled statement) and is raised as itself."""
         stream = _CsvChunks(data)
         try:
-            self.cur.copy_expert(copy_csv_sql(self.dialect.table(table), columns), stream, size=1 << 20)
+            self.cur.copy_expert(copy_csv_sql(self.dialect.table(ts.table), ts.column_names), stream, size=1 << 20)
         except psycopg2.Error:
             if stream.error is not None:
                 raise stream.error from None

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 from mirrorline.apply import types as type_map
 from mirrorline.apply.sql import Dialect, lit
-from mirrorline.model import Column, TableSchema, split_table_name
+from mirrorline.model import Column, TableSchema, quote_ident, split_table_name
 
 
 class SqliteDialect(Dialect):
@@ -36,6 +36,15 @@ class SqliteDialect(Dialect):
         if b == "bytea":
             return type_map.TypeInfo(col.type_name, "BLOB", "bytea")
         return type_map.TypeInfo(col.type_name, "TEXT", "text")  # every other type as PostgreSQL's text of it
+
+    def insert_values(self, s: TableSchema, rows: int) -> str:
+        """Insert ``rows`` rows of text parameters (``s``'s columns, row after row), each value converted as a
+        worktable's would be (:meth:`conv`, on the columns ``column1``... of the VALUES list)."""
+        names = ", ".join(quote_ident(c.name) for c in s.columns)
+        exprs = ", ".join(
+            self.conv(f"column{i}", self.type_info(s.table, c), s.table, c.name) for i, c in enumerate(s.columns, 1)
+        )
+        return f"INSERT INTO {self.table(s.table)} ({names}) SELECT {exprs} FROM ({values_list(len(s.columns), rows)})"
 
     def retype(self, table: str, c: Column) -> list[str] | None:
         return None  # SQLite cannot change a column's type in place
@@ -68,6 +77,12 @@ class SqliteDialect(Dialect):
         tgt = self.table(s.table)
         match = self._key_match(s, "t", "w") + self._mask_filter("w", masks)
         return f"DELETE FROM {tgt} WHERE rowid IN (SELECT t.rowid FROM {work} AS w JOIN {tgt} AS t ON {match})"
+
+
+def values_list(columns: int, rows: int) -> str:
+    """``VALUES (?, ...), ...``: ``rows`` rows of ``columns`` parameters."""
+    row = f"({', '.join('?' * columns)})"
+    return "VALUES " + ", ".join([row] * rows)
 
 
 SQLITE = SqliteDialect()
