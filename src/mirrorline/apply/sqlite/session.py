@@ -114,9 +114,9 @@ class SqliteSession(Session):
     def insert_many(self, sql_of: Callable[[int], str], columns: Sequence[Sequence[Any]]) -> int:
         """Rows given as columns of Python values (of equal length), inserted by statements of many rows each:
         ``sql_of(r)`` takes ``r`` rows of parameters, row after row. SQLite runs each statement without the GIL, where
-        ``executemany`` takes the GIL back after every row: beside a busy Python thread each row then waits for it
-        (1M rows: 3.1 s alone either way, 5.0 s against minutes beside a thread spinning in Python). Returns the
-        number of rows inserted."""
+        ``executemany`` takes the GIL back after every row, and beside a thread busy in Python each row then waits for
+        it (``bench/bigtxn``: SQLite's apply of 1M inserts beside ``run``'s other threads). Returns the number of rows
+        inserted."""
         k, rows = len(columns), len(columns[0]) if columns else 0
         grid = np.empty((rows, k), dtype=object)
         for j, col in enumerate(columns):
