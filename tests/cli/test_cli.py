@@ -108,3 +108,20 @@ def test_a_unit_line_splits_an_apply_of_a_second_or_more_by_phase(capsys):
     line = capsys.readouterr().err
     assert "applied: pg 12.72s [insert 12.10, commit 0.40, other 0.21], duckdb 0.30s;" in line
     assert dict(re.findall(r"(\S+) ([0-9.]+)s", line.split("applied: ")[1])) == {"pg": "12.72", "duckdb": "0.30"}
+
+
+@pytest.mark.parametrize("preset", [None, "system"])
+def test_arrow_allocates_from_jemalloc_unless_the_user_names_an_allocator(preset):
+    """The command sets Arrow's allocator before pyarrow is imported: jemalloc, or the one the user's environment
+    names."""
+    import os
+
+    code = (
+        "from mirrorline.cli.main import arrow_allocator; arrow_allocator(); "
+        "import pyarrow as pa; print(pa.default_memory_pool().backend_name)"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "ARROW_DEFAULT_MEMORY_POOL"}
+    if preset:
+        env["ARROW_DEFAULT_MEMORY_POOL"] = preset
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env).stdout
+    assert out.strip() == (preset or "jemalloc")
