@@ -154,8 +154,8 @@ def os_error_text(e: OSError) -> str:
 def arrow_allocator() -> None:
     """Arrow's buffers from jemalloc unless the user's environment names an allocator (``ARROW_DEFAULT_MEMORY_POOL``;
     Spark's Python workers inherit it): it gives freed memory back where pyarrow's default, mimalloc, kept it
-    (``bench/bigtxn``, an UPDATE of 1M rows: ``run``'s Python peak 818 MB with mimalloc, 673 MB with jemalloc, no
-    slower). Set before pyarrow is imported, which reads it once."""
+    (``./dev bench bigtxn --tables narrow --shapes update``, one run each: ``run``'s Python peak 818 MB with mimalloc,
+    673 MB with jemalloc, every target as soon or sooner). Set before pyarrow is imported, which reads it once."""
     os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "jemalloc")
 
 

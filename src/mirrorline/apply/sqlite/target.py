@@ -11,7 +11,7 @@ from mirrorline.apply.sqlite.session import SqliteSession
 class SqliteTarget(Target):
     kind = "sqlite"
     dialect = SQLITE
-    direct_inserts = True  # one INSERT of parameters converted as the worktable's insert-select converts them
+    direct_inserts = True  # INSERTs of many rows of parameters, converted as by a worktable's insert-select
 
     def connect(self) -> Session:
         return SqliteSession(self.location)
