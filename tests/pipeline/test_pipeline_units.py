@@ -209,6 +209,72 @@ def test_a_unit_whose_segments_another_process_retained_meanwhile_is_formed_agai
     behind.close()
 
 
+def test_a_unit_another_process_still_needs_is_kept_when_one_target_passes_it(tmp_path: Path, spark: Any) -> None:
+    """``apply --target a`` beside ``run`` applying b: a unit stored for both stays until both have passed it; pruned
+    by a's position alone, it vanished while the other process read it (its Parquet files gone between reading
+    ``unit.json`` and Spark listing them: an internal error). A unit removed meanwhile anyway (the tables changed)
+    is compiled again."""
+    import sqlite3
+
+    from mirrorline.compile.store import UnitStore
+    from mirrorline.log.retention import set_applied
+    from mirrorline.model import Column, TableSchema
+
+    with LogWriter(tmp_path / "log", segment_changes=2) as w:
+        w.record_schema(TableSchema("public.t", (Column("id", "text", nullable=False),), ("id",)))
+        for k in range(1, 6):
+            w.add_transaction(k * 10, k, [Change(ZERO, 0, 0, "public.t", Op.INSERT, (str(k),), {"id": str(k)})])
+    conf = parse(
+        {
+            "source": {"dsn": "postgresql://nobody@127.0.0.1:1/x"},
+            "log": {"path": str(tmp_path / "log")},
+            "targets": {n: {"url": f"sqlite:///{tmp_path / n}.db"} for n in ("a", "b")},
+        },
+        tmp_path / "m.toml",
+    )
+    ahead, behind = Applier(conf, ["a"], spark=spark), Applier(conf, ["b"], spark=spark)
+    for n in ("a", "b"):
+        set_applied(ahead.log, n, ZERO)  # as a snapshot registers them
+    store = UnitStore(tmp_path / "log")
+    ahead.catch_up()
+    assert ahead.positions() == {"a": Position(50, 0)}
+    [unit] = store.units()
+    ahead.prune()
+    assert store.units() == [unit]  # b, registered at ZERO, still needs it
+    report = behind.step()
+    assert report is not None and not report.compiled  # read from the store, not compiled again
+    ahead.prune()
+    assert store.units() == []  # both passed it
+    for n in ("a", "b"):
+        with sqlite3.connect(tmp_path / f"{n}.db") as db:
+            assert sorted(r[0] for r in db.execute('SELECT "id" FROM "t"')) == ["1", "2", "3", "4", "5"]
+
+    # removed after its unit.json was read, before Spark listed its files: compiled again, nothing lost
+    with LogWriter(tmp_path / "log", segment_changes=2) as w:
+        w.add_transaction(60, 6, [Change(ZERO, 0, 0, "public.t", Op.INSERT, ("6",), {"id": "6"})])
+    ahead.catch_up()
+    [unit] = store.units()
+    real = spark.read.__class__.schema
+
+    def removed_meanwhile(self: Any, *args: Any) -> Any:
+        import shutil
+
+        shutil.rmtree(store.path(*unit), ignore_errors=True)  # (the first read; the unit stored again stays)
+        mp.setattr(spark.read.__class__, "schema", real)
+        return real(self, *args)
+
+    import pytest
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(spark.read.__class__, "schema", removed_meanwhile)
+        report = behind.step()
+    assert report is not None and report.compiled and behind.positions() == {"b": Position(60, 0)}
+    with sqlite3.connect(tmp_path / "b.db") as db:
+        assert db.execute('SELECT count(*) FROM "t"').fetchone() == (6,)
+    ahead.close()
+    behind.close()
+
+
 _NO_SPARK = """
 import json, sys
 from pathlib import Path

@@ -85,7 +85,13 @@ class UnitStore:
         except (OSError, ValueError, KeyError) as e:
             shutil.rmtree(path, ignore_errors=True)
             raise Damaged(f"stored unit {start}..{end} is damaged ({e}): it is compiled again") from e
-        net = spark.read.schema(NET_DDL).parquet(str(path / "net"))
+        try:
+            net = spark.read.schema(NET_DDL).parquet(str(path / "net"))
+        except Exception as e:
+            if (path / META).is_file():
+                raise
+            # pruned by another process between the two reads (it had passed the unit): compile it
+            raise Damaged(f"stored unit {start}..{end} was removed meanwhile: it is compiled again") from e
         return NetBatch(
             start=start,
             end=end,

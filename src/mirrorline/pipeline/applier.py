@@ -790,12 +790,17 @@ class Applier:
 
     def prune(self) -> None:
         """Drop compiled units and log segments every registered target has passed (export folders not loaded within
-        the log's ``export_expiry`` no longer count)."""
-        from mirrorline.log.retention import expire_exports, retain
+        the log's ``export_expiry`` no longer count). Units: every configured target counts, those other processes
+        apply (``apply --target``, or one this process waits for while ``verify`` holds it) by the position they
+        registered, so that no unit another process is about to read is removed."""
+        from mirrorline.log.retention import expire_exports, readers, retain
 
-        positions = self.positions()
+        positions = list(self.positions().values())
         if positions:
-            self._store.prune(min(positions.values()))
+            positions += [
+                r.applied for n, r in readers(self.log).items() if n in self.config.targets and r.applied is not None
+            ]
+            self._store.prune(min(positions))
         expire_exports(self.log, self.config.log.export_expiry)
         retain(self.log, max_age=self.config.log.max_age, max_size=self.config.log.max_size)
         self._drop_reloads()
