@@ -34,17 +34,20 @@ For each workload, on the same WAL:
 before it is applied, the two sharing the cores); ``mirrorline_unit_apply_s`` each unit's apply seconds (``all``)
 and their phases (``ApplyResult.phases``: ``stage``, ``insert``, ``update``, ``commit``, ...), the same for (b2).
 
-Workloads: ``update_heavy``: N/5 inserts then 4N/5 updates over the same keys; ``insert_only``: N inserts. Both in
-transactions of 1,000. Prints one JSON line: seconds of each, changes/s, and the ratios a/b (how many times faster
-mirrorline catches up than PostgreSQL's own) and b/c (how far from the physical limit), and the same for (b2).
+Workloads: ``update_heavy``: N/5 inserts then 4N/5 updates over the same keys; ``insert_only``: N inserts;
+``distinct_keys``: N updates of a table of N rows that every target already holds (as loaded by a snapshot), each
+row updated once: every change a different key, nothing folds. All in transactions of 1,000. Prints one JSON line:
+seconds of each, changes/s, and the ratios a/b (how many times faster mirrorline catches up than PostgreSQL's own)
+and b/c (how far from the physical limit), and the same for (b2). Every copy is compared with the source, row by
+row, by the benchmark's own reader (:func:`content`).
 ``--runs N`` runs it N times, each in a new process, and prints the medians (ratios taken per run, then their
 median) with each run's main figures under ``each``: (a) varies by a second or more from run to run here.
 ``mirrorline_compile_s`` is the time until a unit was handed to apply: an inserts-only unit is handed over at once,
 its Spark check and the driver's read of its rows running on while PostgreSQL loads them (compile/inserts.py), so
 its (b) holds that work and its compile figure does not.
 
-    .venv/bin/python bench/apply.py [--changes 1000000] [--workloads update_heavy,insert_only] [--runs 1] [--layouts]
-                                    [--unit-changes N]
+    .venv/bin/python bench/apply.py [--changes 1000000] [--workloads update_heavy,insert_only,distinct_keys]
+                                    [--runs 1] [--layouts] [--unit-changes N]
 """
 
 from __future__ import annotations
@@ -76,10 +79,13 @@ def say(msg: str) -> None:
     print(f"[bench/apply] {msg}", file=sys.stderr, flush=True)
 
 
+SEED = "INSERT INTO bench SELECT g, 0, md5(g::text), '2026-01-01 00:00+00' FROM generate_series(1, %s) g"
+
+
 def run_workload(dsn: str, kind: str, changes: int) -> int:
     conn = psycopg2.connect(dsn)
     with conn.cursor() as cur:
-        inserts = changes // 5 if kind == "update_heavy" else changes
+        inserts = {"update_heavy": changes // 5, "distinct_keys": 0}.get(kind, changes)
         for lo in range(0, inserts, TXN):
             cur.execute(
                 "INSERT INTO bench SELECT g, 0, md5(g::text), now() FROM generate_series(%s, %s) g",
@@ -95,10 +101,26 @@ def run_workload(dsn: str, kind: str, changes: int) -> int:
                         (r + 1, lo + 1, min(lo + TXN, inserts)),
                     )
                     conn.commit()
+        if kind == "distinct_keys":  # the table was seeded with ``changes`` rows before capture began
+            for lo in range(0, changes, TXN):
+                cur.execute(
+                    "UPDATE bench SET v = 1, at = now() WHERE id BETWEEN %s AND %s", (lo + 1, min(lo + TXN, changes))
+                )
+                conn.commit()
         cur.execute("SELECT pg_current_wal_lsn() - '0/0'::pg_lsn")
         end = int(cur.fetchone()[0])
     conn.close()
     return end
+
+
+def content(cluster: PgCluster, db: str) -> tuple[int, str]:
+    """The table's rows and a digest of all of them in key order: the benchmark's own reader, not mirrorline's."""
+    row = cluster.execute(
+        "SELECT count(*), md5(coalesce(string_agg(concat_ws(',', id, v, pad, extract(epoch FROM at)), ';' "
+        "ORDER BY id), '')) FROM bench",
+        db,
+    )[0]
+    return int(row[0]), str(row[1])
 
 
 def wait_confirmed(source: PgCluster, db: str, slot: str, end_lsn: int, timeout: float = 1800) -> None:
@@ -175,10 +197,16 @@ def one(
     db = f"src_{kind}"
     source.create_database(db)
     source.execute(DDL, db)
+    seeded = kind == "distinct_keys"  # the rows every replica holds already, as after a snapshot
+    if seeded:
+        source.execute(SEED % changes, db)
     source.execute("CREATE PUBLICATION pgpub FOR TABLE bench", db)
     for tdb in (f"sub_{kind}", f"ml_{kind}", f"mlw_{kind}", f"copy_{kind}", f"floor_{kind}"):
         target.create_database(tdb)
         target.execute(DDL, tdb)
+        if seeded and tdb.startswith(("sub_", "ml")):
+            target.execute(SEED % changes, tdb)
+            target.execute("VACUUM ANALYZE bench", tdb)
     sub_slot = f"sub_{kind}"
     target.execute(
         f"CREATE SUBSCRIPTION {sub_slot} CONNECTION '{source.dsn(db)}' PUBLICATION pgpub "
@@ -212,6 +240,7 @@ def one(
     wait_confirmed(source, db, sub_slot, end_lsn)
     a = time.monotonic() - t0
     target.execute(f"ALTER SUBSCRIPTION {sub_slot} DISABLE", f"sub_{kind}")
+    assert content(target, f"sub_{kind}") == content(source, db), "the subscriber differs from the source"
 
     # the same log for (b2): retention removes what (b)'s target applied
     shutil.copytree(work / f"log_{kind}", work / f"log2_{kind}")
@@ -222,14 +251,14 @@ def one(
     applier = Applier(conf, spark=get_spark())
     warm = warm_up(applier.spark)  # stands for a pipeline that has been running a while
     b, compiles, applies = catch_up(applier)
-    want = source.execute("SELECT count(*), sum(v) FROM bench", db)[0]
+    want = content(source, db)
     for tdb in (f"ml_{kind}",):
-        got = target.execute("SELECT count(*), sum(v) FROM bench", tdb)[0]
+        got = content(target, tdb)
         assert got == want, f"mirrorline target differs: {got} != {want}"
 
     say(f"{kind}: (b2) again, into another target, now that the JVM has compiled units this size")
     b2, compiles2, applies2 = catch_up(Applier(conf2, spark=get_spark()))
-    got = target.execute("SELECT count(*), sum(v) FROM bench", f"mlw_{kind}")[0]
+    got = content(target, f"mlw_{kind}")
     assert got == want, f"mirrorline target differs: {got} != {want}"
 
     say(f"{kind}: (c) COPY of the net rows into an empty table")
@@ -337,7 +366,7 @@ def repeated(
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--changes", type=int, default=1_000_000)
-    p.add_argument("--workloads", default="update_heavy,insert_only")
+    p.add_argument("--workloads", default="update_heavy,insert_only,distinct_keys")
     p.add_argument(
         "--runs", type=int, default=1, help="run it this many times, each in a new process; report the medians"
     )

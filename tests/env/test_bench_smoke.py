@@ -34,7 +34,7 @@ def test_each_benchmark_module_imports(module: str) -> None:
 
 
 TINY = {
-    "apply.py": (["--changes", "2000"], "update_heavy"),
+    "apply.py": (["--changes", "2000"], "distinct_keys"),
     "apply_targets.py": (["--rows", "1000"], "bench"),
     "bigtxn.py": (["--rows", "500"], "equal"),
     "capture.py": (["--changes", "2000"], "changes_per_s"),
