@@ -73,8 +73,13 @@ def test_which_units_qualify() -> None:
     ups = [Change(Position(10, i), 0, 1, "public.a", Op.UPDATE, (str(i),), _row("public.a", i, rnd)) for i in range(9)]
     stats = table_stats(changes_to_table(ups))
     assert qualifies(stats, (), streamed=lambda: 9, small_unit=5, driver_unit=9)
-    assert qualifies(stats, (), streamed=lambda: 5, small_unit=5, driver_unit=9)  # most changes streamed
-    assert not qualifies(stats, (), streamed=lambda: 4, small_unit=5, driver_unit=9)  # most in small transactions
+    assert qualifies(stats, (), streamed=lambda: 0, small_unit=5, driver_unit=9)  # small transactions, 9 keys
+    unknown = {t: replace(s, keys=None) for t, s in stats.items()}  # segments from before the sketch was kept
+    assert qualifies(unknown, (), streamed=lambda: 5, small_unit=5, driver_unit=9)  # most changes streamed
+    assert not qualifies(unknown, (), streamed=lambda: 4, small_unit=5, driver_unit=9)  # most in small transactions
+    again = table_stats(changes_to_table([replace(c, key=("1",)) if c.pos.seq % 2 else c for c in ups]))
+    assert not qualifies(again, (), streamed=lambda: 4, small_unit=5, driver_unit=9)  # 5 keys of 9 changes
+    assert qualifies(again, (), streamed=lambda: 5, small_unit=5, driver_unit=9)  # (read, then declined)
     assert not qualifies(stats, (), streamed=lambda: 9, small_unit=9, driver_unit=20)  # the small route's
     assert not qualifies(stats, (), streamed=lambda: 9, small_unit=5, driver_unit=8)  # too many for the driver
     assert not qualifies(stats, (), streamed=lambda: 9, small_unit=5, driver_unit=9, on_driver=False)  # stored units
@@ -190,6 +195,31 @@ def test_a_pipeline_applies_a_batch_jobs_transaction_exactly(
     reports = a.catch_up()
     a.close()
     assert [r.changes for r in reports] == [600] and calls == [True]
+    assert ab_rows(tmp_path, pg) == dict.fromkeys(("sqlite", "duckdb", "pg"), _final(before + big))
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize("repeat", [False, True])
+def test_a_catch_up_of_small_transactions_takes_the_route_when_the_sketches_say_no_key_repeats(
+    tmp_path: Path, spark: Any, pg: Any, monkeypatch: pytest.MonkeyPatch, repeat: bool
+) -> None:
+    """A batch job committing every 10 rows, every change to a key of its own: the log's key sketches say nothing
+    folds, and the unit goes to the driver without Spark's fold. The same job updating its keys again is folded by
+    the other routes, without a read by this one."""
+    before, big = _batch_job(150)
+    urls = {"s": f"sqlite:///{tmp_path / 't.db'}", "d": f"duckdb:///{tmp_path / 't.duckdb'}", "p": pg.url}
+    if not repeat:  # the rows the job changes are there already
+        _log(tmp_path / "log", before, [])
+        a = one_unit_pipeline(tmp_path, 300, spark=spark, **urls)
+        assert [r.changes for r in a.catch_up()] == [300]
+        a.close()
+    unit = big if not repeat else before + big
+    _log(tmp_path / "log", unit, [], lsn=5000)
+    calls = spy_route(monkeypatch, distinct, "compile_distinct")
+    a = one_unit_pipeline(tmp_path, 300, spark=spark, **urls)
+    reports = a.catch_up()
+    a.close()
+    assert [r.changes for r in reports] == [len(unit)] and calls == ([] if repeat else [True])
     assert ab_rows(tmp_path, pg) == dict.fromkeys(("sqlite", "duckdb", "pg"), _final(before + big))
 
 

@@ -192,3 +192,32 @@ def test_segments_from_before_marks_were_kept_leave_them_unknown(tmp_path: Path)
     assert old.stats(None, Position(10, 1))["public.t"].marks is None
     assert old.stats(Position(10, 1), Position(20, 1))["public.t"].marks == 1
     assert old.stats(Position(10, 0), Position(20, 1))["public.t"].marks == 1  # a part of a segment: read from rows
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_the_key_sketch_counts_the_keys_and_sums_over_pieces_as_over_the_whole(seed: int) -> None:
+    """The sketch is an estimate (not compared with ``==``): its registers are what must add up exactly."""
+    changes = history_changes(seed)
+    whole = table_stats(changes_to_table(changes))
+    rnd = random.Random(seed)
+    cuts = sorted(rnd.sample(range(1, len(changes)), 4))
+    pieces = [changes[a:b] for a, b in zip([0, *cuts], [*cuts, len(changes)], strict=True)]
+    merged = merge(table_stats(changes_to_table(p)) for p in pieces)
+    for t, s in whole.items():
+        assert s.keys is not None and merged[t].keys == s.keys
+        keys = len({c.key for c in changes if c.table == t})
+        assert abs((s.distinct_keys() or 0) - keys) <= max(2, 0.1 * keys), (t, s.distinct_keys(), keys)
+    again = from_meta(json.loads(json.dumps(to_meta(whole))))
+    assert all(again[t].keys == s.keys for t, s in whole.items())
+
+
+def test_a_sketch_tells_many_keys_from_few() -> None:
+    many = [Change(Position(1, i), 0, 1, "public.t", Op.UPDATE, (str(i),), {"id": str(i)}) for i in range(20_000)]
+    few = [Change(Position(1, i), 0, 1, "public.t", Op.UPDATE, (str(i % 4000),), {"id": "x"}) for i in range(20_000)]
+    two = [replace(c, key=("a", str(i))) for i, c in enumerate(many)]  # a key of two columns
+    estimates = [table_stats(changes_to_table(cs))["public.t"].distinct_keys() or 0 for cs in (many, few, two)]
+    assert 17_000 < estimates[0] < 23_000 and 3_400 < estimates[1] < 4_600 and 17_000 < estimates[2] < 23_000
+    old = {"count": 1, "first": {"U": [1, 0]}, "last": [1, 0]}  # written before the sketch was kept
+    assert from_meta({"public.t": old})["public.t"].keys is None
+    with pytest.raises(ValueError, match="registers"):
+        from_meta({"public.t": {**old, "keys": "AAAA"}})

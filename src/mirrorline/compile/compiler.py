@@ -14,8 +14,9 @@ small      holds at most ``limits.SMALL_UNIT`` changes, no TRUNCATE,   a plan pr
            no key change leaving columns unsent                        sent from the driver (``compile/small.py``)
 inserts    only inserts, at most ``limits.INSERTS_MAX_ROWS``           images read on the driver while Spark checks
                                                                        that no key repeats (``compile/inserts.py``)
-distinct   is mostly streamed transactions, at most                    no fold: the changes read on the driver, declined
-           ``limits.DRIVER_UNIT`` changes, no TRUNCATE or key change,  when a key repeats (``compile/distinct.py``)
+distinct   is mostly streamed transactions or changes about as many    no fold: the changes read on the driver, declined
+           keys as changes (the log's key sketches), at most           when a key repeats (``compile/distinct.py``)
+           ``limits.DRIVER_UNIT`` changes, no TRUNCATE or key change,
            every table keyed and replicating every kind
 updates    only inserts and updates of keyed tables replicating        Spark finds each key's last position, the driver
            every kind, at most ``limits.DRIVER_UNIT`` changes          reads its image (``compile/updates.py``)

@@ -11,10 +11,12 @@ layout. When a key repeats the route declines (None) and the next route folds th
 It takes a unit larger than the small route's, small enough for the driver (``limits.DRIVER_UNIT``), with no
 TRUNCATE, no key change, no table without a key or replicating only some kinds of change (an insert into a table
 that does not replicate deletes replaces the row: the fold says so), in which most changes are in streamed
-transactions (the log's stream segments: PostgreSQL streamed them because they are large). Units of many small
-transactions are left to the routes that fold them (a catch-up of a table updated again and again repeats its keys,
-and the read would be wasted). ``bench/bigtxn.py`` measures it: one transaction of 1,000,000 rows updated or
-deleted.
+transactions (the log's stream segments: PostgreSQL streamed them because they are large), or whose keys, by the
+log's sketch of each table's keys (:class:`~mirrorline.log.stats.KeySketch`, summed from segment footers), are
+about as many as its changes (at least :data:`DISTINCT_SHARE` of them, per table). Other units are left to the
+routes that fold them (a catch-up of a table updated again and again repeats its keys, and the read would be
+wasted). ``bench/bigtxn.py`` measures it on one transaction of 1,000,000 rows updated or deleted;
+``bench/apply.py``'s ``distinct_keys`` on 1,000,000 updates of different keys in transactions of 1,000.
 """
 
 from __future__ import annotations
@@ -29,6 +31,19 @@ from mirrorline.compile.reference import ALL_ACTIONS, Actions, actions_of
 from mirrorline.compile.small import unit_rows
 from mirrorline.log.stats import Stats
 from mirrorline.position import Position
+
+# A table's keys, by its sketch (3.3% standard error), at least this share of its changes: nothing folds, most
+# likely. A unit taken wrongly costs its read (the fold that follows is the one it would have had).
+DISTINCT_SHARE = 0.85
+
+
+def nothing_folds(stats: Stats) -> bool:
+    """Do the sketches say that every table's changes are to about as many different keys (False: unknown)?"""
+    for s in stats.values():
+        keys = s.distinct_keys()
+        if keys is None or keys < DISTINCT_SHARE * s.count:
+            return False
+    return bool(stats)
 
 
 def qualifies(
@@ -46,13 +61,10 @@ def qualifies(
     count = sum(s.count for s in stats.values())
     if not on_driver or not small_unit < count <= driver_unit:
         return False
-    return (
-        all(
-            not s.truncates and not s.key_changes and t not in bags and actions_of(actions, t) == ALL_ACTIONS
-            for t, s in stats.items()
-        )
-        and 2 * streamed() >= count
-    )
+    return all(
+        not s.truncates and not s.key_changes and t not in bags and actions_of(actions, t) == ALL_ACTIONS
+        for t, s in stats.items()
+    ) and (nothing_folds(stats) or 2 * streamed() >= count)
 
 
 def compile_distinct(

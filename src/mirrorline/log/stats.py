@@ -3,10 +3,13 @@ segment's metadata so that a unit's statistics are a sum over footers instead of
 
 Per table: how many changes, the first position of each kind of change (I, U, D, T, and K: an update that changes
 the key, counted under K and not U), the last position of any change, every TRUNCATE's position, how many updates
-change the key and how many of those mark columns unchanged, and how many changes of any kind mark columns unchanged
-(``marks``; None, unknown, in segments written before it was kept). Compile takes the table order (first kept
-change), the TRUNCATE positions, whether key changes need splitting and whether a unit of inserts and updates may
-skip the fold (no change marks columns: :mod:`mirrorline.compile.updates`) from these. Pure: Arrow in, values out.
+change the key and how many of those mark columns unchanged, how many changes of any kind mark columns unchanged
+(``marks``; None, unknown, in segments written before it was kept), and a HyperLogLog sketch of the keys changed
+(``keys``, :class:`KeySketch`: about how many different keys, within a few per cent; None in segments written before
+it was kept), which tells compile, before it reads a row, whether a unit's changes fold at all. Compile takes the
+table order (first kept change), the TRUNCATE positions, whether key changes need splitting and whether a unit of
+inserts and updates may skip the fold (no change marks columns: :mod:`mirrorline.compile.updates`) from these. Pure:
+Arrow in, values out.
 
 :func:`table_stats` takes rows in log order (as segments hold them: the first and last rows of a kind are its first
 and last positions); :func:`merge` sums the statistics of disjoint row sets, such as a stream's parts.
@@ -14,8 +17,10 @@ and last positions); :func:`merge` sums the statistics of disjoint row sets, suc
 
 from __future__ import annotations
 
+import base64
+import math
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -29,6 +34,59 @@ KINDS = ("I", "U", "D", "T", "K")
 COLUMNS = ["lsn", "seq", "table", "op", "key", "old_key", "unchanged"]  # what table_stats reads
 
 
+SKETCH_BITS = 10  # 1,024 registers: a standard error of 3.3%
+_REGISTERS = 1 << SKETCH_BITS
+
+
+@dataclass(frozen=True)
+class KeySketch:
+    """A HyperLogLog sketch (Flajolet et al., 2007) of a set of keys: one byte a register, the most leading zeros
+    (plus one) seen among the 64-bit hashes that fall in it. The sketch of a union is the registers' maximum."""
+
+    registers: bytes
+
+    @classmethod
+    def of(cls, hashes: np.ndarray, groups: np.ndarray | None = None, n_groups: int = 1) -> list[KeySketch]:
+        """The sketch of each group's ``hashes`` (uint64; ``groups``: each hash's group, 0 .. ``n_groups`` - 1)."""
+        idx = (hashes >> np.uint64(64 - SKETCH_BITS)).astype(np.int64)
+        rest = (hashes << np.uint64(SKETCH_BITS)) | np.uint64(1 << (SKETCH_BITS - 1))  # (never 0: bounds the run)
+        rho = (64 - np.floor(np.log2(rest.astype(np.float64)))).astype(np.uint8)
+        regs = np.zeros((n_groups, _REGISTERS), np.uint8)
+        np.maximum.at(regs, (groups if groups is not None else np.zeros(len(hashes), np.int64), idx), rho)
+        return [cls(r.tobytes()) for r in regs]
+
+    def union(self, other: KeySketch) -> KeySketch:
+        a, b = np.frombuffer(self.registers, np.uint8), np.frombuffer(other.registers, np.uint8)
+        return KeySketch(np.maximum(a, b).tobytes())
+
+    def estimate(self) -> float:
+        """About how many different keys (linear counting while registers are empty, as the paper corrects)."""
+        regs = np.frombuffer(self.registers, np.uint8)
+        m = float(_REGISTERS)
+        raw = 0.7213 / (1 + 1.079 / m) * m * m / float(np.sum(np.exp2(-regs.astype(np.float64))))
+        zeros = int(np.count_nonzero(regs == 0))
+        return m * math.log(m / zeros) if raw <= 2.5 * m and zeros else raw
+
+    def text(self) -> str:
+        return base64.b64encode(self.registers).decode("ascii")
+
+    @classmethod
+    def parse(cls, text: str) -> KeySketch:
+        raw = base64.b64decode(text.encode("ascii"), validate=True)
+        if len(raw) != _REGISTERS:
+            raise ValueError(f"a key sketch of {len(raw)} registers, not {_REGISTERS}")
+        return cls(raw)
+
+
+def key_hashes(keys: pa.ChunkedArray | pa.Array) -> np.ndarray:
+    """A 64-bit hash of each key (a list of the key's values as text; a NULL among them hashes as one value)."""
+    import pandas as pd
+
+    lengths = pc.min_max(pc.list_value_length(keys)).as_py()
+    ids = pc.list_element(keys, 0) if lengths["min"] == lengths["max"] == 1 else pc.binary_join(keys, "\x00")
+    return np.asarray(pd.util.hash_array(ids.to_numpy(zero_copy_only=False), categorize=False), np.uint64)
+
+
 @dataclass(frozen=True)
 class TableStats:
     count: int
@@ -38,9 +96,11 @@ class TableStats:
     key_changes: int = 0
     moves: int = 0  # key changes marking columns unchanged
     marks: int | None = None  # changes marking columns unchanged (None: unknown, a segment from before it was kept)
+    # the keys changed (None: unknown, a segment from before it was kept); an estimate, so not compared
+    keys: KeySketch | None = field(default=None, compare=False)
 
     def meta(self) -> dict[str, Any]:
-        return {
+        out = {
             "count": self.count,
             "first": {k: [p.lsn, p.seq] for k, p in sorted(self.first.items())},
             "last": [self.last.lsn, self.last.seq],
@@ -49,6 +109,13 @@ class TableStats:
             "moves": self.moves,
             "marks": self.marks,
         }
+        if self.keys is not None:
+            out["keys"] = self.keys.text()
+        return out
+
+    def distinct_keys(self) -> float | None:
+        """About how many different keys these changes touch (None: unknown)."""
+        return self.keys.estimate() if self.keys is not None else None
 
     @classmethod
     def from_meta(cls, m: Mapping[str, Any]) -> TableStats:
@@ -64,6 +131,7 @@ class TableStats:
             key_changes=int(m.get("key_changes") or 0),
             moves=int(m.get("moves") or 0),
             marks=int(m["marks"]) if m.get("marks") is not None else None,
+            keys=KeySketch.parse(m["keys"]) if m.get("keys") else None,
         )
 
     def combine(self, other: TableStats) -> TableStats:
@@ -77,6 +145,7 @@ class TableStats:
             key_changes=self.key_changes + other.key_changes,
             moves=self.moves + other.moves,
             marks=self.marks + other.marks if self.marks is not None and other.marks is not None else None,
+            keys=self.keys.union(other.keys) if self.keys is not None and other.keys is not None else None,
         )
 
     def first_kept(self, kept: frozenset[str]) -> Position | None:
@@ -139,6 +208,10 @@ def table_stats(t: pa.Table) -> Stats:
         if r["kind"] == "K":
             a["key_changes"] += r["i_count"]
             a["moves"] += r["mv_sum"]
+    names = t.column("table").dictionary_encode().combine_chunks()
+    groups = names.indices.to_numpy(zero_copy_only=False).astype(np.int64)
+    sketched = KeySketch.of(key_hashes(t.column("key")), groups, len(names.dictionary))
+    sketches = dict(zip(names.dictionary.to_pylist(), sketched, strict=True))
     truncs: dict[str, list[Position]] = {}
     if any("T" in a["first"] for a in acc.values()):
         ti = np.flatnonzero(pc.equal(op, "T").to_numpy(zero_copy_only=False))
@@ -154,6 +227,7 @@ def table_stats(t: pa.Table) -> Stats:
             key_changes=a["key_changes"],
             moves=a["moves"],
             marks=a["marks"],
+            keys=sketches[name],
         )
         for name, a in acc.items()
     }
