@@ -10,8 +10,8 @@ For each workload, on the same WAL:
   and Arrow, and one of 300,000 inserts and updates through their own route
   (:func:`mirrorline.compile.warmup.warm_up`, reported as ``mirrorline_warm_up_s``; ``mirrorline run``
   itself warms the small-unit plan at start, its live units warm the rest, and the second, ``warm_large``, runs
-  in the background once it has had no unit for 10 s); timed: compile + apply until the target's applied position
-  is the log's end.
+  in the background once it has had no unit for 10 s; with ``--changes`` below those sizes, units of that many);
+  timed: compile + apply until the target's applied position is the log's end.
 - (b2) ``mirrorline_jit_warm``: (b) again on a copy of the log into a second empty target, in the same process: a
   pipeline that has been running for a while, whose JVM has compiled units of this size before (the first large unit
   after start-up pays about a second of JIT compilation that the warm-up does not cover). A unit's plan holds nothing
@@ -23,6 +23,10 @@ For each workload, on the same WAL:
   rows COPYed by the driver into a text worktable and moved by INSERT ... SELECT into the empty table
   (``floor_worktable_s``). ``a_over_floor`` is the best a/b that compiling with Spark and applying through
   worktables could reach on this machine, in today's log layout.
+- (u) ``distinct_keys`` only: ``update_floor_s``, the same rows updated by one bare statement on a copy of the
+  seeded table (``UPDATE bench SET v = 1, at = now()``: no worktable, no join, one transaction), the least an update
+  of every row costs PostgreSQL here; ``a_over_update_floor`` bounds what a/b any set-based apply into PostgreSQL
+  could reach on this workload.
 - (g) with ``--layouts``, update-heavy only: the *bare fold* (group by key, last image and first op, net rows to the
   driver through Arrow; none of the fold's rules) of the same unit in three log layouts (a map of strings as today,
   text columns, typed columns), each with the changes in position order (shuffled by key) and split into key
@@ -65,7 +69,7 @@ from typing import Any
 import psycopg2
 
 from mirrorline.capture.session import Capture
-from mirrorline.compile.warmup import warm_up
+from mirrorline.compile.warmup import LARGE_WARM_UP_KEYS, WARM_UP_ROWS, warm_up
 from mirrorline.config import parse as parse_config
 from mirrorline.pgcluster import PgCluster
 from mirrorline.pipeline import Applier
@@ -185,6 +189,23 @@ def worktable_seconds(dsn: str, rows: io.BytesIO) -> float:
     return seconds
 
 
+def update_floor_seconds(target: PgCluster, db: str, rows: int) -> float:
+    """One bare ``UPDATE`` of every row of a seeded copy of the table (its own database, vacuumed and analysed as
+    the targets are), committed: what updating that many rows costs PostgreSQL here, with nothing to join."""
+    target.create_database(db)
+    target.execute(DDL, db)
+    target.execute(SEED % rows, db)
+    target.execute("VACUUM ANALYZE bench", db)
+    conn = psycopg2.connect(target.dsn(db))
+    t0 = time.monotonic()
+    with conn.cursor() as cur:
+        cur.execute("UPDATE bench SET v = 1, at = now()")
+    conn.commit()
+    seconds = time.monotonic() - t0
+    conn.close()
+    return round(seconds, 3)
+
+
 def one(
     kind: str,
     changes: int,
@@ -249,7 +270,8 @@ def one(
 
     say(f"{kind}: (b) mirrorline catching up from the log")
     applier = Applier(conf, spark=get_spark())
-    warm = warm_up(applier.spark)  # stands for a pipeline that has been running a while
+    # stands for a pipeline that has been running a while (at a size below the warm-up's, a warm-up that size)
+    warm = warm_up(applier.spark, min(WARM_UP_ROWS, max(8_000, changes)), min(LARGE_WARM_UP_KEYS, max(1_000, changes)))
     b, compiles, applies = catch_up(applier)
     want = content(source, db)
     for tdb in (f"ml_{kind}",):
@@ -276,12 +298,16 @@ def one(
     c = time.monotonic() - t0
     tconn.close()
     say(f"{kind}: (f) the method's floor: a Spark scan of the log + worktable COPY and INSERT ... SELECT")
+    floors: dict[str, float] = {}
     scan = scan_seconds(work / f"log3_{kind}")
     buf.seek(0)
     worktable = worktable_seconds(target.dsn(f"floor_{kind}"), buf)
+    if seeded:
+        say(f"{kind}: (u) the update's floor: one bare UPDATE of every row")
+        floors["update_floor_s"] = update_floor_seconds(target, f"updfloor_{kind}", changes)
+        floors["a_over_update_floor"] = round(a / floors["update_floor_s"], 2)
     target.execute(f"ALTER SUBSCRIPTION {sub_slot} SET (slot_name = NONE)", f"sub_{kind}")
     target.execute(f"DROP SUBSCRIPTION {sub_slot}", f"sub_{kind}")
-    floors: dict[str, float] = {}
     if layouts:
         import pyarrow as pa
 

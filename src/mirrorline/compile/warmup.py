@@ -32,6 +32,8 @@ from mirrorline import scratch
 log = logging.getLogger(__name__)
 
 WARM_UP_ROWS = 60_000
+LARGE_WARM_UP_KEYS = 150_000
+LARGE_WARM_UP_SEGMENT = 100_000  # changes a segment of its log holds
 
 
 def synthetic_unit(spark: Any, rows: int = WARM_UP_ROWS, deletes: bool = True) -> Any:
@@ -73,8 +75,9 @@ def _count(batches: Iterator[Any]) -> Iterator[Any]:
     yield pa.RecordBatch.from_pylist([{"n": n}], schema=pa.schema([("n", pa.int64())]))
 
 
-def warm_up(spark: Any, rows: int = WARM_UP_ROWS) -> float:
-    """Compile a synthetic unit and pass its net rows through Arrow once; returns the seconds it took."""
+def warm_up(spark: Any, rows: int = WARM_UP_ROWS, large_keys: int = LARGE_WARM_UP_KEYS) -> float:
+    """Compile a synthetic unit of ``rows`` changes and pass its net rows through Arrow once, then
+    :func:`warm_large` with ``large_keys``; returns the seconds it took."""
     from pyspark.sql import functions as F
 
     from mirrorline.compile.spark import compile_changes
@@ -94,7 +97,7 @@ def warm_up(spark: Any, rows: int = WARM_UP_ROWS) -> float:
                 raise RuntimeError(f"warm-up unit compiled to {net and net.num_rows} net rows, expected {expected}")
         finally:
             batch.release()
-        warm_large(spark)
+        warm_large(spark, large_keys)
         # ... and as larger ones: through Parquet, read by Python tasks and the driver
         batch = compile_changes(changes)
     finally:
@@ -107,10 +110,6 @@ def warm_up(spark: Any, rows: int = WARM_UP_ROWS) -> float:
     finally:
         batch.release()
     return time.monotonic() - t0
-
-
-LARGE_WARM_UP_KEYS = 150_000
-LARGE_WARM_UP_SEGMENT = 100_000  # changes a segment of its log holds
 
 
 def large_unit(keys: int = LARGE_WARM_UP_KEYS) -> pa.Table:
