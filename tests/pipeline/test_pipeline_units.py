@@ -210,10 +210,9 @@ def test_a_unit_whose_segments_another_process_retained_meanwhile_is_formed_agai
 
 
 def test_a_unit_another_process_still_needs_is_kept_when_one_target_passes_it(tmp_path: Path, spark: Any) -> None:
-    """``apply --target a`` beside ``run`` applying b: a unit stored for both stays until both have passed it; pruned
-    by a's position alone, it vanished while the other process read it (its Parquet files gone between reading
-    ``unit.json`` and Spark listing them: an internal error). A unit removed meanwhile anyway (the tables changed)
-    is compiled again."""
+    """``apply --target a`` beside ``run`` applying b: a unit stored for both stays until both have passed it (b by
+    the position it registered), so that the other process never finds its Parquet files gone between reading
+    ``unit.json`` and Spark listing them. A unit removed meanwhile anyway (the tables changed) is compiled again."""
     import sqlite3
 
     from mirrorline.compile.store import UnitStore

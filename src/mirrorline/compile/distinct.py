@@ -29,7 +29,7 @@ import pyarrow.compute as pc
 from mirrorline.compile.batch import NET_ARROW, NetBatch
 from mirrorline.compile.reference import ALL_ACTIONS, Actions, actions_of
 from mirrorline.compile.small import unit_rows
-from mirrorline.log.stats import Stats
+from mirrorline.log.stats import Stats, key_ids
 from mirrorline.position import Position
 
 # A table's keys, by its sketch (3.3% standard error), at least this share of its changes: nothing folds, most
@@ -108,12 +108,9 @@ def compile_distinct(
 
 
 def _ids(rows: pa.Table, tables: bool) -> pa.ChunkedArray:
-    """Each row's key as one value (``tables``: prefixed by its table): a one-column key as it is, else its columns
-    joined by NUL, which PostgreSQL's text never holds. A key holding a NULL (no key column does) is NULL, and two
-    NULLs count as one value: such a unit is folded, never taken wrongly."""
-    keys = rows["key"]
-    lengths = pc.min_max(pc.list_value_length(keys)).as_py()
-    ids = pc.list_element(keys, 0) if lengths["min"] == lengths["max"] == 1 else pc.binary_join(keys, "\x00")
+    """Each row's key as one value (:func:`~mirrorline.log.stats.key_ids`; ``tables``: prefixed by its table). Two
+    NULL keys count as one value: such a unit is folded, never taken wrongly."""
+    ids = key_ids(rows["key"])
     if tables:
         ids = pc.binary_join_element_wise(rows["table"], ids, "\x01", null_handling="replace", null_replacement="\x02")
     return ids

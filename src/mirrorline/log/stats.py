@@ -78,13 +78,19 @@ class KeySketch:
         return cls(raw)
 
 
+def key_ids(keys: pa.ChunkedArray | pa.Array) -> pa.ChunkedArray | pa.Array:
+    """Each key (a list of the key's values as text) as one value: a one-column key as it is, else its columns
+    joined by NUL, which PostgreSQL's text never holds. A key holding a NULL (no key column does) is NULL."""
+    lengths = pc.min_max(pc.list_value_length(keys)).as_py()
+    return pc.list_element(keys, 0) if lengths["min"] == lengths["max"] == 1 else pc.binary_join(keys, "\x00")
+
+
 def key_hashes(keys: pa.ChunkedArray | pa.Array) -> np.ndarray:
-    """A 64-bit hash of each key (a list of the key's values as text; a NULL among them hashes as one value)."""
+    """A 64-bit hash of each key (:func:`key_ids`; NULL keys hash alike)."""
     import pandas as pd
 
-    lengths = pc.min_max(pc.list_value_length(keys)).as_py()
-    ids = pc.list_element(keys, 0) if lengths["min"] == lengths["max"] == 1 else pc.binary_join(keys, "\x00")
-    return np.asarray(pd.util.hash_array(ids.to_numpy(zero_copy_only=False), categorize=False), np.uint64)
+    ids = key_ids(keys).to_numpy(zero_copy_only=False)
+    return np.asarray(pd.util.hash_array(ids, categorize=False), np.uint64)
 
 
 @dataclass(frozen=True)
