@@ -97,3 +97,27 @@ def test_ctrl_c_at_any_moment_says_what_was_kept_in_one_line(pg: Any, tmp_path: 
     assert r.returncode == 0, r.stderr[-3000:]
     for kind, url in urls.items():
         oracle.assert_same(pg.dsn, kind, url, "public.items")
+
+
+def test_ctrl_c_while_run_starts_says_nothing_moved_in_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Ctrl-C before ``run`` has built its pipeline (reading its configuration, importing, on a busy machine more
+    than a second after the start) is the same one line, saying that nothing moved."""
+    import argparse
+
+    from mirrorline.cli import _common, run_cmd
+
+    def interrupted(_args: argparse.Namespace) -> Any:
+        signal.raise_signal(signal.SIGINT)  # through run's own handler, as a Ctrl-C then
+        raise AssertionError("the handler did not interrupt")
+
+    monkeypatch.setattr(_common, "load_config", interrupted)
+    previous = signal.getsignal(signal.SIGINT)
+    try:
+        code = run_cmd.run(argparse.Namespace(config=str(tmp_path / "m.toml"), once=False, forget_removed=False))
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    lines = capsys.readouterr().err.splitlines()
+    assert code == 130 and len(lines) == 1, lines
+    assert lines[0].startswith("mirrorline run: interrupted; kept: captured 0 changes;") and "as they were" in lines[0]

@@ -9,8 +9,12 @@ started."""
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
 from mirrorline.cli.main import add_config_argument
+
+if TYPE_CHECKING:
+    from mirrorline.pipeline import Runner
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -30,38 +34,50 @@ def run(args: argparse.Namespace) -> int:
 
     from mirrorline.cli._common import load_config, print_unit
     from mirrorline.cli.main import mute_jvm
-    from mirrorline.pipeline import Runner
 
-    config = load_config(args)
-    runner = Runner(
-        config,
-        once=args.once,
-        on_unit=print_unit,
-        on_message=lambda m: print(m, file=sys.stderr),
-        forget_removed=args.forget_removed,
-    )
-    signal.signal(signal.SIGTERM, lambda *_: runner.stop())
+    runner: Runner | None = None
     interrupted: list[bool] = []
 
     def on_sigint(*_: object) -> None:
         """Ctrl-C stops as SIGTERM does once units are applied (the one being applied ends first); before that (the
-        first loads), and at a second Ctrl-C, at once."""
+        start and the first loads), and at a second Ctrl-C, at once."""
         first = not interrupted
         interrupted.append(True)
+        if runner is None:
+            raise KeyboardInterrupt
         runner.stop()
         if not first or not runner.applying:
             mute_jvm()
             raise KeyboardInterrupt
 
     signal.signal(signal.SIGINT, on_sigint)
-    signal.signal(signal.SIGHUP, lambda *_: runner.request_reload())  # targets added or removed: taken up live
     try:
-        result = runner.run()
+        config = load_config(args)
+        from mirrorline.pipeline import Runner
+
+        runner = live = Runner(
+            config,
+            once=args.once,
+            on_unit=print_unit,
+            on_message=lambda m: print(m, file=sys.stderr),
+            forget_removed=args.forget_removed,
+        )
+    except KeyboardInterrupt:  # still starting: nothing was captured or applied, nothing moved
+        print(
+            "mirrorline run: interrupted; kept: captured 0 changes; applied 0 units (0 changes); interrupted while "
+            "starting: the log and every target are as they were",
+            file=sys.stderr,
+        )
+        return 130
+    try:
+        signal.signal(signal.SIGTERM, lambda *_: live.stop())
+        signal.signal(signal.SIGHUP, lambda *_: live.request_reload())  # targets added or removed: taken up live
+        result = live.run()
     except KeyboardInterrupt:
         mute_jvm()
         interrupted.append(True)
-        runner.stop()
-        result = runner.result
+        live.stop()
+        result = live.result
     where = [f"{n} at {p}" for n, p in result.positions.items()]
     where += [
         f"{n} not read (a load it had not finished starts again at the next start)"
