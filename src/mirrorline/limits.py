@@ -1,5 +1,5 @@
-"""The sizes at which mirrorline changes how it works, in one place. Each is a count of changes (or net rows) in one
-unit of work; each says where it is used, and why (with the benchmark that showed it, where one did).
+"""The sizes at which mirrorline changes how it works, in one place. Each is a count of changes (or net rows, or bytes)
+in one unit of work; each says where it is used, and why (with the benchmark that showed it, where one did).
 
 - Unit sizing (``pipeline/plan.py``): a backlog below :data:`CATCH_UP_CHANGES` is applied in units of at
   most :data:`SMALL_UNIT` changes, a larger one in units of ``[apply] max_changes``.
@@ -7,6 +7,7 @@ unit of work; each says where it is used, and why (with the benchmark that showe
   driver's prepared plan (``compile/small.py``); a unit of inserts only of at most :data:`INSERTS_MAX_ROWS` rows
   by the inserts route (``compile/inserts.py``); up to :data:`DRIVER_UNIT` changes the net rows come to the driver
   through Arrow in the fold's job, beyond it through Parquet (``compile/spark.py``).
+- The inserts route's rows on the driver (``compile/batch.py``): at most :data:`FEED_BYTES` in memory.
 - Apply (``apply/engine.py``, ``apply/postgresql/target.py``): a unit of more than :data:`DRIVER_ROWS` changes is loaded
   table by table; a PostgreSQL target loads units of at least :data:`PARALLEL_ROWS` net rows into its worktables
   from Spark tasks; a worktable is filled from the driver's rows :data:`LOAD_ROWS` rows at a time.
@@ -39,6 +40,11 @@ DRIVER_ROWS = 200_000
 
 # a PostgreSQL target loads worktables of units of at least this many net rows from Spark tasks in parallel
 PARALLEL_ROWS = 1_000_000
+
+# an inserts route's rows of one unit held in the driver's memory while targets read them, in bytes (split among the
+# unit's tables); past it the oldest are written to a scratch file that slower targets read back (compile/batch.py
+# Feed): 1M rows of 2 kB inserted in one transaction would otherwise hold 2 GB (bench/bigtxn --tables wide)
+FEED_BYTES = 256 << 20
 
 # a worktable is loaded from the driver's Arrow rows a slice of this many rows at a time (SQLite's Python values,
 # PostgreSQL's CSV text): what the load holds beside the rows is one slice's, whatever the unit's size

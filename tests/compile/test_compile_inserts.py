@@ -14,6 +14,7 @@ from large_units import A, B, ab_rows, kill_while_copying, one_unit_pipeline, sp
 
 from mirrorline import stopped
 from mirrorline.compile import inserts
+from mirrorline.compile.batch import Feed
 from mirrorline.compile.inserts import compile_inserts, qualifies
 from mirrorline.compile.spark import changes_frame, collect_result, compile_changes
 from mirrorline.compile.store import UnitStore
@@ -330,8 +331,6 @@ def test_a_feed_gives_each_reader_its_chunks_as_they_come_then_the_readers_error
 
     import pyarrow as pa
 
-    from mirrorline.compile.batch import Feed
-
     schema = pa.schema([("id", pa.string())])
     feed = Feed(schema)
     got: list[int] = []
@@ -359,6 +358,84 @@ def test_a_feed_gives_each_reader_its_chunks_as_they_come_then_the_readers_error
         next(chunks)
     with pytest.raises(LogError, match="damaged"):
         failed.rows()
+
+
+def test_a_feed_holds_its_budget_in_memory_and_the_rest_in_a_file_every_reader_reads_whole() -> None:
+    """Past its budget a feed writes its oldest chunks to a scratch file: a reader that kept up and one that starts
+    at the end both read every row in order; the file is the user's alone and goes with the feed."""
+    import os
+    import stat
+    import threading
+
+    import pyarrow as pa
+
+    schema = pa.schema([("id", pa.string()), ("body", pa.string())])
+    chunk_bytes = pa.table({"id": ["0"] * 100, "body": ["x" * 1000] * 100}, schema=schema).nbytes
+    feed = Feed(schema, budget=3 * chunk_bytes)
+    early: list[str] = []
+    step = threading.Semaphore(0)
+
+    def keep_up() -> None:
+        for c in feed.chunks():
+            early.extend(c.column("id").to_pylist())
+            step.release()
+
+    reader = threading.Thread(target=keep_up)
+    reader.start()
+    held = []
+    for i in range(20):
+        feed.put(pa.table({"id": [f"{i}.{j}" for j in range(100)], "body": ["x" * 1000] * 100}, schema=schema))
+        held.append(feed.held)
+        assert step.acquire(timeout=10)  # the reader has read it (from memory, or the file if already written)
+    feed.close()
+    reader.join(10)
+    want = [f"{i}.{j}" for i in range(20) for j in range(100)]
+    assert early == want
+    assert max(held) <= 4 * chunk_bytes, held  # the budget, and the newest chunk beside it
+    spill = feed._spill
+    assert spill is not None and os.path.getsize(spill.path) > 15 * chunk_bytes
+    assert stat.S_IMODE(os.stat(spill.path).st_mode) == 0o600
+    late = feed.table()  # a reader that starts at the end reads the file, then the memory
+    assert late.column("id").to_pylist() == want and late.column("body").to_pylist() == ["x" * 1000] * 2000
+    assert feed.rows() == 2000
+    feed.discard()
+    assert not os.path.exists(spill.folder)
+    with pytest.raises(RuntimeError, match="released"):
+        list(feed.chunks())
+
+
+@pytest.mark.spark
+def test_a_pipeline_applies_an_inserts_only_unit_whose_rows_went_to_a_file(
+    tmp_path: Path, spark: Any, pg: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A feed's budget of one byte: every chunk but the newest is read back from the scratch file, by every target."""
+    from mirrorline import limits
+
+    monkeypatch.setattr(limits, "FEED_BYTES", 1)
+    changes = _inserts(4, 1000)
+    _log(tmp_path, changes)
+    spilled: list[int] = []
+    real = Feed._bound
+
+    def spy(self: Feed) -> None:
+        real(self)
+        spilled.append(self._spilled)
+
+    monkeypatch.setattr(Feed, "_bound", spy)
+    calls = spy_route(monkeypatch, inserts, "compile_inserts")
+    a = one_unit_pipeline(
+        tmp_path, s=f"sqlite:///{tmp_path / 't.db'}", d=f"duckdb:///{tmp_path / 't.duckdb'}", p=pg.url, spark=spark
+    )
+    reports = a.catch_up()
+    a.close()
+    assert [r.changes for r in reports] == [1000] and calls == [True] and max(spilled) > 1
+    want_a = sorted(
+        (int(c.new["id"]), c.new["v"], None if c.new["w"] is None else int(c.new["w"]))
+        for c in changes
+        if c.table == "public.a" and c.new
+    )
+    want_b = sorted((c.new["k1"], int(c.new["k2"]), c.new["note"]) for c in changes if c.table == "public.b" and c.new)
+    assert ab_rows(tmp_path, pg) == dict.fromkeys(("sqlite", "duckdb", "pg"), (want_a, want_b))
 
 
 @pytest.mark.spark

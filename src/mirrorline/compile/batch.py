@@ -37,6 +37,9 @@ whose bulk statement fails before it read every row asks :meth:`NetBatch.verify`
 
 from __future__ import annotations
 
+import contextlib
+import os
+import shutil
 import threading
 from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass, field
@@ -45,6 +48,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import numpy as np
 import pyarrow as pa
 
+from mirrorline import limits
+from mirrorline.errors import LogError
 from mirrorline.position import Position
 
 if TYPE_CHECKING:
@@ -78,20 +83,52 @@ class Feed:
     """Tables produced one after another by a background reader, read as they come (:meth:`chunks`, by any number
     of readers) or whole (:meth:`table`). The reader's error, if it fails, is raised to every reader once the chunks
     before it are read. A reader reaches the end only once the feed's ``gate`` passes (its batch's check: see
-    :meth:`NetBatch.verify`), so that whoever has read every row may commit them."""
+    :meth:`NetBatch.verify`), so that whoever has read every row may commit them.
 
-    def __init__(self, schema: pa.Schema) -> None:
+    What it holds in memory is bounded by ``budget`` bytes: past it, the oldest chunks are written to a scratch file
+    (Arrow IPC, the producer's thread) and read back from it by whoever reads them later. Readers that keep up read
+    every chunk from memory; one that falls behind (a slower target) reads from the file; a unit of 1M rows of 2 kB
+    holds about ``budget``, not 2 GB (``bench/bigtxn.py --tables wide --shapes insert``)."""
+
+    def __init__(self, schema: pa.Schema, budget: int | None = None) -> None:
         self.schema = schema
         self.gate: Callable[[], None] | None = None  # raises when the rows must not be used (set by the NetBatch)
-        self._chunks: list[pa.Table] = []
+        self.budget = limits.FEED_BYTES if budget is None else budget
+        self._chunks: list[pa.Table | _Spilled] = []
+        self._spilled = 0  # the chunks before this index are in the file (the oldest go first)
+        self._held = 0  # bytes of the chunks in memory
+        self._rows = 0
+        self._spill: _SpillFile | None = None
         self._cond = threading.Condition()
         self._done = False
+        self._discarded = False
         self._error: BaseException | None = None
 
     def put(self, chunk: pa.Table) -> None:
         with self._cond:
             self._chunks.append(chunk)
+            self._held += chunk.nbytes
+            self._rows += chunk.num_rows
             self._cond.notify_all()
+        self._bound()
+
+    def _bound(self) -> None:
+        """Write the oldest chunks held in memory to the file until the rest fit the budget (the newest stays:
+        readers that keep up are reading it). Called by the producer alone, so one writer."""
+        while True:
+            with self._cond:
+                i = self._spilled
+                if self._held <= self.budget or i >= len(self._chunks) - 1:
+                    return
+                chunk = self._chunks[i]
+            assert isinstance(chunk, pa.Table)
+            if self._spill is None:
+                self._spill = _SpillFile()
+            where = self._spill.write(chunk)
+            with self._cond:
+                self._chunks[i] = where
+                self._spilled = i + 1
+                self._held -= chunk.nbytes
 
     def close(self, error: BaseException | None = None) -> None:
         """No more chunks: the reader ended (with ``error``, when it failed)."""
@@ -99,20 +136,40 @@ class Feed:
             self._done, self._error = True, error
             self._cond.notify_all()
 
+    def discard(self) -> None:
+        """Drop the chunks and remove the file (the unit is applied; reading after this is an error)."""
+        with self._cond:
+            self._chunks, self._spilled, self._held = [], 0, 0
+            spill, self._spill = self._spill, None
+            self._discarded = True
+        if spill is not None:
+            spill.remove()
+
+    @property
+    def held(self) -> int:
+        """Bytes of chunks held in memory now."""
+        return self._held
+
     def chunks(self, gated: bool = True) -> Iterator[pa.Table]:
         """The chunks as they come; at the end, the gate (``gated``: the route's own check reads without it)."""
         i = 0
         while True:
             with self._cond:
+                if self._discarded:
+                    raise RuntimeError("a feed's rows were read after its unit was released")
                 while i >= len(self._chunks) and not self._done:
                     self._cond.wait()
                 if i < len(self._chunks):
                     chunk = self._chunks[i]
+                    spill = self._spill
                 elif self._error is not None:
                     raise self._error
                 else:
                     break
             i += 1
+            if isinstance(chunk, _Spilled):
+                assert spill is not None
+                chunk = spill.read(chunk)
             yield chunk
         if gated and self.gate is not None:
             self.gate()
@@ -123,7 +180,63 @@ class Feed:
 
     def rows(self) -> int:
         """How many rows were produced, once the reader has ended (its error raised; the gate not asked)."""
-        return sum(c.num_rows for c in self.chunks(gated=False))
+        with self._cond:
+            while not self._done:
+                self._cond.wait()
+            if self._error is not None:
+                raise self._error
+            return self._rows
+
+
+@dataclass(frozen=True)
+class _Spilled:
+    """Where a chunk lies in a feed's file."""
+
+    offset: int
+    length: int
+
+
+class _SpillFile:
+    """A feed's chunks past its budget: one Arrow IPC stream per chunk, appended to a file of the process's scratch
+    folder (removed with the feed, or by the next mirrorline process if this one is killed)."""
+
+    def __init__(self) -> None:
+        from mirrorline import scratch
+
+        self.folder = scratch.mkdtemp("feed-")
+        self.path = os.path.join(self.folder, "chunks.arrows")
+        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        self._end = 0
+
+    def write(self, chunk: pa.Table) -> _Spilled:
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, chunk.schema) as w:
+            w.write_table(chunk)
+        data = memoryview(sink.getvalue())
+        at, done = self._end, 0
+        while done < len(data):
+            done += os.pwrite(self._fd, data[done:], at + done)
+        self._end += len(data)
+        return _Spilled(at, len(data))
+
+    def read(self, where: _Spilled) -> pa.Table:
+        parts, done = [], 0
+        while done < where.length:
+            part = os.pread(self._fd, where.length - done, where.offset + done)
+            if not part:
+                raise LogError(
+                    f"a compiled unit's scratch file {self.path} ends before its chunk at {where.offset}",
+                    hint="something removed or truncated the scratch folder while the unit was applied: run again",
+                )
+            parts.append(part)
+            done += len(part)
+        data = parts[0] if len(parts) == 1 else b"".join(parts)
+        return pa.ipc.open_stream(pa.py_buffer(data)).read_all()
+
+    def remove(self) -> None:
+        with contextlib.suppress(OSError):
+            os.close(self._fd)
+        shutil.rmtree(self.folder, ignore_errors=True)
 
 
 class Inserts:
@@ -155,6 +268,14 @@ class Inserts:
             yield self.rows
         else:
             yield from self.feed.chunks()
+
+    @property
+    def count(self) -> int:
+        """How many rows (waits for the feed's reader to end, without holding them all)."""
+        with self._lock:
+            if self._rows is not None or self.feed is None:
+                return self.rows.num_rows if self._rows is not None else 0
+        return self.feed.rows()
 
     @property
     def columns(self) -> list[str]:
@@ -267,7 +388,7 @@ class NetBatch:
         out = {t: {"D": 0, "U": 0, "I": 0} for t in self.tables}
         if self.rows is None and self.inserts is not None:
             for t, ins in self.inserts.items():
-                out.setdefault(t, {"D": 0, "U": 0, "I": 0})["I"] = ins.rows.num_rows
+                out.setdefault(t, {"D": 0, "U": 0, "I": 0})["I"] = ins.count
             return out
         if self.rows is not None:
             pairs = self.rows.group_by(["table", "kind"]).aggregate([([], "count_all")]).to_pylist()
@@ -315,6 +436,9 @@ class NetBatch:
         with self._derived_lock:
             self._derived.clear()
         self.rows = None
+        for ins in (self.inserts or {}).values():
+            if ins.feed is not None:
+                ins.feed.discard()
         self.inserts = None
         if self.scratch is not None:
             import shutil

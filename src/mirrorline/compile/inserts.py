@@ -142,7 +142,8 @@ def streamed(
     :class:`~mirrorline.compile.batch.Feed` read as they come. The batch's check (which reading a table's rows to
     their end waits for) raises the read's error, else ``check(rows read)``'s; ``also``: background work the route
     left running, that releasing the batch waits for."""
-    feeds = {t: Feed(inserts_layout(s)) for t, s in tables.items()}
+    budget = limits.FEED_BYTES // max(len(tables), 1)  # what the unit holds in memory, whatever its tables
+    feeds = {t: Feed(inserts_layout(s), budget) for t, s in tables.items()}
     reader = background(lambda: read_into(tables, feeds, images), f"mirrorline-read-{start}")
     waits = [reader, *also]
 
