@@ -46,6 +46,10 @@ PARALLEL_ROWS = 1_000_000
 # Feed): 1M rows of 2 kB inserted in one transaction would otherwise hold 2 GB (bench/bigtxn --tables wide)
 FEED_BYTES = 256 << 20
 
+# what a DuckDB target's database may hold in memory (its memory_limit, in bytes): DuckDB's default is 80% of the
+# machine's, in run's own process (apply/duckdb/target.py; bench/bigtxn --tables wide --shapes insert)
+DUCKDB_MEMORY = 512 << 20
+
 # a worktable is loaded from the driver's Arrow rows a slice of this many rows at a time (SQLite's Python values,
 # PostgreSQL's CSV text): what the load holds beside the rows is one slice's, whatever the unit's size
 LOAD_ROWS = 65_536

@@ -114,3 +114,27 @@ def test_a_duckdb_worktable_is_the_arrow_rows_in_place_and_no_transaction_leaves
         s.query("SELECT * FROM mirrorline_w2_u")
     s.disconnect()
     conn.close()
+
+
+def test_a_duckdb_target_bounds_what_its_database_holds_in_memory(tmp_path: Any) -> None:
+    """DuckDB's default lets a database take 80% of the machine's memory inside run's own process; a target opens
+    its file with :data:`~mirrorline.limits.DUCKDB_MEMORY`, and a transaction of more rows than that still commits
+    (DuckDB writes them out as it goes)."""
+    from mirrorline import limits
+    from mirrorline.apply import open_target
+    from mirrorline.config import TargetConfig
+
+    path = str(tmp_path / "t.duckdb")
+    t = open_target(TargetConfig(name="d", url=f"duckdb:///{path}", kind="duckdb", location=path))
+    s = t.session()
+    try:
+        limit = s.query("SELECT current_setting('memory_limit')")[0][0]
+        assert limit.replace(" ", "") == f"{limits.DUCKDB_MEMORY >> 20}.0MiB", limit
+        s.begin()
+        s.execute("SET memory_limit = '64MB'")  # (this session alone, to keep the test small)
+        s.execute("CREATE TABLE big AS SELECT i AS id, repeat(md5(i::VARCHAR), 64) AS body FROM range(100000) t(i)")
+        s.commit()
+        assert s.query("SELECT count(*), sum(length(body)) FROM big") == [(100_000, 100_000 * 2048)]
+    finally:
+        s.close()
+        t.close()

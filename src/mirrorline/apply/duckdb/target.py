@@ -20,6 +20,7 @@ from typing import Any
 
 import duckdb
 
+from mirrorline import limits
 from mirrorline.apply import lock
 from mirrorline.apply.duckdb.dialect import DUCKDB
 from mirrorline.apply.duckdb.session import DuckdbSession
@@ -28,6 +29,11 @@ from mirrorline.apply.lock import TargetBusy
 from mirrorline.apply.session import Session
 from mirrorline.apply.state import AppliedState
 from mirrorline.errors import TargetError
+
+# DuckDB's default memory_limit is 80% of the machine's memory, taken inside run's own process (DuckDB alone, 250,000
+# rows of 2 kB inserted in one transaction: 792 MB resident; 475 MB at 256 MiB, as fast); bounded, it writes blocks
+# out as it goes
+DUCKDB_CONFIG: dict[str, str | bool | int | float | list[str]] = {"memory_limit": f"{limits.DUCKDB_MEMORY >> 20}MiB"}
 
 
 class DuckdbTarget(Target):
@@ -91,7 +97,7 @@ class DuckdbTarget(Target):
             deadline = time.monotonic() + self.open_wait
             while self._db is None:
                 try:
-                    self._db = duckdb.connect(self.location)
+                    self._db = duckdb.connect(self.location, config=DUCKDB_CONFIG)
                 except duckdb.Error as e:
                     if "lock" in str(e).lower() and time.monotonic() < deadline:
                         time.sleep(0.05)
