@@ -226,8 +226,12 @@ def one(
     before, t0, statement = commit(cluster, sql)
     got = waiter.wait(before, probe, want, t0, timeout)
     peaks = rss.stop()
-    time.sleep(0.5)  # the unit's line follows its registry write
-    units = [u for u in runlog.units_between(t0, time.monotonic()) if u.changes]
+    deadline = time.monotonic() + 60  # the unit's line follows every target's apply and the unit's release
+    while True:
+        time.sleep(0.5)
+        units = [u for u in runlog.units_between(t0, time.monotonic()) if u.changes]
+        if sum(u.changes for u in units) >= rows or time.monotonic() > deadline:
+            break
     last = max((got[n] for n in TARGETS if got[n] is not None), default=None)
     done = all(got[n] is not None for n in TARGETS)
     out = {
