@@ -268,14 +268,17 @@ DUPLICATE = {"postgresql": "duplicate key", "sqlite": "UNIQUE constraint failed"
 def counting_direct_inserts(t: Any, monkeypatch: Any) -> list[int]:
     """The rows each call of the session's direct insert (``insert_rows``) was given, as it is called."""
     copied: list[int] = []
-    insert_rows = type(t.session()).insert_rows
+    s = t.session()  # for its class; closed, so the target lets go of its database as after any unit
+    session_class = type(s)
+    s.close()
+    insert_rows = session_class.insert_rows
 
     def counted(self: Any, ts: Any, data: Any) -> int:
         chunks = list(data)
         copied.append(sum(c.num_rows for c in chunks))
         return insert_rows(self, ts, chunks)
 
-    monkeypatch.setattr(type(t.session()), "insert_rows", counted)
+    monkeypatch.setattr(session_class, "insert_rows", counted)
     return copied
 
 
