@@ -118,6 +118,17 @@ def test_a_key_inserted_twice_goes_to_the_general_path_and_its_error(spark: Any)
     assert (e.value.table, e.value.key, e.value.second_pos) == ("public.a", ("7",), Position(200, 0))
 
 
+def _want_ab(changes: list[Change]) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
+    """The rows of ``a`` and ``b`` the inserts ``changes`` leave, sorted, as :func:`ab_rows` reads them."""
+    want_a = sorted(
+        (int(c.new["id"]), c.new["v"], None if c.new["w"] is None else int(c.new["w"]))
+        for c in changes
+        if c.table == "public.a" and c.new
+    )
+    want_b = sorted((c.new["k1"], int(c.new["k2"]), c.new["note"]) for c in changes if c.table == "public.b" and c.new)
+    return want_a, want_b
+
+
 def _log(tmp_path: Path, changes: list[Change], per_txn: int = 100) -> None:
     write_log(tmp_path / "log", [A, B], changes, per_txn=per_txn, segment_changes=250, lsn_step=1)
 
@@ -135,13 +146,7 @@ def test_a_pipeline_applies_an_inserts_only_unit_exactly(
     reports = a.catch_up()
     a.close()
     assert [r.changes for r in reports] == [1000] and calls == [True]
-    want_a = sorted(
-        (int(c.new["id"]), c.new["v"], None if c.new["w"] is None else int(c.new["w"]))
-        for c in changes
-        if c.table == "public.a" and c.new
-    )
-    want_b = sorted((c.new["k1"], int(c.new["k2"]), c.new["note"]) for c in changes if c.table == "public.b" and c.new)
-    assert ab_rows(tmp_path, pg) == dict.fromkeys(("sqlite", "duckdb", "pg"), (want_a, want_b))
+    assert ab_rows(tmp_path, pg) == dict.fromkeys(("sqlite", "duckdb", "pg"), _want_ab(changes))
 
 
 @pytest.mark.spark
@@ -429,13 +434,7 @@ def test_a_pipeline_applies_an_inserts_only_unit_whose_rows_went_to_a_file(
     reports = a.catch_up()
     a.close()
     assert [r.changes for r in reports] == [1000] and calls == [True] and max(spilled) > 1
-    want_a = sorted(
-        (int(c.new["id"]), c.new["v"], None if c.new["w"] is None else int(c.new["w"]))
-        for c in changes
-        if c.table == "public.a" and c.new
-    )
-    want_b = sorted((c.new["k1"], int(c.new["k2"]), c.new["note"]) for c in changes if c.table == "public.b" and c.new)
-    assert ab_rows(tmp_path, pg) == dict.fromkeys(("sqlite", "duckdb", "pg"), (want_a, want_b))
+    assert ab_rows(tmp_path, pg) == dict.fromkeys(("sqlite", "duckdb", "pg"), _want_ab(changes))
 
 
 @pytest.mark.spark

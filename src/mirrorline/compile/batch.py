@@ -87,8 +87,9 @@ class Feed:
 
     What it holds in memory is bounded by ``budget`` bytes: past it, the oldest chunks are written to a scratch file
     (Arrow IPC, the producer's thread) and read back from it by whoever reads them later. Readers that keep up read
-    every chunk from memory; one that falls behind (a slower target) reads from the file; a unit of 1M rows of 2 kB
-    holds about ``budget``, not 2 GB (``bench/bigtxn.py --tables wide --shapes insert``)."""
+    every chunk from memory; one that falls behind (a slower target) reads from the file. So the rows of a unit of
+    1M rows of 2 kB held by its feed are about ``budget``, not 2 GB; what the process holds besides (each target's
+    own copy as it loads) is not bounded here (``bench/bigtxn.py --tables wide --shapes insert`` reports both)."""
 
     def __init__(self, schema: pa.Schema, budget: int | None = None) -> None:
         self.schema = schema
