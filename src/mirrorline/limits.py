@@ -50,6 +50,10 @@ FEED_BYTES = 256 << 20
 # machine's, in run's own process (apply/duckdb/target.py; bench/bigtxn --tables wide --shapes insert)
 DUCKDB_MEMORY = 512 << 20
 
+# pages a SQLite target's WAL may hold before its next unit waits for the checkpoint that runs after each commit (off
+# the commit path: apply/sqlite/checkpoint.py), so that the WAL starts again from its beginning: 256 MB of 4 kB pages
+SQLITE_WAL_PAGES = 65_536
+
 # a worktable is loaded from the driver's Arrow rows a slice of this many rows at a time (SQLite's Python values,
 # PostgreSQL's CSV text): what the load holds beside the rows is one slice's, whatever the unit's size
 LOAD_ROWS = 65_536

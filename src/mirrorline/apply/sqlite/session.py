@@ -1,6 +1,8 @@
 """SQLite target: one file, one writer at a time. Worktables are TEMP tables filled with ``executemany`` inside the
 unit's transaction (``BEGIN IMMEDIATE``, so concurrent apply threads queue for the write lock instead of failing).
 WAL journal, ``synchronous = NORMAL``: a crash may lose the last units, but never data without its position.
+Checkpoints run after each commit in a thread of their own (:mod:`mirrorline.apply.sqlite.checkpoint`), not in the
+committing connection.
 
 SQLite's casts never fail, so conversions are checked in SQL and a bad value calls ``mirrorline_bad``, which raises
 with the table, column, type and value."""
@@ -19,6 +21,7 @@ import pyarrow.compute as pc
 from mirrorline.apply.chunks import read_chunk
 from mirrorline.apply.session import Session
 from mirrorline.apply.sql import OWN_INDEX, Dialect
+from mirrorline.apply.sqlite.checkpoint import Checkpointer
 from mirrorline.apply.sqlite.dialect import SQLITE, values_list
 from mirrorline.errors import TargetError
 from mirrorline.limits import LOAD_ROWS
@@ -59,13 +62,16 @@ class SqliteSession(Session):
     dialect = SQLITE
     db_errors: tuple[type[BaseException], ...] = (sqlite3.Error,)
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, checkpointer: Checkpointer | None = None) -> None:
+        self.checkpointer = checkpointer
         try:
             self.conn = sqlite3.connect(path, timeout=120, isolation_level=None, check_same_thread=False)
         except sqlite3.Error as e:
             raise TargetError(f"cannot open SQLite database {path}: {e}", target=path) from e
         self.conn.execute("PRAGMA journal_mode = WAL")
         self.conn.execute("PRAGMA synchronous = NORMAL")
+        if checkpointer is not None:  # its checkpoints run in their own thread, not inside COMMIT
+            self.conn.execute("PRAGMA wal_autocheckpoint = 0")
         self.last_bad: str | None = None
         self.conn.create_function("mirrorline_bad", 4, self._bad, deterministic=True)
         self.conn.create_function("mirrorline_unhex", 1, self._unhex, deterministic=True)
@@ -85,10 +91,14 @@ class SqliteSession(Session):
 
     def begin(self) -> None:
         self.last_bad = None
+        if self.checkpointer is not None:
+            self.checkpointer.settle()
         self.conn.execute("BEGIN IMMEDIATE")
 
     def commit(self) -> None:
         self.conn.execute("COMMIT")
+        if self.checkpointer is not None:
+            self.checkpointer.due()
 
     def rollback(self) -> None:
         if self.conn.in_transaction:

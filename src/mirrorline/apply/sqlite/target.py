@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import threading
+from typing import Any
+
 from mirrorline.apply.engine import Target
 from mirrorline.apply.session import Session
+from mirrorline.apply.sqlite.checkpoint import Checkpointer
 from mirrorline.apply.sqlite.dialect import SQLITE
 from mirrorline.apply.sqlite.session import SqliteSession
 
@@ -13,5 +17,25 @@ class SqliteTarget(Target):
     dialect = SQLITE
     direct_inserts = True  # INSERTs of many rows of parameters, converted as by a worktable's insert-select
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._checkpoints_lock = threading.Lock()
+        self._checkpointer: Checkpointer | None = None
+
+    @property
+    def checkpointer(self) -> Checkpointer:
+        """What checkpoints this target's database after its commits (made at first use, and again after close)."""
+        with self._checkpoints_lock:
+            if self._checkpointer is None:
+                self._checkpointer = Checkpointer(self.location)
+            return self._checkpointer
+
     def connect(self) -> Session:
-        return SqliteSession(self.location)
+        return SqliteSession(self.location, self.checkpointer)
+
+    def close(self) -> None:
+        super().close()
+        with self._checkpoints_lock:
+            c, self._checkpointer = self._checkpointer, None
+        if c is not None:
+            c.stop()
