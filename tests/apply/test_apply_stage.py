@@ -138,3 +138,32 @@ def test_a_duckdb_target_bounds_what_its_database_holds_in_memory(tmp_path: Any)
     finally:
         s.close()
         t.close()
+
+
+def test_a_duckdb_target_and_a_reader_with_duckdbs_defaults_share_its_file_in_one_process(tmp_path: Any) -> None:
+    """A reader in run's process that opens the target's file with DuckDB's defaults (a test's own, an embedding
+    program's) while the target holds it, and the target opening it while such a reader holds it: both work (DuckDB
+    refuses a second open of one file with another configuration, so the memory limit is set after the open)."""
+    import duckdb
+
+    from mirrorline import limits
+    from mirrorline.apply import open_target
+    from mirrorline.config import TargetConfig
+
+    path = str(tmp_path / "t.duckdb")
+    t = open_target(TargetConfig(name="d", url=f"duckdb:///{path}", kind="duckdb", location=path))
+    try:
+        with t.transaction() as s:  # the target holds the file
+            s.execute("CREATE TABLE items (id INTEGER)")
+            s.execute("INSERT INTO items VALUES (1)")
+            with duckdb.connect(path) as reader:  # (the unit's table is not committed yet)
+                found = reader.execute("SELECT count(*) FROM duckdb_tables() WHERE table_name = 'items'").fetchone()
+                assert found == (0,)
+        with duckdb.connect(path) as reader:  # a reader holds the file: the target opens it beside it
+            with t.transaction() as s:
+                s.execute("INSERT INTO items VALUES (2)")
+                limit = s.query("SELECT current_setting('memory_limit')")[0][0]
+            assert reader.execute("SELECT count(*) FROM items").fetchone() == (2,)
+        assert limit.replace(" ", "") == f"{limits.DUCKDB_MEMORY >> 20}.0MiB", limit
+    finally:
+        t.close()

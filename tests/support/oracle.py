@@ -155,7 +155,7 @@ def read(
     import duckdb
 
     duck_schema = "main" if schema == "public" else schema
-    dconn = duckdb.connect(location)  # DuckDB's defaults: a target of this process must have let go of the file
+    dconn = duckdb.connect(location)  # DuckDB's defaults, as a target of this process opens it
     try:
         dconn.execute("SET TimeZone = 'UTC'")
         n = dconn.execute(

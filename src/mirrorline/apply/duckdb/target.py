@@ -32,8 +32,9 @@ from mirrorline.errors import TargetError
 
 # DuckDB's default memory_limit is 80% of the machine's memory, taken inside run's own process (DuckDB alone, 250,000
 # rows of 2 kB inserted in one transaction: 792 MB resident; 475 MB at 256 MiB, as fast); bounded, it writes blocks
-# out as it goes
-DUCKDB_CONFIG: dict[str, str | bool | int | float | list[str]] = {"memory_limit": f"{limits.DUCKDB_MEMORY >> 20}MiB"}
+# out as it goes. Set once the database is open, not as the open's configuration: DuckDB refuses a second open of
+# one file in one process with another configuration (a reader with DuckDB's defaults beside the target)
+SET_MEMORY = f"SET memory_limit = '{limits.DUCKDB_MEMORY >> 20}MiB'"
 
 
 class DuckdbTarget(Target):
@@ -97,7 +98,13 @@ class DuckdbTarget(Target):
             deadline = time.monotonic() + self.open_wait
             while self._db is None:
                 try:
-                    self._db = duckdb.connect(self.location, config=DUCKDB_CONFIG)
+                    db = duckdb.connect(self.location)
+                    try:
+                        db.execute(SET_MEMORY)
+                    except BaseException:
+                        db.close()
+                        raise
+                    self._db = db
                 except duckdb.Error as e:
                     if "lock" in str(e).lower() and time.monotonic() < deadline:
                         time.sleep(0.05)
