@@ -1,11 +1,12 @@
 """A SQLite target's checkpoints, off the commit path.
 
 In WAL mode a commit appends the unit's pages to the ``-wal`` file; a checkpoint copies them into the database file.
-SQLite's default runs it in the committing connection once the WAL passes 1,000 pages, so a big unit's commit waited
-for its whole copy (``bench/bigtxn.py``: 11-16 s of SQLite's apply of a big transaction). mirrorline's sessions turn
-that off (``wal_autocheckpoint = 0``) and :class:`Checkpointer` runs a ``PASSIVE`` checkpoint in a thread of its own,
-on its own connection, after each commit: readers see a unit as soon as it commits (they read the WAL), and the copy
-happens while the target waits for its next unit. A passive checkpoint never blocks a writer or a reader; it copies
+SQLite's default runs it in the committing connection once the WAL passes 1,000 pages, which makes a big unit's
+commit wait for its whole copy (11-16 s of a big transaction's apply: ``bench/bigtxn.py``'s SQLite ``commit`` phase
+with ``wal_autocheckpoint`` left on). mirrorline's sessions turn that off (``wal_autocheckpoint = 0``) and
+:class:`Checkpointer` runs a ``PASSIVE`` checkpoint in a thread of its own, on its own connection, after each
+commit: readers see a unit as soon as it commits (they read the WAL), and the copy happens while the target waits
+for its next unit. A passive checkpoint never blocks a writer or a reader; it copies
 what no reader still needs and the next one copies the rest. A crash meanwhile loses nothing: the WAL is the
 database's journal, replayed by the next connection.
 
@@ -60,8 +61,9 @@ class Checkpointer:
         return self._idle.wait(timeout)
 
     def stop(self, timeout: float = 60.0) -> None:
-        """Stop the thread once the checkpoint it runs (if any) ends (interrupted, its connection's close would not
-        copy what is left); the database's last connection to close checkpoints what is left and removes the WAL."""
+        """Stop the thread once the checkpoint it runs (if any) ends; it is not interrupted, since an interrupt left
+        pending would cut short the checkpoint its connection's close runs. The database's last connection to close
+        checkpoints what is left and removes the WAL."""
         with self._lock:
             self._stopping = True
             thread, self._thread = self._thread, None
