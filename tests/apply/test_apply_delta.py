@@ -16,6 +16,7 @@ import pytest
 from apply_support import ITEMS, ORDERS, P, batch, fetch, net, open_target
 from deltalake import DeltaTable
 
+from mirrorline.apply import Needs
 from mirrorline.apply.delta import DeltaTarget, table_position
 from mirrorline.errors import ApplyError, TargetError
 from mirrorline.model import Column, TableSchema
@@ -465,7 +466,7 @@ def test_a_column_dropped_at_the_source(spark: Any, request: Any, tmp_path: Path
     """Dropped from the Delta table (its rows written again without it, the table's position kept); with
     ``dropped_columns = "keep"`` kept, NULL in later writes."""
     t = delta(request, tmp_path)
-    t.table_policy = lambda table: (keep, True)
+    t.needs = Needs(table_policy=lambda table: (keep, True))
     t.apply(batch(spark, [items(1)], P(0), P(1)), SCHEMAS)  # the Delta table has note
     narrower = TableSchema("public.items", ITEMS.columns[:3], key=("id",), version=2)
     rows = [net("public.items", "I", [7], {"id": 7, "name": "n7", "qty": 70})]

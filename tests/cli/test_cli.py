@@ -93,7 +93,7 @@ def test_a_unit_line_splits_an_apply_of_a_second_or_more_by_phase(capsys):
     ``name seconds`` pairs passes over."""
     import re
 
-    from mirrorline.apply.engine import ApplyResult
+    from mirrorline.apply.target import ApplyResult
     from mirrorline.cli._common import print_unit
     from mirrorline.pipeline.applier import UnitReport
     from mirrorline.position import Position

@@ -1,6 +1,6 @@
 """Apply: net row changes into targets with set-based bulk statements, exactly once (DESIGN §6).
 
-Every target has the same small interface (:class:`~mirrorline.apply.engine.Target`)::
+Every target has the same small interface (:class:`~mirrorline.apply.target.Target`)::
 
     target = open_target(config.targets["cache"], threads=config.apply.threads)
     target.ensure_schema(schemas)                  # optional: apply() does it for the unit's tables
@@ -14,12 +14,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from mirrorline.apply.engine import ApplyResult, Target, deal
 from mirrorline.apply.state import AppliedState
+from mirrorline.apply.target import ApplyResult, Needs, Target, deal
 from mirrorline.config import TargetConfig
 from mirrorline.errors import ConfigError
 
-__all__ = ["AppliedState", "ApplyResult", "Target", "deal", "open_target", "target_class"]
+__all__ = ["AppliedState", "ApplyResult", "Needs", "Target", "deal", "open_target", "target_class"]
 
 
 def target_class(kind: str) -> type[Target]:
@@ -36,9 +36,10 @@ def target_class(kind: str) -> type[Target]:
     return cls
 
 
-def open_target(cfg: TargetConfig, *, threads: int = 1, **options: Any) -> Target:
-    """A target from its configuration. ``options``: ``driver_rows`` (units larger than this load table by table),
-    ``parallel_rows`` (PostgreSQL: units with at least this many net rows load worktables from Spark tasks)."""
+def open_target(cfg: TargetConfig, *, threads: int = 1, needs: Needs | None = None, **options: Any) -> Target:
+    """A target from its configuration; ``needs``: what following schema changes needs (the pipeline's).
+    ``options``: ``driver_rows`` (units larger than this load table by table), ``parallel_rows`` (PostgreSQL: units
+    with at least this many net rows load worktables from Spark tasks)."""
     cls = target_class(cfg.kind)
     return cls(
         cfg.name,
@@ -47,5 +48,6 @@ def open_target(cfg: TargetConfig, *, threads: int = 1, **options: Any) -> Targe
         on_error=cfg.on_error,
         threads=threads,
         state_prefix=cfg.state_prefix,
+        needs=needs,
         **options,
     )

@@ -76,7 +76,7 @@ class ChunkSink(ABC):
 
 
 class ChunkLoader(ABC):
-    """A target kind's load of a snapshot's chunks from Spark tasks (:meth:`~mirrorline.apply.engine.Target.
+    """A target kind's load of a snapshot's chunks from Spark tasks (:meth:`~mirrorline.apply.target.Target.
     chunk_loader`): each task opens :attr:`sink` with its chunk's spec and commits its rows itself, so the load scales
     out with the tasks. The driver prepares the records, and forgets them in the transaction that marks the load
     done."""

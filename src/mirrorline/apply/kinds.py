@@ -1,6 +1,6 @@
 """The target kinds, as data: the one place that lists them. Each kind names its target class (imported only when a
 target of the kind is opened), the URL schemes that select it, and what it can do; the rest of mirrorline asks these
-rather than the kind's name. Adding a kind: its module under ``apply/`` (a :class:`~mirrorline.apply.engine.Target`)
+rather than the kind's name. Adding a kind: its module under ``apply/`` (a :class:`~mirrorline.apply.target.Target`)
 and a row here; the kind-parametrized tests (tests/support/apply_support.py ``KINDS``) then cover it.
 
 Nothing here imports the kinds' modules (nor :mod:`mirrorline.config`, which reads this to parse target URLs).

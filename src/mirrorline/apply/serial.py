@@ -23,8 +23,8 @@ from mirrorline.errors import ApplyError, TransientTargetError
 from mirrorline.model import Change, Op, TableSchema
 
 if TYPE_CHECKING:
-    from mirrorline.apply.engine import Target
-    from mirrorline.apply.engine import UnitWork as Unit
+    from mirrorline.apply.engine import SqlTarget as Target
+    from mirrorline.apply.target import UnitWork as Unit
 
 _images = itertools.count(1)
 

@@ -78,7 +78,7 @@ class Session(ABC):
     def insert_rows(self, ts: TableSchema, data: Iterable[pa.Table]) -> int:
         """Bulk-load text rows (``ts``'s columns, in its order), in chunks loaded as they come, straight into its
         table (engines whose bulk path converts text to the column's type as the worktables' conversions would:
-        :attr:`Target.direct_inserts`). Returns the number of rows loaded."""
+        :attr:`SqlTarget.direct_inserts`). Returns the number of rows loaded."""
         raise NotImplementedError(f"{type(self).__name__} has no direct bulk insert")
 
     def bulk_begin(self) -> None:

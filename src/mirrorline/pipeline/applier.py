@@ -82,7 +82,8 @@ class Applier:
         given: Mapping[str, Target] | None = None,
     ) -> None:
         """``later``: targets this process loads and then adds (:meth:`admit`) while the others apply. ``given``:
-        targets the caller opened (and closes), applied to instead of opening them."""
+        targets the caller opened (and closes; given :func:`~mirrorline.pipeline.targets.schema_needs`), applied to
+        instead of opening them."""
         from mirrorline.log.reader import ChangeLog
 
         if not config.targets:
@@ -127,13 +128,10 @@ class Applier:
         self.actions = config.actions
         self.targets: dict[str, Target] = {}
         self._given = set(given or ())
-        for n, t in (given or {}).items():
-            self.targets[n] = self.wire(t)
+        self.targets.update(given or {})
         if open_targets and not given:
-            from mirrorline.apply import open_target
-
             for n in names:
-                self.targets[n] = self.wire(open_target(config.targets[n], threads=config.apply.threads))
+                self.targets[n] = self._open(n)
         self._pending_since: dict[Position, float] = {}  # an open unit's start -> when it closes (monotonic)
         from mirrorline.compile.store import UnitStore
 
@@ -244,11 +242,9 @@ class Applier:
             out.set()
         with self._admit_lock:
             names, self._admitted = self._admitted, []
-        from mirrorline.apply import open_target
-
         for n in names:
             if n not in self.targets:
-                self.targets[n] = self.wire(open_target(self.config.targets[n], threads=self.config.apply.threads))
+                self.targets[n] = self._open(n)
                 self.names.append(n)
                 self._joining.add(n)
                 log.info("target %s loaded: it catches up with the others", n)
@@ -385,7 +381,7 @@ class Applier:
     def _held_unit(self, states: dict[str, AppliedState], limit: Position) -> UnitReport | None:
         """One unit of a held table that is due, from its own position towards the target's other tables; the
         table's hold ends once it reaches them. None: no held table is due (or none had anything to apply)."""
-        from mirrorline.apply.engine import TargetMoved
+        from mirrorline.apply.target import TargetMoved
 
         for n, t in self._held_due(states):
             st = states[n]
@@ -605,7 +601,7 @@ class Applier:
         changes = functools.partial(self._changes, batch.start, batch.end)
 
         def apply_one(n: str) -> None:
-            from mirrorline.apply.engine import TargetMoved
+            from mirrorline.apply.target import TargetMoved
 
             t0 = time.monotonic()
             held: set[str] = set()
@@ -748,17 +744,14 @@ class Applier:
             (c for c in self.log.read(start, end) if not configured or c.table in configured), self.actions or None
         )
 
-    def wire(self, target: Target) -> Target:
-        """A target given what following schema changes needs: the logged schemas, each table's policy."""
+    def _open(self, name: str) -> Target:
+        """Target ``name`` opened, given what following schema changes needs."""
+        from mirrorline.apply import open_target
+        from mirrorline.pipeline.targets import schema_needs
 
-        def policy(table: str) -> tuple[bool, bool]:
-            t = self.config.table(table)
-            return t.dropped_columns == "keep", t.on_schema_change == "follow"
-
-        target.schema_version = self.log.schemas.get
-        target.schema_at = self.log.shape_at
-        target.table_policy = policy
-        return target
+        return open_target(
+            self.config.targets[name], threads=self.config.apply.threads, needs=schema_needs(self.config, self.log)
+        )
 
     def _schemas(
         self, tables: list[str], end: Position, start: Position | None = None, missing_ok: bool = False

@@ -6,6 +6,7 @@
 - :func:`failing_table`: whether an error stops one table at a target, or the whole target.
 - :class:`Upkeep`: each target's storage upkeep every ``compact_every`` (Delta: compaction and cleanup), in a thread
   of its own beside apply.
+- :func:`schema_needs`: what a target opened by the pipeline (or ``verify``) is given to follow schema changes.
 """
 
 from __future__ import annotations
@@ -20,15 +21,27 @@ from typing import TYPE_CHECKING, Generic, TypeVar
 from mirrorline.errors import MirrorlineError
 
 if TYPE_CHECKING:
-    from mirrorline.apply import Target
+    from mirrorline.apply import Needs, Target
     from mirrorline.compile.batch import NetBatch
     from mirrorline.config import Config, TargetConfig
+    from mirrorline.log.reader import ChangeLog
 
 log = logging.getLogger(__name__)
 
 K = TypeVar("K", bound=Hashable)
 
 RETRY_FIRST, RETRY_MOST = 2.0, 60.0  # seconds before a stopped target (or table, or load) is tried again, doubling
+
+
+def schema_needs(config: Config, changelog: ChangeLog) -> Needs:
+    """What following schema changes needs, for the targets of ``config``: the log's schemas, each table's policy."""
+    from mirrorline.apply import Needs
+
+    def policy(table: str) -> tuple[bool, bool]:
+        t = config.table(table)
+        return t.dropped_columns == "keep", t.on_schema_change == "follow"
+
+    return Needs(changelog.schemas.get, changelog.shape_at, policy)
 
 
 def next_delay(before: float | None, first: float = RETRY_FIRST, most: float = RETRY_MOST) -> float:
@@ -68,7 +81,7 @@ def failing_table(target: TargetConfig, error: Exception, batch: NetBatch) -> st
     """The table ``error`` is about, when it stops that table alone at the target (a value, a row or a schema change
     the target refuses for that table); None when the whole target stops (its connection, its lock, an error not
     about one of the unit's tables, or ``all_or_nothing``)."""
-    from mirrorline.apply.engine import TargetMoved
+    from mirrorline.apply.target import TargetMoved
     from mirrorline.errors import TransientTargetError
 
     if target.all_or_nothing or not isinstance(error, MirrorlineError):

@@ -12,8 +12,8 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from mirrorline.apply.engine import Target
 from mirrorline.apply.session import Session
+from mirrorline.apply.target import Target
 from mirrorline.model import TableSchema
 from mirrorline.position import Position
 from mirrorline.snapshot import state as snapstate

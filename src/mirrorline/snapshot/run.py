@@ -28,7 +28,7 @@ from typing import Any
 
 from mirrorline.apply import open_target
 from mirrorline.apply.chunks import ChunkLoader
-from mirrorline.apply.engine import Target
+from mirrorline.apply.target import Target
 from mirrorline.config import Config, TargetConfig, redact_dsn
 from mirrorline.errors import ConfigError, LogError, SnapshotError
 from mirrorline.log.reader import ChangeLog

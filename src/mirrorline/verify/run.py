@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mirrorline.apply import open_target
-from mirrorline.apply.engine import Target
+from mirrorline.apply.target import Target
 from mirrorline.config import Config
 from mirrorline.errors import MirrorlineError
 from mirrorline.log.layout import Layout
@@ -354,7 +354,7 @@ def target_checksums(
     target: Target, schemas: Sequence[TableSchema], buckets: dict[str, Buckets] | None = None
 ) -> tuple[Position, dict[str, tuple[int, int] | None], dict[str, str]]:
     """(applied position, per table (rows, sum) or None when missing, notes), read as of one moment
-    (:meth:`~mirrorline.apply.engine.Target.consistent_read`); ``buckets``: filled with each table's sums per key
+    (:meth:`~mirrorline.apply.target.Target.consistent_read`); ``buckets``: filled with each table's sums per key
     bucket (``verify --diff``)."""
     out: dict[str, tuple[int, int] | None] = {}
     notes: dict[str, str] = {}
@@ -447,12 +447,15 @@ def verify(
     """Compare the configured tables of each target (or of ``targets``) with the source at one position. ``diff``:
     for a table that differs, find its differing rows (up to that many reported) by key-bucket checksums; the
     source's snapshot is then held until they are read."""
+    from mirrorline.log.reader import ChangeLog
     from mirrorline.pipeline import catch_up_target as catch_up
+    from mirrorline.pipeline.targets import schema_needs
     from mirrorline.snapshot import ATTEMPTS, Rewritten, retrying, tables_at, target_config
 
     names = list(targets) if targets is not None else sorted(config.targets)
     for n in names:
         target_config(config, n)
+    needs = schema_needs(config, ChangeLog(config.log.path))  # (its catch-up follows schema changes)
     t0 = time.monotonic()
     last_moved = ""
     for _ in range(max(attempts, 1)):
@@ -463,7 +466,7 @@ def verify(
             unreadable: dict[str, str] = {}  # a target that cannot be opened or locked: not compared, said so
             for name in sorted(names):
                 try:
-                    target = open_target(config.targets[name], threads=config.apply.threads)
+                    target = open_target(config.targets[name], threads=config.apply.threads, needs=needs)
                     held.callback(target.close)
                     held.enter_context(target.exclusive(wait_seconds))
                     _wait_readable(target, wait_seconds)

@@ -15,10 +15,10 @@ import pyarrow as pa
 from mirrorline.apply import types as type_map
 from mirrorline.apply.chunks import read_chunk
 from mirrorline.apply.delta.dialect import DELTA, STATE_FILE, _open, duck_connection, table_position
-from mirrorline.apply.engine import TargetRead
 from mirrorline.apply.session import Session
 from mirrorline.apply.sqlite import SqliteSession
 from mirrorline.apply.state import read as read_state
+from mirrorline.apply.target import TargetRead
 from mirrorline.errors import ApplyError, TargetError
 from mirrorline.model import TableSchema, quote_ident
 from mirrorline.position import Position

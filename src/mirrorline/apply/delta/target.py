@@ -34,7 +34,6 @@ from mirrorline.apply.delta.dialect import (
 )
 from mirrorline.apply.delta.plan import _BagPlan, _Plan
 from mirrorline.apply.delta.session import DeltaSession, _DeltaRead, _Failure
-from mirrorline.apply.engine import Target, TargetRead, UnitWork, deal
 from mirrorline.apply.lock import FileLock
 from mirrorline.apply.reshape import Step, as_rebuild, plan, stop
 from mirrorline.apply.session import Session
@@ -43,6 +42,7 @@ from mirrorline.apply.state import AppliedState, write_shape
 from mirrorline.apply.state import ensure as ensure_state
 from mirrorline.apply.state import now as now_stamp
 from mirrorline.apply.state import parse as parse_state
+from mirrorline.apply.target import Target, TargetRead, UnitWork, deal
 from mirrorline.errors import ApplyError, TargetError, TransientTargetError, first_line
 from mirrorline.model import TableSchema, quote_ident
 from mirrorline.position import ZERO, Position
@@ -123,16 +123,12 @@ class DeltaTarget(Target):
         done: list[str] = []
         for ts in schemas:
             recorded = state.shapes.get(ts.table)
-            shape = state.shape_docs.get(ts.table)
-            if shape is None and recorded and self.schema_version is not None:
-                shape = self.schema_version(ts.table, recorded)
-            if shape is None and self.schema_at is not None:
-                shape = self.schema_at(ts.table, state.table(ts.table))
+            shape = self._followed(ts.table, recorded, state)
             dt = self.delta_table(ts.table)
             if dt is None or shape is None:
                 done += self.ensure_schema([ts], record=False)
             else:
-                keep, follow = self.table_policy(ts.table)
+                keep, follow = self.needs.table_policy(ts.table)
                 have = [f.name for f in dt.schema().fields]
                 steps = plan(shape, ts, have, target=self.name, keep_dropped=keep, follow=follow, rebuild=True)
                 if any(st.kind != "add" or st.column.missing_value is not None for st in steps):

@@ -24,10 +24,11 @@ from mirrorline import limits
 from mirrorline.apply import lock
 from mirrorline.apply.duckdb.dialect import DUCKDB
 from mirrorline.apply.duckdb.session import DuckdbSession
-from mirrorline.apply.engine import ApplyResult, Target
+from mirrorline.apply.engine import SqlTarget
 from mirrorline.apply.lock import TargetBusy
 from mirrorline.apply.session import Session
 from mirrorline.apply.state import AppliedState
+from mirrorline.apply.target import ApplyResult
 from mirrorline.errors import TargetError
 
 # DuckDB's default memory_limit is 80% of the machine's memory, taken inside run's own process (DuckDB alone, 250,000
@@ -37,7 +38,7 @@ from mirrorline.errors import TargetError
 SET_MEMORY = f"SET memory_limit = '{limits.DUCKDB_MEMORY >> 20}MiB'"
 
 
-class DuckdbTarget(Target):
+class DuckdbTarget(SqlTarget):
     kind = "duckdb"
     dialect = DUCKDB
     direct_inserts = True  # each chunk as it comes, by the conversions of the worktables' insert-select

@@ -25,7 +25,7 @@ import pyarrow.compute as pc
 from mirrorline import limits
 from mirrorline.apply import rows as work_rows
 from mirrorline.apply.chunks import ChunkLoader
-from mirrorline.apply.engine import Target, TargetRead, check_unknown_types
+from mirrorline.apply.engine import SqlTarget, check_unknown_types
 from mirrorline.apply.postgresql.dialect import POSTGRESQL
 from mirrorline.apply.postgresql.load import PgChunkLoader
 from mirrorline.apply.postgresql.session import PgSession, connect, copy_in
@@ -33,6 +33,7 @@ from mirrorline.apply.session import Session
 from mirrorline.apply.sql import STATE_TABLE
 from mirrorline.apply.stage import Stager, generic_flatten, pick
 from mirrorline.apply.state import parse as parse_state
+from mirrorline.apply.target import TargetRead
 from mirrorline.errors import TargetError
 from mirrorline.model import TableSchema, quote_ident
 
@@ -42,7 +43,7 @@ if TYPE_CHECKING:
 WORK_PREFIX = "mirrorline_w_"
 
 
-class PostgresTarget(Target):
+class PostgresTarget(SqlTarget):
     kind = "postgresql"
     direct_inserts = True  # COPY parses text with the column's input function, exactly as CAST(text AS type)
     dialect = POSTGRESQL

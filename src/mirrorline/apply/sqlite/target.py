@@ -5,14 +5,14 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from mirrorline.apply.engine import Target
+from mirrorline.apply.engine import SqlTarget
 from mirrorline.apply.session import Session
 from mirrorline.apply.sqlite.checkpoint import Checkpointer
 from mirrorline.apply.sqlite.dialect import SQLITE
 from mirrorline.apply.sqlite.session import SqliteSession
 
 
-class SqliteTarget(Target):
+class SqliteTarget(SqlTarget):
     kind = "sqlite"
     dialect = SQLITE
     direct_inserts = True  # INSERTs of many rows of parameters, converted as by a worktable's insert-select
