@@ -65,7 +65,29 @@ def test_ranges_are_exclusive_inclusive(log, after, upto):
     expect = [p for p in all_positions() if (after is None or p > after) and (upto is None or p <= upto)]
     assert positions(log.read(after, upto)) == expect
     assert log.count(after, upto) == len(expect)
-    assert sum(b.num_rows for b in log.read_arrow(after, upto, batch_rows=2)) == len(expect)
+    got = [
+        Position(lsn, seq)
+        for b in log.read_arrow(after, upto, batch_rows=2)
+        for lsn, seq in zip(b.column("lsn").to_pylist(), b.column("seq").to_pylist(), strict=True)
+    ]
+    assert got == expect
+
+
+def test_a_range_ending_inside_a_segment_reads_no_batch_after_its_end(log, monkeypatch):
+    """The batch that reaches past ``upto`` is the last one read of its segment (rows are in log order)."""
+    from mirrorline.log import reader, segments
+
+    pulled: list[int] = []
+
+    def counting(info, batch_rows=8192):
+        for b in segments.iter_batches(info, batch_rows):
+            pulled.append(b.num_rows)
+            yield b
+
+    monkeypatch.setattr(reader, "iter_batches", counting)
+    whole = sum(s.count for s in log.select(ZERO, Position(1000, 2)))
+    rows = sum(b.num_rows for b in log.read_arrow(ZERO, Position(100, 1), batch_rows=1))
+    assert rows == 2 and sum(pulled) == 3 < whole
 
 
 def test_readers_each_at_their_own_position(log):

@@ -9,7 +9,9 @@ same expressions) runs with three differences:
 - **The plan is built and optimised once** per shape of unit (with or without key-changing updates; the tables'
   ``actions`` are fixed per pipeline) and run again for every unit. Its input is a one-row range mapped by a Python
   task that reads the unit's rows from an Arrow file named by a Spark *local property* set just before the job, so
-  the plan itself never changes. AQE is off for it: an adaptive plan keeps its materialised stages between runs.
+  the plan itself never changes. AQE is off for it (an adaptive plan keeps its materialised stages between runs),
+  in a Spark session of its own (``newSession``: the same context, its own SQL configuration), so that no unit
+  sets and restores the configuration the large units' plans run with.
 - **No shuffle**: the rows arrive in one partition, which already satisfies the grouping, so the job is one stage.
 - **The net rows come back through Arrow** (:attr:`NetBatch.rows`): apply reads them from the driver's memory.
 
@@ -42,6 +44,8 @@ if TYPE_CHECKING:
 
 SMALL_UNIT = limits.SMALL_UNIT
 UNIT_PROPERTY = "mirrorline.unit"  # the local property naming the Arrow file of the unit being compiled
+# the small plans' session: no adaptive execution (it would keep stages between runs), the sort-based aggregate
+_CONFS = {"spark.sql.adaptive.enabled": "false", "spark.sql.execution.useObjectHashAggregateExec": "false"}
 
 
 def _read_unit(_batches: Iterator[Any]) -> Iterator[Any]:
@@ -85,11 +89,21 @@ class SmallUnits:
     shape."""
 
     def __init__(self, spark: Any, actions: Actions | None = None, bags: Bags | None = None) -> None:
-        self.spark = spark
+        self._spark = spark
+        self._session: Any = None  # made with the first plan
         self.actions = actions
         self.bags = bags
         self._plans: dict[bool, DataFrame] = {}
-        self._lock = threading.Lock()  # one unit at a time: the local property and the plan's confs are shared
+        self._lock = threading.Lock()  # one unit at a time: the local property is the context's
+
+    @property
+    def spark(self) -> Any:
+        """The small plans' Spark session: the pipeline's context, a SQL configuration of its own."""
+        if self._session is None:
+            self._session = self._spark.newSession()
+            for k, v in _CONFS.items():
+                self._session.conf.set(k, v)
+        return self._session
 
     def _plan(self, key_changes: bool) -> DataFrame:
         from mirrorline.compile.spark import _plan, _TableMeta
@@ -128,19 +142,13 @@ class SmallUnits:
         work = scratch.mkdtemp("unit-")
         path = os.path.join(work, "rows.arrow")
         sc = self.spark.sparkContext
-        confs = {"spark.sql.adaptive.enabled": "false", "spark.sql.execution.useObjectHashAggregateExec": "false"}
-        before = {k: self.spark.conf.get(k) for k in confs}
         try:
             with pa.OSFile(path, "wb") as f, pa.ipc.new_file(f, ARROW_SCHEMA) as w:
                 w.write_table(rows.cast(ARROW_SCHEMA))
-            for k, v in confs.items():
-                self.spark.conf.set(k, v)
             sc.setLocalProperty(UNIT_PROPERTY, path)
             out = plan.toArrow()
         finally:
             sc.setLocalProperty(UNIT_PROPERTY, None)
-            for k, v in before.items():
-                self.spark.conf.set(k, v)
             shutil.rmtree(work, ignore_errors=True)
         assert isinstance(out, pa.Table)
         return out

@@ -56,6 +56,11 @@ def read_retained(layout: Layout) -> Retained | None:
     )
 
 
+def _last(t: pa.Table) -> Position:
+    """The position of a table's last row."""
+    return Position(int(t.column("lsn")[-1].as_py()), int(t.column("seq")[-1].as_py()))
+
+
 def range_mask(t: pa.Table, after: Position | None, upto: Position | None) -> pa.Array | None:
     """Rows with ``after < (lsn, seq) <= upto``; None when every row qualifies."""
     lsn, seq = t.column("lsn"), t.column("seq")
@@ -336,12 +341,17 @@ class ChangeLog:
         for s in self.select(after, upto):
             inner = (after is None or s.first > after) and (upto is None or s.last <= upto)
             for b in iter_batches(s, batch_rows):
+                past = False
                 if not inner:
+                    # a segment's rows are in log order: the batch that reaches past ``upto`` is its last one read
+                    past = upto is not None and b.num_rows > 0 and _last(b) > upto
                     m = range_mask(b, after, upto)
                     if m is not None:
                         b = b.filter(m)
                 if b.num_rows:
                     yield b
+                if past:
+                    break
 
     def read_at(self, positions: pa.Table, columns: list[str]) -> pa.Table:
         """The rows at ``positions`` (a table of ``lsn`` and ``seq``), their ``columns`` beside ``lsn`` and
