@@ -298,8 +298,8 @@ def _target(config: Config, name: str, st: Status, cl: Any) -> TargetStatus:
     ts = TargetStatus(name, tcfg.kind, snapstate.NEW, None)
     busy = False
     try:
-        target = open_target(tcfg)
-        target.open_wait = 0.0  # (a database another process holds: reported from the log, not waited for)
+        # (a database another process holds: reported from the log, not waited for)
+        target = open_target(tcfg, open_wait=0.0)
         try:
             s = target.session()
             try:

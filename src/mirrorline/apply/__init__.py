@@ -39,7 +39,8 @@ def target_class(kind: str) -> type[Target]:
 def open_target(cfg: TargetConfig, *, threads: int = 1, needs: Needs | None = None, **options: Any) -> Target:
     """A target from its configuration; ``needs``: what following schema changes needs (the pipeline's).
     ``options``: ``driver_rows`` (units larger than this load table by table), ``parallel_rows`` (PostgreSQL: units
-    with at least this many net rows load worktables from Spark tasks)."""
+    with at least this many net rows load worktables from Spark tasks), ``open_wait`` (seconds a connection waits
+    while another process holds the database; 0: not at all)."""
     cls = target_class(cfg.kind)
     return cls(
         cfg.name,

@@ -155,6 +155,7 @@ class Target(ABC):
         driver_rows: int = limits.DRIVER_ROWS,
         state_prefix: str | None = None,
         needs: Needs | None = None,
+        open_wait: float | None = None,
     ) -> None:
         if state_prefix is not None:  # this target's own tables: named with its prefix (its sessions use it too)
             self.dialect = type(self).dialect.with_prefix(state_prefix)
@@ -169,6 +170,8 @@ class Target(ABC):
         self._idle: list[Session] = []  # connections kept open between units (the page cache, no new backend)
         self._idle_lock = threading.Lock()
         self.needs = needs or Needs()
+        if open_wait is not None:  # (None: the kind's)
+            self.open_wait = open_wait
 
     # -- one applier at a time (mirrorline.apply.lock) ------------------------------------------------------------
     def exclusive(self, wait: float) -> contextlib.AbstractContextManager[None]:
