@@ -18,6 +18,7 @@ from mirrorline.capture import identity
 from mirrorline.capture.identity import SourceIdentity, judge
 from mirrorline.capture.session import Capture
 from mirrorline.errors import MirrorlineError, SourceError
+from mirrorline.log import source
 from mirrorline.pipeline import Applier
 from mirrorline.position import Position
 from mirrorline.snapshot.run import snapshot_target
@@ -62,7 +63,7 @@ def test_a_slot_dropped_while_nothing_captured(pg: Any, pg_cluster: Any, spark: 
     pg.execute("INSERT INTO public.t SELECT i, 'a' || i FROM generate_series(1, 100) i")
     capture_and_apply(conf, spark)
     oracle.assert_same(pg.dsn, "sqlite", url, "public.t")
-    recorded = json.loads((tmp_path / "log" / identity.FILE).read_text())
+    recorded = json.loads((tmp_path / "log" / source.FILE).read_text())
     assert recorded["slot"] == conf.source.slot and recorded["database"] == pg.name
 
     # 100 changes nothing captured, the slot dropped, 100 more
@@ -92,7 +93,7 @@ def test_a_log_fed_by_another_system_is_refused(pg: Any, tmp_path: Path) -> None
     (tmp_path / "m.toml").write_text("\n".join(lines) + "\n")
     conf = cfg.load(tmp_path / "m.toml")
     Capture(conf, once=True).run()
-    path = tmp_path / "log" / identity.FILE
+    path = tmp_path / "log" / source.FILE
     doc = json.loads(path.read_text())
     path.write_text(json.dumps({**doc, "system_identifier": "1"}))
     with pytest.raises(SourceError, match="another PostgreSQL system"):

@@ -1,7 +1,7 @@
 """The worked examples of seed 002 (002_3903d6a2179b2f70.txt), verbatim: deltaflood and daystream lines, test vectors
 of test_log_daystream.py and test_log_interchange.py."""
 
-# test_the_seed_examples_are_verbatim (test_log_daystream.py) checks them against the seed when it is there.
+# copied from the seed document (not part of the repository, so no test reads it): every example line of it is here.
 DELTAFLOOD = [
     "_table\tzzz\t_xid\t88628916\t_action\tdelete\ta\tfox61\t\t",
     "_table\tzzz\t_xid\t88628916\t_action\treplace\ta\tfox49\t\t",

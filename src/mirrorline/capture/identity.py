@@ -1,5 +1,6 @@
 """The log knows its source (DESIGN §3): the source's system identifier, timeline and database, and the slot the log
-is fed from, recorded in ``<log>/source.json`` when capture first connects. Every start compares them:
+is fed from, recorded in the log (:mod:`mirrorline.log.source`) when capture first connects. Every start compares
+them:
 
 - another system (another cluster, or a restored copy under a new identifier): capture stops;
 - the source's WAL behind what the log holds (restored from a backup, or another server): capture stops;
@@ -14,24 +15,16 @@ is fed from, recorded in ``<log>/source.json`` when capture first connects. Ever
 from __future__ import annotations
 
 import logging
-import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 from mirrorline.errors import SourceError
+from mirrorline.log.source import SourceIdentity, read, write
 from mirrorline.position import Position, format_lsn
 
+__all__ = ["SourceIdentity", "Verdict", "judge", "mark_lost", "query", "read", "write"]
+
 log = logging.getLogger("mirrorline.capture")
-
-FILE = "source.json"
-
-
-@dataclass(frozen=True)
-class SourceIdentity:
-    system_identifier: str
-    timeline: int
-    database: str
-    slot: str
 
 
 @dataclass(frozen=True)
@@ -75,23 +68,6 @@ def judge(
         )
     lost = not slot_exists and log_has_positions
     return Verdict(slot_lost=lost, record=lost or recorded is None or recorded != now)
-
-
-def read(log_root: Path) -> SourceIdentity | None:
-    from mirrorline.log.layout import read_json
-
-    p = log_root / FILE
-    if not p.is_file():
-        return None
-    d = read_json(p)
-    return SourceIdentity(str(d["system_identifier"]), int(d["timeline"]), str(d["database"]), str(d["slot"]))
-
-
-def write(log_root: Path, ident: SourceIdentity) -> None:
-    from mirrorline.log.layout import write_json_atomic
-
-    log_root.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(log_root / FILE, {**asdict(ident), "recorded_at": time.time()})
 
 
 def query(dsn: str, slot: str) -> tuple[SourceIdentity, int]:

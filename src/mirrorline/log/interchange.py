@@ -153,9 +153,9 @@ def import_daystream(
     """Append daystream files to the log at ``root`` (atomically: all of them or nothing). A log that capture feeds
     is refused: imported transactions take positions after the log's last one, which the source's next commits may
     not be beyond (capture would then take them for changes it already holds)."""
-    from mirrorline.capture import identity
+    from mirrorline.log import source
 
-    fed = identity.read(root)
+    fed = source.read(root)
     if fed is not None:
         raise LogError(
             f"the change log at {root} is fed by capture from {fed.database} (system {fed.system_identifier}): "

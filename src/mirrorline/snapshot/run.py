@@ -513,10 +513,10 @@ def export_snapshot(config: Config, directory: str | Path, *, options: Options |
 
 
 def _source_identity(config: Config) -> dict[str, str]:
-    """The source the log records (its system identifier and database: ``capture/identity.py``), for a manifest."""
-    from mirrorline.capture import identity
+    """The source the log records (its system identifier and database: ``log/source.py``), for a manifest."""
+    from mirrorline.log import source
 
-    ident = identity.read(config.log.path)
+    ident = source.read(config.log.path)
     return {"system_identifier": ident.system_identifier, "database": ident.database} if ident else {}
 
 
