@@ -121,3 +121,35 @@ def test_ctrl_c_while_run_starts_says_nothing_moved_in_one_line(
     lines = capsys.readouterr().err.splitlines()
     assert code == 130 and len(lines) == 1, lines
     assert lines[0].startswith("mirrorline run: interrupted; kept: captured 0 changes;") and "as they were" in lines[0]
+
+
+def test_a_stop_at_once_that_python_dropped_is_raised_again() -> None:
+    """A KeyboardInterrupt raised in a weakref callback or a finaliser is dropped (``Exception ignored in ...``);
+    the stop is raised again until the main thread takes it up (the race test_ctrl_c_at_any_moment once lost)."""
+    import gc
+    import weakref
+
+    from mirrorline.cli._common import Interrupt
+
+    stop = Interrupt(every=0.2)
+    previous = signal.signal(signal.SIGINT, lambda *_: stop.raise_now())
+
+    class Thing:
+        pass
+
+    dropped = []
+    t = Thing()
+    _ref = weakref.ref(t, lambda _: (dropped.append(True), stop.raise_now()))
+    try:
+        del t  # the callback raises: Python reports it and goes on
+        gc.collect()
+        assert dropped == [True]
+        with pytest.raises(KeyboardInterrupt):
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                time.sleep(0.05)
+        stop.taken()
+        time.sleep(0.5)  # (no further one once taken)
+    finally:
+        stop.taken()
+        signal.signal(signal.SIGINT, previous)

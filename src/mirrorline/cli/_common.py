@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import _thread
 import argparse
-from typing import TYPE_CHECKING
+import threading
+from typing import TYPE_CHECKING, NoReturn
 
 from mirrorline.config import Config
 
@@ -45,3 +47,28 @@ def _phases(r: UnitReport, target: str, seconds: float) -> str:
     phases = {**res.phases, "other": seconds - sum(res.phases.values())}  # connect, lock, schema, registry
     shown = [f"{p} {s:.2f}" for p, s in sorted(phases.items(), key=lambda x: -x[1]) if s >= 0.05]
     return f" [{', '.join(shown)}]" if shown else ""
+
+
+class Interrupt:
+    """A stop at once: KeyboardInterrupt in the main thread, from a signal handler. Python drops one raised while the
+    main thread runs a finaliser or a weakref callback (an import's module lock, say): so once raised, it is raised
+    again every ``every`` seconds (``_thread.interrupt_main``: the SIGINT handler runs again) until :meth:`taken`."""
+
+    def __init__(self, every: float = 1.0) -> None:
+        self.every = every
+        self.done = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def raise_now(self) -> NoReturn:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._again, name="mirrorline-interrupt", daemon=True)
+            self._thread.start()
+        raise KeyboardInterrupt
+
+    def taken(self) -> None:
+        """The main thread has it (or is ending anyway): no more."""
+        self.done.set()
+
+    def _again(self) -> None:
+        while not self.done.wait(self.every):
+            _thread.interrupt_main()

@@ -32,23 +32,26 @@ def run(args: argparse.Namespace) -> int:
     import signal
     import sys
 
-    from mirrorline.cli._common import load_config, print_unit
+    from mirrorline.cli._common import Interrupt, load_config, print_unit
     from mirrorline.cli.main import mute_jvm
 
     runner: Runner | None = None
     interrupted: list[bool] = []
+    stop_now = Interrupt()
 
     def on_sigint(*_: object) -> None:
         """Ctrl-C stops as SIGTERM does once units are applied (the one being applied ends first); before that (the
         start and the first loads), and at a second Ctrl-C, at once."""
+        if stop_now.done.is_set():  # (stopping already)
+            return
         first = not interrupted
         interrupted.append(True)
         if runner is None:
-            raise KeyboardInterrupt
+            stop_now.raise_now()
         runner.stop()
         if not first or not runner.applying:
             mute_jvm()
-            raise KeyboardInterrupt
+            stop_now.raise_now()
 
     signal.signal(signal.SIGINT, on_sigint)
     try:
@@ -63,6 +66,7 @@ def run(args: argparse.Namespace) -> int:
             forget_removed=args.forget_removed,
         )
     except KeyboardInterrupt:  # still starting: nothing was captured or applied, nothing moved
+        stop_now.taken()
         print(
             "mirrorline run: interrupted; kept: captured 0 changes; applied 0 units (0 changes); interrupted while "
             "starting: the log and every target are as they were",
@@ -74,10 +78,12 @@ def run(args: argparse.Namespace) -> int:
         signal.signal(signal.SIGHUP, lambda *_: live.request_reload())  # targets added or removed: taken up live
         result = live.run()
     except KeyboardInterrupt:
+        stop_now.taken()
         mute_jvm()
         interrupted.append(True)
         live.stop()
         result = live.result
+    stop_now.taken()
     where = [f"{n} at {p}" for n, p in result.positions.items()]
     where += [
         f"{n} not read (a load it had not finished starts again at the next start)"
