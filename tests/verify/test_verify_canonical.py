@@ -7,7 +7,7 @@ from decimal import Decimal
 
 import pytest
 
-from mirrorline.verify.canonical import checksum, native_text, pg_float_text, row_hash, select_text, timestamptz_utc
+from mirrorline.apply.canonical import checksum, native_text, pg_float_text, row_hash, select_text, timestamptz_utc
 
 # (value, float8 text, real text) as PostgreSQL 15 prints them (extra_float_digits = 1)
 FLOATS = [
@@ -75,7 +75,7 @@ def test_checksum_ignores_order_and_counts_duplicates() -> None:
 
 def test_char_n_padding_is_not_a_difference() -> None:
     # PostgreSQL's text of char(n) drops the padding; the targets keep what COPY or pgoutput sent (padded)
-    from mirrorline.verify.canonical import native_text
+    from mirrorline.apply.canonical import native_text
 
     assert native_text("character(84)")("some text" + " " * 75) == "some text"
     assert native_text("character(3)")("   ") == "" and native_text("character(3)")(None) is None

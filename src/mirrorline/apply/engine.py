@@ -31,6 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 from mirrorline.apply import rows as work_rows
+from mirrorline.apply.canonical import native_text
 from mirrorline.apply.reshape import as_rebuild, plan, stop
 from mirrorline.apply.serial import reapply
 from mirrorline.apply.session import Session
@@ -66,8 +67,6 @@ class _SessionRead(TargetRead):
         return self.s.table_columns(table)
 
     def rows(self, ts: TableSchema) -> Iterator[list[Sequence[str | None]]]:
-        from mirrorline.verify.canonical import native_text
-
         d = self.target.dialect
         convs = [native_text(c.type_name) for c in ts.columns]
         cols = ", ".join(d.read_expr(quote_ident(c.name), d.type_info(ts.table, c)) for c in ts.columns)

@@ -67,7 +67,7 @@ class Needs:
 
 class TargetRead(ABC):
     """One consistent view of a target, for ``verify``: its applied position and its tables' rows, every value in
-    the canonical text form (:mod:`mirrorline.verify.canonical`), all as of one moment."""
+    the canonical text form (:mod:`mirrorline.apply.canonical`), all as of one moment."""
 
     position: Position
 

@@ -18,6 +18,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from mirrorline.apply.canonical import SESSION_SETTINGS
 from mirrorline.capture.selection import publication_specs
 from mirrorline.capture.source import (
     check_failover,
@@ -31,15 +32,6 @@ from mirrorline.config import Config
 from mirrorline.errors import ConfigError, SnapshotError, SourceError
 from mirrorline.position import Position, format_lsn, parse_lsn
 from mirrorline.snapshot.plan import TableStat, consistent_position, is_bag, table_key
-
-# the session settings every snapshot and verify connection uses, so that values read as text are PostgreSQL's
-# canonical text forms (the same ones pgoutput sends, whatever the client's environment says)
-SESSION_SETTINGS = (
-    "SET DateStyle = 'ISO, MDY'",
-    "SET IntervalStyle = 'postgres'",
-    "SET extra_float_digits = 1",
-    "SET bytea_output = 'hex'",
-)
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """``verify --diff``: narrowing a table's difference down to its rows, as data-diff tools do. Pure.
 
-Each side's rows (canonical text, :mod:`mirrorline.verify.canonical`) are summed into buckets chosen by a hash of
+Each side's rows (canonical text, :mod:`mirrorline.apply.canonical`) are summed into buckets chosen by a hash of
 the row's key: a row changed, missing or extra on one side changes only its key's bucket. The buckets whose (count,
 checksum) differ are read again from both sides, and their rows are matched by key: a key on the source only is
 *missing* at the target, on the target only *extra*, on both with other values *changed* (the columns that differ,
@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from mirrorline.verify.canonical import row_hash
+from mirrorline.apply.canonical import row_hash
 
 BUCKETS = 4096
 

@@ -11,7 +11,7 @@ no quiet period needed on the source. (If another process applies to the target 
 verify takes a new point and tries again.)
 
 One module of about 620 lines: bringing source and target to one position and reading both under it are one
-protocol whose steps share its retries; the checksums themselves are in ``verify/canonical.py``.
+protocol whose steps share its retries; the checksums themselves are in ``apply/canonical.py``.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mirrorline.apply import open_target
+from mirrorline.apply.canonical import MASK, Held, checksum, combine, held, select_text
 from mirrorline.apply.target import Target
 from mirrorline.config import Config
 from mirrorline.errors import MirrorlineError
@@ -35,7 +36,6 @@ from mirrorline.snapshot import state as snapstate
 from mirrorline.snapshot.plan import TableStat, plan_chunks, select_sql
 from mirrorline.snapshot.source import consistent_point, require_source, snapshot_connection
 from mirrorline.snapshot.tasks import rewritten
-from mirrorline.verify.canonical import MASK, Held, checksum, combine, held, select_text
 from mirrorline.verify.diff import Buckets, RowDiff, compare, in_buckets
 
 FETCH = 10_000
@@ -165,7 +165,7 @@ class VerifyReport:
 def checksum_chunk(spec: dict[str, Any]) -> dict[str, Any]:
     """A Spark task: one chunk of one source table read under the exported snapshot, as canonical text: its count
     and checksum, once as the source holds its rows and once more for each of ``views`` (how a target holds them:
-    :func:`~mirrorline.verify.canonical.held`); with ``key`` (column indexes) also their sums per key bucket; with
+    :func:`~mirrorline.apply.canonical.held`); with ``key`` (column indexes) also their sums per key bucket; with
     ``wanted`` (buckets) instead the rows of those buckets (``verify --diff``)."""
     conn = snapshot_connection(spec["dsn"], spec["snapshot"], "mirrorline verify", utc=True)
     out: dict[str, Any] = {"table": spec["table"]}

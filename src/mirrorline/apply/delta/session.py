@@ -13,6 +13,7 @@ import duckdb
 import pyarrow as pa
 
 from mirrorline.apply import types as type_map
+from mirrorline.apply.canonical import native_text
 from mirrorline.apply.chunks import read_chunk
 from mirrorline.apply.delta.dialect import DELTA, STATE_FILE, _open, duck_connection, table_position
 from mirrorline.apply.session import Session
@@ -207,8 +208,6 @@ class _DeltaRead(TargetRead):
         return None if dt is None else [f.name for f in dt.schema().fields]
 
     def rows(self, ts: TableSchema) -> Iterator[list[Sequence[str | None]]]:
-        from mirrorline.verify.canonical import native_text
-
         dt = self._table(ts.table)
         assert dt is not None
         convs = [native_text(c.type_name) for c in ts.columns]

@@ -24,6 +24,7 @@ import pyarrow.compute as pc
 
 from mirrorline import limits
 from mirrorline.apply import rows as work_rows
+from mirrorline.apply.canonical import SESSION_SETTINGS, select_text
 from mirrorline.apply.chunks import ChunkLoader
 from mirrorline.apply.engine import SqlTarget, check_unknown_types
 from mirrorline.apply.postgresql.dialect import POSTGRESQL
@@ -135,9 +136,7 @@ class PostgresTarget(SqlTarget):
     def consistent_read(self) -> Iterator[TargetRead]:
         """A REPEATABLE READ, READ ONLY transaction of its own, in the canonical session settings (``TimeZone =
         UTC``): PostgreSQL prints every value in canonical text itself
-        (:func:`mirrorline.verify.canonical.select_text`), read through a server-side cursor."""
-        from mirrorline.snapshot.source import SESSION_SETTINGS
-
+        (:func:`mirrorline.apply.canonical.select_text`), read through a server-side cursor."""
         conn = connect(self.location)
         try:
             with conn.cursor() as cur:
@@ -182,8 +181,6 @@ class _PgRead(TargetRead):
         return have or None
 
     def rows(self, ts: TableSchema) -> Iterator[list[Sequence[str | None]]]:
-        from mirrorline.verify.canonical import select_text
-
         cols = ", ".join(select_text(quote_ident(c.name), c.type_name) for c in ts.columns)
         with self.conn.cursor(name="mirrorline_verify_t") as cur:
             cur.itersize = 10_000

@@ -9,6 +9,9 @@ stored as text in another zone are moved to UTC.
 A row's hash is the first 8 bytes of BLAKE2b over its values, each length-prefixed (NULL is distinct from every
 text); a table's checksum is the sum of its rows' hashes modulo 2^64, so row order does not matter and duplicate
 rows count.
+
+It sits in ``apply`` because every kind reads its rows back into this form for ``verify`` (and the snapshot and
+verify read the source in it, :data:`SESSION_SETTINGS`): ``verify`` and ``snapshot`` use it from below.
 """
 
 from __future__ import annotations
@@ -31,6 +34,15 @@ _FLOAT8 = {"double precision", "float8"}
 _FLOAT4 = {"real", "float4"}
 _INTS = {"smallint", "integer", "bigint", "oid", "int2", "int4", "int8"}
 _BPCHAR = {"character", "char", "bpchar"}
+
+# the session settings every snapshot and verify connection uses, so that values read as text are PostgreSQL's
+# canonical text forms (the same ones pgoutput sends, whatever the client's environment says)
+SESSION_SETTINGS = (
+    "SET DateStyle = 'ISO, MDY'",
+    "SET IntervalStyle = 'postgres'",
+    "SET extra_float_digits = 1",
+    "SET bytea_output = 'hex'",
+)
 
 
 Held = tuple[tuple[int, str], ...]  # (column index, the rule of the values a target holds otherwise there)
