@@ -65,6 +65,12 @@ class Interrupt:
             self._thread.start()
         raise KeyboardInterrupt
 
+    @property
+    def raised(self) -> bool:
+        """A stop at once was asked for: an error the main thread meets from now on may be a library's form of it
+        (DuckDB ends the query it runs with ``Query interrupted``; py4j a call to the JVM with its own error)."""
+        return self._thread is not None
+
     def taken(self) -> None:
         """The main thread has it (or is ending anyway): no more."""
         self.done.set()

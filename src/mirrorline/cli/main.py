@@ -11,7 +11,9 @@ import argparse
 import importlib
 import logging
 import os
+import signal
 import sys
+import threading
 from collections.abc import Sequence
 
 from mirrorline import __version__
@@ -96,6 +98,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.verbose < 2:  # py4j logs to the root logger what it raises anyway (Ctrl-C inside a call to the JVM)
         for handler in logging.getLogger().handlers:
             handler.addFilter(lambda r: f"{os.sep}py4j{os.sep}" not in r.pathname)
+    if threading.current_thread() is threading.main_thread():  # (a command may set its own: run does)
+        _interrupted.clear()
+        signal.signal(signal.SIGINT, _on_sigint)
     try:
         return int(args._module.run(args) or 0)
     except MirrorlineError as e:
@@ -110,6 +115,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"mirrorline {args.command}: {os_error_text(e)}", file=sys.stderr)
         return 3
     except Exception as e:  # a bug: its traceback, and an exit code no command gives for anything else
+        if _interrupted.is_set():  # Ctrl-C in a library's form (DuckDB: "Query interrupted"): the interrupt it is
+            logging.getLogger("mirrorline").debug("interrupted; the library said: %s", e, exc_info=True)
+            mute_jvm()
+            print(f"mirrorline {args.command}: interrupted", file=sys.stderr)
+            return 130
         import traceback
 
         traceback.print_exc()
@@ -120,6 +130,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return INTERNAL_ERROR
+
+
+_interrupted = threading.Event()
+
+
+def _on_sigint(*_: object) -> None:
+    """Ctrl-C: KeyboardInterrupt, as Python's own handler, remembered (a library may turn it into its own error)."""
+    _interrupted.set()
+    raise KeyboardInterrupt
 
 
 def mute_jvm() -> None:

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 from mirrorline.cli.main import add_config_argument
 
 if TYPE_CHECKING:
+    from mirrorline.cli._common import Interrupt
     from mirrorline.pipeline import Runner
 
 
@@ -65,7 +66,9 @@ def run(args: argparse.Namespace) -> int:
             on_message=lambda m: print(m, file=sys.stderr),
             forget_removed=args.forget_removed,
         )
-    except KeyboardInterrupt:  # still starting: nothing was captured or applied, nothing moved
+    except (KeyboardInterrupt, Exception) as e:  # still starting: nothing was captured or applied, nothing moved
+        if not isinstance(e, KeyboardInterrupt) and not _was_interrupt(stop_now, e):
+            raise
         stop_now.taken()
         print(
             "mirrorline run: interrupted; kept: captured 0 changes; applied 0 units (0 changes); interrupted while "
@@ -77,7 +80,9 @@ def run(args: argparse.Namespace) -> int:
         signal.signal(signal.SIGTERM, lambda *_: live.stop())
         signal.signal(signal.SIGHUP, lambda *_: live.request_reload())  # targets added or removed: taken up live
         result = live.run()
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, Exception) as e:
+        if not isinstance(e, KeyboardInterrupt) and not _was_interrupt(stop_now, e):
+            raise
         stop_now.taken()
         mute_jvm()
         interrupted.append(True)
@@ -96,3 +101,14 @@ def run(args: argparse.Namespace) -> int:
         return 130
     print(f"{done}; {', '.join(where)}", file=sys.stderr)
     return 0
+
+
+def _was_interrupt(stop_now: Interrupt, e: Exception) -> bool:
+    """An error met after a stop at once was asked for is that stop in a library's form (DuckDB turns the
+    KeyboardInterrupt it sees into ``Query interrupted``): said as the interrupt it is, its traceback at debug level."""
+    if not stop_now.raised:
+        return False
+    import logging
+
+    logging.getLogger("mirrorline").debug("stopped at once; the library said: %s", e, exc_info=True)
+    return True
