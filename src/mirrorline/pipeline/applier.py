@@ -80,10 +80,12 @@ class Applier:
         warm_up: WarmUp | None = None,
         later: Sequence[str] = (),
         given: Mapping[str, Target] | None = None,
+        bags: Mapping[str, tuple[str, ...]] | None = None,
     ) -> None:
         """``later``: targets this process loads and then adds (:meth:`admit`) while the others apply. ``given``:
         targets the caller opened (and closes; given :func:`~mirrorline.pipeline.targets.schema_needs`), applied to
-        instead of opening them."""
+        instead of opening them. ``bags``: the tables without a key the small units' plan is built for (what
+        ``warm_up`` warmed; default :func:`known_bags`)."""
         from mirrorline.log.reader import ChangeLog
 
         if not config.targets:
@@ -149,7 +151,7 @@ class Applier:
             actions=self.actions,
             spark=lambda: self.spark,
             schemas_of=self._schemas,
-            bags=known_bags(config),
+            bags=known_bags(config) if bags is None else bags,
             keep_on_driver=not self._save_units,
         )
         self._admitted: list[str] = []  # loaded targets to add at the next unit (admit)
@@ -938,20 +940,38 @@ class Applier:
         self._upkeep.due(self.targets, self.config)
 
 
-def known_bags(config: Config) -> dict[str, tuple[str, ...]]:
+def known_bags(config: Config, conn: Any = None) -> dict[str, tuple[str, ...]]:
     """The configured tables the log knows as tables without a key (their latest schema), with their columns: what
-    the pipeline's small-unit plan is built for, so that the warm-up builds that same plan."""
+    the pipeline's small-unit plan is built for, so that the warm-up builds that same plan. ``conn``: a connection
+    to the source, whose catalog tells the tables the log does not know yet (a new log: their first changes would
+    otherwise make the first units build a plan of their own, seconds on a loaded machine: bench/live)."""
     from mirrorline.log.reader import ChangeLog
 
-    log = ChangeLog(config.log.path)
-    if not log.layout.exists():
-        return {}
-    log.schemas.refresh()
-    out = {}
-    for t in config.tables:
-        s = log.schemas.latest(t)
-        if s is not None and s.bag:
-            out[t] = s.key
+    out: dict[str, tuple[str, ...]] = {}
+    changelog = ChangeLog(config.log.path)
+    known: set[str] = set()
+    if changelog.layout.exists():
+        changelog.schemas.refresh()
+        for t in config.tables:
+            s = changelog.schemas.latest(t)
+            if s is not None:
+                known.add(t)
+                if s.bag:
+                    out[t] = s.key
+    if conn is not None and set(config.tables) - known:
+        from mirrorline.capture.source import describe_tables
+        from mirrorline.snapshot.plan import is_bag, table_key
+
+        try:
+            described = describe_tables(conn, config, replicated=known)
+        except Exception as e:  # (capture says what is wrong with a table or the source: here only a plan built later)
+            log.debug("the source's tables not described for the warm-up: %s", e)
+            described = {}
+        for t, st in described.items():
+            if t not in known:
+                how = (st.columns, st.replica_identity, st.primary_key, st.identity, config.table(t).key)
+                if is_bag(*how):
+                    out[t] = table_key(*how)
     return out
 
 

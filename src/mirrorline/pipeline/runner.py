@@ -56,6 +56,7 @@ class Runner:
         self.config = config
         self.log = ChangeLog(config.log.path)  # the change log every step reads (it need not exist yet)
         self.once = once
+        self._bags: dict[str, tuple[str, ...]] | None = None  # the tables without a key the warm-up built plans for
         self.forget_removed = forget_removed
         self.on_unit = on_unit
         self.on_message = on_message or (lambda m: log.info("%s", m))
@@ -178,6 +179,22 @@ class Runner:
             )
         elif not added and not removed and not tables_added and not tables_removed:
             self.on_message("configuration reloaded: no change")
+
+    def _known_bags(self) -> dict[str, tuple[str, ...]]:
+        """The tables without a key the small units' plan is warmed up and built for: those the log knows, and
+        those the source has that the log does not know yet (:func:`known_bags`)."""
+        from mirrorline.capture.source import connect
+
+        assert self.config.source is not None
+        try:
+            conn = connect(self.config.source.dsn)
+        except Exception as e:  # (capture says so itself)
+            log.debug("the source not asked for the tables without a key: %s", e)
+            return known_bags(self.config)
+        try:
+            return known_bags(self.config, conn)
+        finally:
+            conn.close()
 
     def _check_tables(self, config: Config) -> BaseException | None:
         """The configured tables as the source has them now (each exists, is a table, has a key): the error, if
@@ -440,7 +457,7 @@ class Runner:
                 "--target NAME DIR`, and start run again",
             )
         self._reconcile(ready)  # (tables removed from the configuration are marked)
-        applier = Applier(self.config, ready, warm_up=warm, later=loading + waiting)
+        applier = Applier(self.config, ready, warm_up=warm, later=loading + waiting, bags=self._bags)
         applier.on_message = self.on_message
         if loading:
             loader = threading.Thread(
@@ -521,7 +538,8 @@ class Runner:
             from mirrorline.compile.compiler import warm_up
             from mirrorline.sparkenv import get_spark
 
-            warm = warm_up(get_spark, self.config.actions, known_bags(self.config), on_ready=self.on_message)
+            self._bags = self._known_bags()
+            warm = warm_up(get_spark, self.config.actions, self._bags, on_ready=self.on_message)
             while not (self._ready.wait(0.1) or self._capture_done.is_set()):
                 pass
             if self._ready.is_set():  # (capture holds the log now: target drop asks this file)
