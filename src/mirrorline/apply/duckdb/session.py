@@ -105,8 +105,10 @@ class DuckdbSession(Session):
     def table_columns(self, table: str) -> list[str] | None:
         schema, name = self.dialect.names(table)
         rows = self.cur.execute(
-            "SELECT column_name FROM information_schema.columns WHERE table_catalog = current_database() "
-            "AND table_schema = ? AND table_name = ? ORDER BY ordinal_position",
+            # (duckdb_columns(): what information_schema.columns is a view over, a third of its time: once per
+            # table per unit)
+            "SELECT column_name FROM duckdb_columns() WHERE database_name = current_database() "
+            "AND schema_name = ? AND table_name = ? ORDER BY column_index",
             [schema, name],
         ).fetchall()
         return [r[0] for r in rows] or None

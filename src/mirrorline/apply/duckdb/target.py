@@ -86,13 +86,18 @@ class DuckdbTarget(SqlTarget):
             self._use(-1)
 
     def apply(self, *args: Any, **kwargs: Any) -> ApplyResult:
-        """As every kind's, the file held for the whole unit and let go of after it."""
+        """As every kind's, the file held for the whole unit and let go of after it (phase ``close``)."""
         self._use(1)
+        result: ApplyResult | None = None
         try:
-            return super().apply(*args, **kwargs)
+            result = super().apply(*args, **kwargs)
+            return result
         finally:
             self._known = None
+            t0 = time.monotonic()
             self._use(-1)
+            if result is not None:  # (DuckDB writes what its WAL holds into the file as it lets go)
+                result.seconds += result.timed("close", t0) - t0
 
     def connect(self) -> Session:
         with self._lock:
