@@ -155,40 +155,44 @@ def test_a_stop_at_once_that_python_dropped_is_raised_again() -> None:
         signal.signal(signal.SIGINT, previous)
 
 
-def test_a_stop_at_once_a_library_turned_into_its_own_error_is_said_as_the_interrupt() -> None:
-    """DuckDB takes the KeyboardInterrupt that lands while it runs a statement and raises ``RuntimeError: Query
-    interrupted`` (what CI once saw a Ctrl-C during a DuckDB target's first load become: an internal error, exit 4).
-    Once a stop at once was asked for, ``run`` says such an error as the interrupt; before, it is an error."""
+def _ctrl_c_inside_a_duckdb_statement() -> Exception:
+    """SIGINT to this process while DuckDB runs a long statement: the error DuckDB raises for it (a signal landing
+    before DuckDB runs the statement is a plain KeyboardInterrupt: tried again, up to five times)."""
     import os
     import threading
 
     import duckdb
 
+    conn = duckdb.connect(config={"threads": 1})  # (with more, a task may run on long before it looks for signals)
+    try:
+        for _ in range(5):
+            threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT)).start()
+            try:
+                conn.execute("SELECT max(hash(i)) FROM range(100000000000) t(i)").fetchall()
+            except KeyboardInterrupt:
+                time.sleep(0.5)
+            except Exception as e:  # DuckDB's own error
+                return e
+    finally:
+        conn.close()
+    raise AssertionError("DuckDB never took the signal")
+
+
+def test_a_stop_at_once_a_library_turned_into_its_own_error_is_said_as_the_interrupt() -> None:
+    """DuckDB takes the KeyboardInterrupt that lands while it runs a statement and raises ``RuntimeError: Query
+    interrupted`` (what CI once saw a Ctrl-C during a DuckDB target's first load become: an internal error, exit 4).
+    Once a stop at once was asked for, ``run`` says such an error as the interrupt; before, it is an error."""
     from mirrorline.cli._common import Interrupt
     from mirrorline.cli.run_cmd import _was_interrupt
 
     stop = Interrupt(every=30.0)  # (raised again only if dropped: not what this test is about)
     assert not _was_interrupt(stop, RuntimeError("Query interrupted"))  # no stop asked for: an error is an error
     previous = signal.signal(signal.SIGINT, lambda *_: stop.raise_now())
-    conn = duckdb.connect(config={"threads": 1})  # (with more, a task may run on long before it looks for signals)
     try:
-        error: Exception | None = None
-        for _ in range(5):  # (a signal landing before DuckDB runs the statement is a plain KeyboardInterrupt)
-            threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT)).start()
-            try:
-                conn.execute("SELECT max(hash(i)) FROM range(100000000000) t(i)").fetchall()
-            except KeyboardInterrupt:
-                time.sleep(0.5)
-                continue
-            except Exception as e:  # DuckDB's own error
-                error = e
-                break
-        assert error is not None
-        assert _was_interrupt(stop, error)
+        assert _was_interrupt(stop, _ctrl_c_inside_a_duckdb_statement())
     finally:
         stop.taken()
         signal.signal(signal.SIGINT, previous)
-        conn.close()
 
 
 def test_a_command_interrupted_inside_a_duckdb_statement_says_interrupted(
@@ -196,22 +200,10 @@ def test_a_command_interrupted_inside_a_duckdb_statement_says_interrupted(
 ) -> None:
     """Every command (``snapshot``, ``verify``, ``apply``: Python's own Ctrl-C, remembered): a Ctrl-C that DuckDB
     turned into its own error is said as ``interrupted`` (exit 130), not as an internal error."""
-    import os
-    import threading
-
-    import duckdb
-
     from mirrorline.cli import main, verify_cmd
 
     def long_statement(_args: Any) -> int:
-        conn = duckdb.connect(config={"threads": 1})
-        for _ in range(5):  # (a signal landing before DuckDB runs the statement is a plain KeyboardInterrupt)
-            threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT)).start()
-            try:
-                conn.execute("SELECT max(hash(i)) FROM range(100000000000) t(i)").fetchall()
-            except KeyboardInterrupt:
-                time.sleep(0.5)
-        raise AssertionError("DuckDB never took the signal")
+        raise _ctrl_c_inside_a_duckdb_statement()
 
     monkeypatch.setattr(verify_cmd, "run", long_statement)
     previous = signal.getsignal(signal.SIGINT)
