@@ -188,3 +188,87 @@ def test_a_table_stopped_by_an_error_is_reported_by_status_until_it_applies_agai
     a.close()
     (x,) = status(conf).targets
     assert x.error == "" and not x.stopped_tables and not any(p.startswith("target x") for p in status(conf).problems())
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize("kind", ["sqlite", "duckdb", "postgresql"])
+def test_without_deletes_an_insert_replaces_a_kept_row_in_bulk(
+    tmp_path: Path, spark: Any, kind: str, request: pytest.FixtureRequest
+) -> None:
+    """With ``actions = "IU"`` the fold sends every first insert of a key as a replace (the row may be kept at the
+    target from before a delete the table does not replicate): a new key and a key kept at the target both apply in
+    bulk, the kept row replaced, and the serial path does the same with a unit it re-applies."""
+    with LogWriter(tmp_path / "log") as w:
+        w.record_schema(SCHEMA)
+        w.add_transaction(
+            200,
+            1,
+            [
+                Change(ZERO, 0, 1, T, Op.INSERT, ("1",), {"id": "1", "v": "again", "big": "N1"}),  # kept: replaced
+                Change(ZERO, 0, 1, T, Op.INSERT, ("5",), {"id": "5", "v": "new", "big": "N5"}),  # a new key
+            ],
+        )
+        w.add_transaction(
+            300,
+            1,
+            [
+                Change(ZERO, 0, 1, T, Op.INSERT, ("2",), {"id": "2", "v": "again", "big": "N2"}),
+                Change(ZERO, 0, 1, T, Op.INSERT, ("6",), {"id": "6", "v": "bad", "big": "N6"}),  # rejected: serial
+            ],
+        )
+    rows = [(1, "a", "B1"), (2, "b", "B2")]
+    query = "SELECT id, v, big FROM t ORDER BY id"
+    if kind == "sqlite":
+        url = f"sqlite:///{tmp_path / 't.db'}"
+        db = sqlite3.connect(tmp_path / "t.db")
+        db.execute("CREATE TABLE t (id INTEGER PRIMARY KEY, v TEXT, big TEXT)")
+        db.execute(
+            "CREATE TRIGGER no_bad BEFORE INSERT ON t WHEN NEW.v = 'bad' BEGIN SELECT RAISE(ABORT, 'bad value'); END"
+        )
+        db.executemany("INSERT INTO t VALUES (?, ?, ?)", rows)
+        db.commit()
+        db.close()
+
+        def read() -> list[Any]:
+            with sqlite3.connect(tmp_path / "t.db") as db:
+                return db.execute(query).fetchall()
+
+    elif kind == "duckdb":
+        import duckdb
+
+        url = f"duckdb:///{tmp_path / 't.duckdb'}"
+        dd = duckdb.connect(str(tmp_path / "t.duckdb"))
+        dd.execute("CREATE TABLE t (id BIGINT PRIMARY KEY, v VARCHAR CHECK (v <> 'bad'), big VARCHAR)")
+        dd.executemany("INSERT INTO t VALUES (?, ?, ?)", rows)
+        dd.close()
+
+        def read() -> list[Any]:
+            with duckdb.connect(str(tmp_path / "t.duckdb")) as dd:
+                return dd.execute(query).fetchall()
+
+    else:
+        pg = request.getfixturevalue("pg")
+        url = pg.url
+        pg.execute("CREATE TABLE t (id bigint PRIMARY KEY, v text CHECK (v <> 'bad'), big text)")
+        pg.execute("INSERT INTO t VALUES (1, 'a', 'B1'), (2, 'b', 'B2')")
+
+        def read() -> list[Any]:
+            return [tuple(r) for r in pg.execute(query)]
+
+    conf = parse(
+        {
+            "source": {"dsn": "postgresql://nobody@127.0.0.1:1/x"},
+            "log": {"path": str(tmp_path / "log")},
+            "tables": {T: {"actions": "IU"}},
+            "targets": {"x": {"url": url, "on_error": "reject"}},
+        },
+        tmp_path / "m.toml",
+    )
+    a = Applier(conf, spark=spark)
+    first = a.catch_up(Position(200, 1))
+    assert [r.results["x"].serial for r in first] == [[]]  # in bulk
+    assert read() == [(1, "again", "N1"), (2, "b", "B2"), (5, "new", "N5")]
+    second = a.catch_up()
+    a.close()
+    assert second[-1].results["x"].serial == [T] and second[-1].results["x"].rejects == 1
+    assert read() == [(1, "again", "N1"), (2, "again", "N2"), (5, "new", "N5")]

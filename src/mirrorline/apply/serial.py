@@ -142,6 +142,8 @@ def _apply_change(target: Target, s: Session, ts: TableSchema, c: Change) -> Non
         if unsent and c.old_key is not None:
             _insert_moved(target, s, ts, c, unsent)
             return
+        if target.needs.keeps_deleted(ts.table):  # a row the source deleted may be kept: the insert replaces it
+            s.dml(d.join_delete(ts, d.one_row(keys)), list(c.key))
         if s.dml(d.insert_select(ts, d.one_row(cols), cols), [new.get(x) for x in cols]) != 1:
             raise RowMissing("I")
         return
@@ -175,6 +177,8 @@ def _insert_moved(target: Target, s: Session, ts: TableSchema, c: Change, unsent
     try:
         if int(s.query(d.count(image))[0][0]) != 1:
             raise RowMissing("M")
+        if target.needs.keeps_deleted(ts.table):  # (a row of the new key the source deleted may be kept)
+            s.dml(d.join_delete(ts, d.one_row([key_col(i) for i in range(len(ts.key))])), list(c.key))
         s.dml(d.insert_typed(ts, image, cols))
     finally:
         s.execute(d.drop_table(image))

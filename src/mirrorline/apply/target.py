@@ -55,14 +55,16 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class Needs:
-    """What following a schema change needs from the pipeline, given to a target when it is made: a table's logged
-    schema by version, the one in force at a position, and each table's policy ``(keep dropped columns, follow
-    schema changes)``. Without them (a target opened outside a pipeline) a table's shape is what the target
-    recorded, and changes are followed."""
+    """What a target needs from the pipeline, given to it when it is made. To follow a schema change: a table's
+    logged schema by version, the one in force at a position, and each table's policy ``(keep dropped columns,
+    follow schema changes)``; without them (a target opened outside a pipeline) a table's shape is what the target
+    recorded, and changes are followed. ``keeps_deleted``: the tables whose actions drop D (DESIGN §5), where the
+    target keeps rows the source deleted, so that an insert replaces a row that may be there."""
 
     schema_version: Callable[[str, int], TableSchema] | None = None
     schema_at: Callable[[str, Position], TableSchema | None] | None = None
     table_policy: Callable[[str], tuple[bool, bool]] = lambda table: (False, True)
+    keeps_deleted: Callable[[str], bool] = lambda table: False
 
 
 class TargetRead(ABC):

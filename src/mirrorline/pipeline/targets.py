@@ -18,6 +18,7 @@ from collections.abc import Hashable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Generic, TypeVar
 
+from mirrorline.compile.reference import actions_of
 from mirrorline.errors import MirrorlineError
 
 if TYPE_CHECKING:
@@ -41,7 +42,10 @@ def schema_needs(config: Config, changelog: ChangeLog) -> Needs:
         t = config.table(table)
         return t.dropped_columns == "keep", t.on_schema_change == "follow"
 
-    return Needs(changelog.schemas.get, changelog.shape_at, policy)
+    def keeps_deleted(table: str) -> bool:
+        return "D" not in actions_of(config.actions, table)
+
+    return Needs(changelog.schemas.get, changelog.shape_at, policy, keeps_deleted)
 
 
 def next_delay(before: float | None, first: float = RETRY_FIRST, most: float = RETRY_MOST) -> float:
