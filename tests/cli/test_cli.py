@@ -95,7 +95,7 @@ def test_a_unit_line_splits_an_apply_of_a_second_or_more_by_phase(capsys):
 
     from mirrorline.apply.target import ApplyResult
     from mirrorline.cli._common import print_unit
-    from mirrorline.pipeline.applier import UnitReport
+    from mirrorline.pipeline import UnitReport
     from mirrorline.position import Position
 
     start, end = Position(0x100, 0), Position(0x200, 9)

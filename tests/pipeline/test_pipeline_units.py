@@ -181,16 +181,16 @@ def test_a_unit_whose_segments_another_process_retained_meanwhile_is_formed_agai
     first.catch_up(Position(20, 0))
     first.prune()
     assert len(list((tmp_path / "log").rglob("*.parquet"))) == 3
-    compile_ = first._compile
+    compile_ = first.units.compile
 
     def raced(*args: Any, **kwargs: Any) -> Any:
         other.catch_up()  # the other process applies everything meanwhile, and retains
         other.prune()
         return compile_(*args, **kwargs)
 
-    first._compile = raced  # type: ignore[method-assign]
+    first.units.compile = raced  # type: ignore[method-assign]
     assert first.step() is None  # formed again at the next step, nothing lost
-    first._compile = compile_  # type: ignore[method-assign]
+    first.units.compile = compile_  # type: ignore[method-assign]
     assert first.step() is None and first.positions() == {"t": Position(50, 0)}
     with sqlite3.connect(tmp_path / "t.db") as db:
         assert sorted(r[0] for r in db.execute('SELECT "id" FROM "t"')) == ["1", "2", "3", "4", "5"]

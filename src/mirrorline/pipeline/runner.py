@@ -17,8 +17,9 @@ from mirrorline.config import Config
 from mirrorline.errors import MirrorlineError, first_line
 from mirrorline.log.reader import ChangeLog
 from mirrorline.log.writer import announce_run
-from mirrorline.pipeline.applier import Applier, UnitReport, known_bags
-from mirrorline.pipeline.targets import RETRY_FIRST, next_delay
+from mirrorline.pipeline.applier import Applier
+from mirrorline.pipeline.backoff import Backoffs
+from mirrorline.pipeline.units import UnitReport, known_bags
 from mirrorline.position import Position
 
 if TYPE_CHECKING:
@@ -76,7 +77,8 @@ class Runner:
         self.metrics_address: tuple[str, int] | None = None
         self._reload = threading.Event()
         self._reloading: set[tuple[str, str]] = set()  # (target, table)s being loaded again now (_reload_marked)
-        self._reload_due: dict[tuple[str, str], tuple[float, float]] = {}  # when to try each again, and the delay
+        self._reloads: Backoffs[tuple[str, str]] = Backoffs()  # (target, table)s not to load again before their time
+        self._reloads_lock = threading.Lock()
 
     @property
     def applying(self) -> bool:
@@ -232,19 +234,16 @@ class Runner:
         after 2 s, doubling up to 60 s."""
         from mirrorline.apply.reshape import ResyncStop
 
-        now = time.monotonic()
         for (n, t), err in applier.held().items():
-            if not isinstance(err, ResyncStop) or (n, t) in self._reloading:
+            if not isinstance(err, ResyncStop) or not self._reloads.due((n, t)):
                 continue
-            due, delay = self._reload_due.get((n, t), (0.0, RETRY_FIRST))
-            if now < due:
-                continue
-            self._reloading.add((n, t))
-            threading.Thread(
-                target=self._reload_table, args=(n, t, delay), name="mirrorline-reload", daemon=True
-            ).start()
+            with self._reloads_lock:
+                if (n, t) in self._reloading:
+                    continue
+                self._reloading.add((n, t))
+            threading.Thread(target=self._reload_table, args=(n, t), name="mirrorline-reload", daemon=True).start()
 
-    def _reload_table(self, name: str, table: str, delay: float) -> None:
+    def _reload_table(self, name: str, table: str) -> None:
         from mirrorline.snapshot import snapshot_target
         from mirrorline.sparkenv import get_spark
 
@@ -255,17 +254,18 @@ class Runner:
             )
             r = snapshot_target(self.config, name, tables=[table])
             # (until the pipeline's next step sees the hold ended, it still lists the table as held)
-            self._reload_due[(name, table)] = (time.monotonic() + 10.0, RETRY_FIRST)
+            self._reloads.wait((name, table), 10.0, MirrorlineError(f"table {table} at target {name} just loaded"))
             self.on_message(
                 f"target {name}: table {table} loaded again ({r.rows.get(table, 0)} rows), applied from {r.position}"
             )
         except Exception as e:
-            self._reload_due[(name, table)] = (time.monotonic() + delay, next_delay(delay))
+            delay = self._reloads.fail((name, table), e).delay
             self.on_message(
                 f"target {name}: loading table {table} again failed: {first_line(e)} (tried again in {delay:.0f} s)"
             )
         finally:
-            self._reloading.discard((name, table))
+            with self._reloads_lock:
+                self._reloading.discard((name, table))
 
     def _capture_main(self, capture: Any, done: threading.Event) -> None:
         try:
@@ -317,12 +317,7 @@ class Runner:
         a = self._applier
         if a is None:
             return [], []
-        for _ in range(3):  # (the pipeline's thread may change them meanwhile)
-            try:
-                return sorted(a.failed()), sorted(a.held())
-            except RuntimeError:
-                continue
-        return [], []
+        return sorted(a.failed()), sorted(a.held())
 
     def _unit(self, r: UnitReport) -> None:
         self.result.units += 1
@@ -349,7 +344,7 @@ class Runner:
         on. ``loaded`` is set once every target was tried once. ``pause``: these targets are taken out of ``applier``
         first (tables were added to the ones it applies to: none may apply their changes before loading them), each
         added again once loaded."""
-        left: dict[str, float] = {}  # a target whose load failed -> its delay before the next try
+        left: Backoffs[str] = Backoffs()  # the targets whose load failed, each tried again after its delay
         try:
             from mirrorline.sparkenv import get_spark
 
@@ -359,15 +354,17 @@ class Runner:
             for name in names:
                 if self._stop.is_set():
                     return
-                if not self._load_one(name, applier):
-                    left[name] = RETRY_FIRST
+                error = self._load_one(name, applier)
+                if error is not None:
+                    left.fail(name, error)
             self.loaded.set()
-            while left and not self._stop.wait(min(left.values())):
-                for name, delay in list(left.items()):
-                    if name not in self.config.targets or self._load_one(name, applier):  # (or removed meanwhile)
-                        del left[name]
+            while left and not self._stop.wait(left.next_in() or 0.0):
+                for name in [n for n in left if left.due(n)]:
+                    error = None if name not in self.config.targets else self._load_one(name, applier)
+                    if error is None:  # (loaded, or removed meanwhile)
+                        left.pop(name)
                     else:
-                        left[name] = next_delay(delay)
+                        left.fail(name, error)
         except BaseException as e:  # (not a load's failure: handed to the main thread, which stops)
             self._load_error = e
             self._stop.set()
@@ -383,18 +380,19 @@ class Runner:
                     return False
         return True
 
-    def _load_one(self, name: str, applier: Applier) -> bool:
-        """Load target ``name`` and add it to ``applier``; False (recorded, said) when the load failed."""
+    def _load_one(self, name: str, applier: Applier) -> Exception | None:
+        """Load target ``name`` and add it to ``applier``; the error (recorded, said) when the load failed."""
+        applier.loading(name)
         try:
             self._reconcile([name])
         except Exception as e:
             stopped.record(self.config.log.path, name, e, "")
             text = first_line(e)
             self.on_message(f"target {name}: loading failed: {text} (the other targets go on; it is tried again)")
-            return False
+            return e
         stopped.clear(self.config.log.path, name)
         applier.admit(name)
-        return True
+        return None
 
     def _removed_targets(self) -> None:
         from mirrorline.log.retention import unconfigured, unregister

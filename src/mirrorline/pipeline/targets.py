@@ -1,8 +1,5 @@
-"""What the pipeline keeps about its targets besides their positions: which are stopped, and their upkeep.
+"""What the pipeline asks of its targets besides applying units:
 
-- :class:`Stops`: targets (or a target's tables) stopped by an error (DESIGN §6: a failure stops only itself), each
-  tried again after a delay that doubles with each failure (:data:`RETRY_FIRST` up to :data:`RETRY_MOST` seconds);
-  the same backoff serves the loads ``run`` does beside (:func:`next_delay`).
 - :func:`failing_table`: whether an error stops one table at a target, or the whole target.
 - :class:`Upkeep`: each target's storage upkeep every ``compact_every`` (Delta: compaction and cleanup), in a thread
   of its own beside apply.
@@ -15,8 +12,7 @@ import logging
 import threading
 import time
 from collections.abc import Hashable, Mapping
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Generic, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from mirrorline.compile.reference import actions_of
 from mirrorline.errors import MirrorlineError
@@ -31,8 +27,6 @@ log = logging.getLogger(__name__)
 
 K = TypeVar("K", bound=Hashable)
 
-RETRY_FIRST, RETRY_MOST = 2.0, 60.0  # seconds before a stopped target (or table, or load) is tried again, doubling
-
 
 def schema_needs(config: Config, changelog: ChangeLog) -> Needs:
     """What following schema changes needs, for the targets of ``config``: the log's schemas, each table's policy."""
@@ -46,39 +40,6 @@ def schema_needs(config: Config, changelog: ChangeLog) -> Needs:
         return "D" not in actions_of(config.actions, table)
 
     return Needs(changelog.schemas.get, changelog.shape_at, policy, keeps_deleted)
-
-
-def next_delay(before: float | None, first: float = RETRY_FIRST, most: float = RETRY_MOST) -> float:
-    """The delay after a failure, the one before being ``before`` (None or 0: none before it)."""
-    return first if not before else min(before * 2, most)
-
-
-@dataclass
-class Stop:
-    """Stopped by ``error``: tried again at ``retry_at`` (``time.monotonic()``; 0: at once), after ``delay``."""
-
-    retry_at: float
-    delay: float
-    error: Exception
-    trying: bool = False  # tried again now (said once)
-
-    def due(self, now: float, retry: bool = True) -> bool:
-        """Is it to be tried now (``retry`` False: only one stopped before this process, at ``retry_at`` 0)?"""
-        return (retry or self.retry_at == 0.0) and now >= self.retry_at
-
-
-class Stops(dict[K, Stop], Generic[K]):
-    """What is stopped now, by key (a target's name, or (target, table))."""
-
-    def stop(self, key: K, error: Exception, now: float, first: float = RETRY_FIRST, most: float = RETRY_MOST) -> Stop:
-        """``key`` failed (again) with ``error``: stopped until its next delay has passed."""
-        before = self.get(key)
-        delay = next_delay(before.delay if before is not None else None, first, most)
-        self[key] = Stop(now + delay, delay, error)
-        return self[key]
-
-    def errors(self) -> dict[K, Exception]:
-        return {k: s.error for k, s in self.items()}
 
 
 def failing_table(target: TargetConfig, error: Exception, batch: NetBatch) -> str | None:
