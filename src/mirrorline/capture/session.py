@@ -38,18 +38,15 @@ from mirrorline.capture.events import (
     SpillCommit,
     TableInfo,
 )
+from mirrorline.capture.provision import PublicationReport, check_failover, ensure_slot, reconcile_publication
 from mirrorline.capture.selection import publication_specs
 from mirrorline.capture.source import (
-    PublicationReport,
     TypeNames,
-    check_failover,
     check_server,
     connect,
     current_wal_lsn,
     describe_tables,
-    ensure_slot,
     is_transient,
-    reconcile_publication,
     source_error,
     whereabouts,
 )
