@@ -9,9 +9,9 @@ bulk-loaded by the driver in one transaction as they arrive. Either way the targ
 position becomes the snapshot's consistent position and the target continues from the log there. The target is
 registered with the log as a reader at that position first, so retention keeps what it will need.
 
-One module of about 700 lines: over the wire, export and load share the consistent point, the tables'
-description, the chunk plan and the retry when a table is rewritten under the snapshot. What one Spark task does
-with one chunk is in ``snapshot/tasks.py``; a kind's load straight from the tasks in its folder under ``apply/``.
+Over the wire, export and load share the consistent point and the tables' description; the Spark jobs of chunk tasks
+and the retry when a table is rewritten under the snapshot are :mod:`mirrorline.snapshot.jobs`'. What one Spark task
+does with one chunk is in ``snapshot/tasks.py``; a kind's load straight from the tasks in its folder under ``apply/``.
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ import shutil
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -36,8 +37,19 @@ from mirrorline.log.retention import clear_reload, readers, set_applied, unregis
 from mirrorline.position import Position, format_lsn
 from mirrorline.snapshot import state as snapstate
 from mirrorline.snapshot.folder import ChunkEntry, Manifest, check_folder, make_folder, write_manifest
+from mirrorline.snapshot.jobs import (
+    Rewritten,
+    attempts,
+    check_rewritten,
+    chunk_blocks,
+    file_specs,
+    parallelism,
+    retrying,
+    run_tasks,
+    spark_poll,
+)
 from mirrorline.snapshot.load import BulkLoader, finish_loading, mark_loading
-from mirrorline.snapshot.plan import Chunk, TableStat, chunk_header, copy_out_sql, plan_chunks
+from mirrorline.snapshot.plan import Chunk, TableStat, copy_out_sql, plan_chunks
 from mirrorline.snapshot.progress import Progress
 from mirrorline.snapshot.source import (
     ConsistentPoint,
@@ -109,93 +121,7 @@ def _stamp() -> str:
     return time.strftime("%Y%m%dT%H%M%S", time.gmtime()) + f"{uuid.uuid4().hex[:6]}"
 
 
-# ------------------------------------------------------------------------------------------------------ Spark tasks
-
-
-def run_tasks(
-    fn: Callable[[dict[str, Any]], dict[str, Any]], specs: Sequence[dict[str, Any]], group: str, what: str
-) -> list[dict[str, Any]]:
-    """One Spark job: a task per spec (one partition each, in order)."""
-    if not specs:
-        return []
-    from mirrorline.sparkenv import get_spark
-
-    sc = get_spark().sparkContext
-    sc.setJobGroup(group, what, interruptOnCancel=True)
-    try:
-        return list(sc.parallelize(list(specs), len(specs)).map(fn).collect())
-    except Exception as e:
-        text = str(e).strip()
-        reason = next((ln for ln in text.splitlines() if "Error" in ln and ":" in ln), text[:300])
-        raise SnapshotError(
-            f"{what} failed: {reason.strip()[:500]}",
-            hint="nothing was marked loaded; fix the cause and run the snapshot again",
-        ) from None
-
-
-def _spark_poll(group: str, total_rows: int, total_chunks: int) -> Callable[[Progress], None]:
-    def poll(p: Progress) -> None:
-        from mirrorline.sparkenv import get_spark
-
-        st = get_spark().sparkContext.statusTracker()
-        done = 0
-        for job in st.getJobIdsForGroup(group):
-            info = st.getJobInfo(job)
-            for sid in info.stageIds if info else ():
-                stage = st.getStageInfo(sid)
-                if stage:
-                    done += stage.numCompletedTasks
-        p.chunks = done
-        if not p.exact:
-            p.rows = total_rows * done // max(total_chunks, 1)  # an estimate until the tasks report
-
-    return poll
-
-
 # ------------------------------------------------------------------------------------------------------ over the wire
-
-
-ATTEMPTS = 5  # consistent points tried when a table is rewritten between one and the read of its chunks
-
-
-class Rewritten(Exception):
-    """A table was rewritten (TRUNCATE, ...) after the consistent point and before a task read it: the chunks read
-    under that snapshot are wrong (see :mod:`mirrorline.snapshot.tasks`); take a new consistent point."""
-
-    def __init__(self, tables: list[str]) -> None:
-        super().__init__(", ".join(tables))
-        self.tables = tables
-
-
-def check_rewritten(results: Iterable[dict[str, Any]]) -> None:
-    """Raise :class:`Rewritten` when a task reports that its table was rewritten under the snapshot."""
-    bad = sorted({str(r["table"]) for r in results if r.get("rewritten")})
-    if bad:
-        raise Rewritten(bad)
-
-
-def _attempts(what: str) -> Iterator[int]:
-    """Attempt numbers for an operation that a table rewritten under its snapshot restarts (the caller breaks out
-    when an attempt succeeds); an error once they are used up."""
-    yield from range(1, ATTEMPTS + 1)
-    raise SnapshotError(
-        f"{what}: the source rewrote a table (TRUNCATE, VACUUM FULL, CLUSTER or a rewriting ALTER "
-        f"TABLE) after each of {ATTEMPTS} consistent points, before it was read; nothing was marked "
-        "loaded",
-        hint="run it again when the source is not truncating or rewriting the configured tables continually",
-    )
-
-
-def retrying(e: Rewritten, what: str, attempt: int) -> None:
-    """Say that ``what`` takes a new consistent point after ``e``."""
-    log.info(
-        "%s: %s rewritten (TRUNCATE?) after the consistent point, before it was read; taking a new consistent "
-        "point (attempt %d of %d)",
-        what,
-        ", ".join(e.tables),
-        attempt,
-        ATTEMPTS,
-    )
 
 
 def _register(log_root: Path, name: str, position: Position) -> None:
@@ -225,7 +151,7 @@ def snapshot_target(
     only = set(tables) if tables is not None else None
     t0 = time.monotonic()
     try:
-        for attempt in _attempts(f"snapshot of {name}"):
+        for attempt in attempts(f"snapshot of {name}"):
             try:
                 with consistent_point(config) as cp:
                     stats = tables_at(config, cp, only)
@@ -237,10 +163,12 @@ def snapshot_target(
                     whole = only is None
                     loader = target.chunk_loader()
                     if loader is not None:
-                        chunks = plan_chunks(stats.values(), _chunk_blocks(opts), _parallelism())
+                        chunks = plan_chunks(stats.values(), chunk_blocks(opts.chunk_mb), parallelism())
                         rows = _wire_direct(config, target, loader, cp, stats, chunks, whole, opts)
                     else:  # smaller chunks: the driver starts loading as soon as the first one is there
-                        chunks = plan_chunks(stats.values(), _chunk_blocks(opts, STAGED_CHUNK_MB), _parallelism())
+                        chunks = plan_chunks(
+                            stats.values(), chunk_blocks(min(opts.chunk_mb, STAGED_CHUNK_MB)), parallelism()
+                        )
                         rows = _wire_staged(config, target, cp, stats, chunks, whole, opts)
                 break
             except Rewritten as e:
@@ -254,17 +182,6 @@ def snapshot_target(
     res = SnapshotResult(name, cp.lsn, cp.position, rows, time.monotonic() - t0, cp.slot, not cp.temporary)
     log.info("%s", res.summary())
     return res
-
-
-def _chunk_blocks(opts: Options, cap_mb: float | None = None) -> int:
-    mb = min(opts.chunk_mb, cap_mb) if cap_mb is not None else opts.chunk_mb
-    return max(int(mb * (1 << 20) / 8192), 1)
-
-
-def _parallelism() -> int:
-    from mirrorline.sparkenv import get_spark
-
-    return max(int(get_spark().sparkContext.defaultParallelism), 1)
 
 
 def tables_at(
@@ -316,9 +233,9 @@ def _wire_direct(
         len(chunks),
         est,
         every=opts.progress_every,
-        poll=_spark_poll(group, est, len(chunks)),
+        poll=spark_poll(group, est, len(chunks)),
     )
-    with prog if opts.progress else _null():
+    with prog if opts.progress else nullcontext():
         for i, grp in enumerate(_groups(chunks, stats)):
             specs = [
                 {
@@ -348,32 +265,6 @@ def _wire_direct(
     return rows
 
 
-class _null:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> None:
-        return None
-
-
-def _chunk_specs(
-    config: Config, cp: ConsistentPoint, stats: dict[str, TableStat], chunks: list[Chunk], folder: Path, export_id: str
-) -> list[dict[str, Any]]:
-    assert config.source is not None
-    return [
-        {
-            "source_dsn": config.source.dsn,
-            "snapshot": cp.snapshot,
-            "table": c.table,
-            "chunk_id": c.number,
-            "copy_out": copy_out_sql(stats[c.table].schema, c, "csv"),
-            "path": str(folder / c.file_name),
-            "header": chunk_header(export_id, c),
-        }
-        for c in chunks
-    ]
-
-
 def _wire_staged(
     config: Config,
     target: Target,
@@ -389,7 +280,7 @@ def _wire_staged(
     staging = (opts.staging or config.log.path / "snapshot-staging") / _stamp()
     staging.mkdir(parents=True, exist_ok=True)
     group = f"mirrorline-snapshot-{staging.name}"
-    specs = _chunk_specs(config, cp, stats, chunks, staging, staging.name)
+    specs = file_specs(config, cp, stats, chunks, staging, staging.name)
     done: list[dict[str, Any]] = []
     failed: list[BaseException] = []
 
@@ -410,7 +301,7 @@ def _wire_staged(
         with (
             Progress(f"snapshot {target.name}", len(chunks), est, every=opts.progress_every)
             if opts.progress
-            else _null() as prog
+            else nullcontext() as prog
         ):
             for c in chunks:
                 path = staging / c.file_name
@@ -457,13 +348,13 @@ def export_snapshot(config: Config, directory: str | Path, *, options: Options |
     export_id = uuid.uuid4().hex
     t0 = time.monotonic()
     try:
-        for attempt in _attempts(f"export to {folder}"):
+        for attempt in attempts(f"export to {folder}"):
             try:
                 with consistent_point(config) as cp:
                     stats = tables_at(config, cp, None)
                     _register(config.log.path, f"export-{folder.name}", cp.position)
-                    chunks = plan_chunks(stats.values(), _chunk_blocks(opts), _parallelism())
-                    specs = _chunk_specs(config, cp, stats, chunks, folder, export_id)
+                    chunks = plan_chunks(stats.values(), chunk_blocks(opts.chunk_mb), parallelism())
+                    specs = file_specs(config, cp, stats, chunks, folder, export_id)
                     group = f"mirrorline-export-{export_id}-{attempt}"
                     est = sum(s.rows for s in stats.values())
                     prog = Progress(
@@ -471,9 +362,9 @@ def export_snapshot(config: Config, directory: str | Path, *, options: Options |
                         len(chunks),
                         est,
                         every=opts.progress_every,
-                        poll=_spark_poll(group, est, len(chunks)),
+                        poll=spark_poll(group, est, len(chunks)),
                     )
-                    with prog if opts.progress else _null():
+                    with prog if opts.progress else nullcontext():
                         results = run_tasks(write_chunk, specs, group, f"export to {folder}")
                         prog.rows = sum(int(r["rows"]) for r in results)
                         prog.exact = True
@@ -580,7 +471,7 @@ def load_snapshot(config: Config, name: str, folder: str | Path, *, options: Opt
                     every=opts.progress_every,
                 )
                 if opts.progress
-                else _null() as prog
+                else nullcontext() as prog
             ):
                 for c in manifest.chunks:
                     n = loader.load(schemas[c.table], f / c.file)
