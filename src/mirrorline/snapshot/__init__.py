@@ -16,6 +16,7 @@ For ``verify``, the consistent-read building blocks: ``tables_at`` (the tables a
 (a table rewritten under the snapshot: take a new point), ``target_config``.
 """
 
+from mirrorline.snapshot.files import export_snapshot, load_snapshot
 from mirrorline.snapshot.folder import Manifest, check_folder
 from mirrorline.snapshot.jobs import ATTEMPTS, Rewritten, check_rewritten, retrying, run_tasks
 from mirrorline.snapshot.plan import SEQ_MAX, consistent_position, point_of
@@ -23,8 +24,6 @@ from mirrorline.snapshot.run import (
     Options,
     SnapshotResult,
     TargetReconcile,
-    export_snapshot,
-    load_snapshot,
     missing_tables,
     needs_load,
     reconcile_targets,

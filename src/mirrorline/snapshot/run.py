@@ -1,5 +1,5 @@
-"""The snapshot operations (DESIGN §7): over the wire into a target, export to a folder, load a folder, and the
-reconciliation of targets with the configuration at start.
+"""Snapshots over the wire into a target (DESIGN §7), and the reconciliation of targets with the configuration at
+start (a new target, or a table added to the configuration, is loaded this way).
 
 Over the wire: a consistent point (:mod:`mirrorline.snapshot.source`), the configured tables described under its
 snapshot, chunks read in parallel by Spark tasks each importing the snapshot. A target whose kind loads chunks from
@@ -9,9 +9,10 @@ bulk-loaded by the driver in one transaction as they arrive. Either way the targ
 position becomes the snapshot's consistent position and the target continues from the log there. The target is
 registered with the log as a reader at that position first, so retention keeps what it will need.
 
-Over the wire, export and load share the consistent point and the tables' description; the Spark jobs of chunk tasks
-and the retry when a table is rewritten under the snapshot are :mod:`mirrorline.snapshot.jobs`'. What one Spark task
-does with one chunk is in ``snapshot/tasks.py``; a kind's load straight from the tasks in its folder under ``apply/``.
+Over the wire and export (:mod:`mirrorline.snapshot.files`) share the tables' description at the consistent point
+(:func:`tables_at`), the registration with the log and the options; the Spark jobs of chunk tasks and the retry when a
+table is rewritten under the snapshot are :mod:`mirrorline.snapshot.jobs`'. What one Spark task does with one chunk
+is in ``snapshot/tasks.py``; a kind's load straight from the tasks in its folder under ``apply/``.
 """
 
 from __future__ import annotations
@@ -30,13 +31,12 @@ from typing import Any
 from mirrorline.apply import open_target
 from mirrorline.apply.chunks import ChunkLoader
 from mirrorline.apply.target import Target
-from mirrorline.config import Config, TargetConfig, redact_dsn
-from mirrorline.errors import ConfigError, LogError, SnapshotError
+from mirrorline.config import Config, TargetConfig
+from mirrorline.errors import ConfigError, SnapshotError
 from mirrorline.log.reader import ChangeLog
-from mirrorline.log.retention import clear_reload, readers, set_applied, unregister
+from mirrorline.log.retention import clear_reload, readers, set_applied
 from mirrorline.position import Position, format_lsn
 from mirrorline.snapshot import state as snapstate
-from mirrorline.snapshot.folder import ChunkEntry, Manifest, check_folder, make_folder, write_manifest
 from mirrorline.snapshot.jobs import (
     Rewritten,
     attempts,
@@ -55,7 +55,6 @@ from mirrorline.snapshot.source import (
     ConsistentPoint,
     consistent_point,
     current_wal_lsn,
-    require_source,
     sized_tables,
     snapshot_connection,
 )
@@ -121,15 +120,37 @@ def _stamp() -> str:
     return time.strftime("%Y%m%dT%H%M%S", time.gmtime()) + f"{uuid.uuid4().hex[:6]}"
 
 
-# ------------------------------------------------------------------------------------------------------ over the wire
-
-
-def _register(log_root: Path, name: str, position: Position) -> None:
+def register_reader(log_root: Path, name: str, position: Position) -> None:
     """Register ``name`` with the log at ``position`` unless it is registered already (then its own, earlier,
     position keeps what it needs)."""
     cl = ChangeLog(log_root)
     if name not in readers(cl):
         set_applied(cl, name, position)
+
+
+def tables_at(
+    config: Config, cp: ConsistentPoint, only: set[str] | None, keyless_ok: bool = False
+) -> dict[str, TableStat]:
+    """The configured tables (or ``only`` these) as the source holds them at the consistent point: schema, size.
+    ``keyless_ok``: a table that lost its replica identity is described as a bag of rows (``verify``)."""
+    assert config.source is not None
+    conn = snapshot_connection(config.source.dsn, cp.snapshot)
+    try:
+        stats = sized_tables(conn, config, keyless_ok)
+    finally:
+        conn.close()
+    if only is not None:
+        unknown = only - set(stats)
+        if unknown:
+            raise ConfigError(str(config.file), "tables", f"not configured: {', '.join(sorted(unknown))}")
+        stats = {k: v for k, v in stats.items() if k in only}
+    for name, mark in cp.resync.items():  # what the table as loaded here has caught up with
+        if name in stats:
+            stats[name] = replace(stats[name], schema=replace(stats[name].schema, resync=mark))
+    return stats
+
+
+# ------------------------------------------------------------------------------------------------------ over the wire
 
 
 def _groups(chunks: Sequence[Chunk], stats: dict[str, TableStat]) -> list[list[Chunk]]:
@@ -159,7 +180,7 @@ def snapshot_target(
                     if only is not None:  # a table reloaded whole takes the source's shape of now
                         target.recreate(schemas)
                     target.ensure_schema(schemas)
-                    _register(config.log.path, name, cp.position)
+                    register_reader(config.log.path, name, cp.position)
                     whole = only is None
                     loader = target.chunk_loader()
                     if loader is not None:
@@ -182,28 +203,6 @@ def snapshot_target(
     res = SnapshotResult(name, cp.lsn, cp.position, rows, time.monotonic() - t0, cp.slot, not cp.temporary)
     log.info("%s", res.summary())
     return res
-
-
-def tables_at(
-    config: Config, cp: ConsistentPoint, only: set[str] | None, keyless_ok: bool = False
-) -> dict[str, TableStat]:
-    """The configured tables (or ``only`` these) as the source holds them at the consistent point: schema, size.
-    ``keyless_ok``: a table that lost its replica identity is described as a bag of rows (``verify``)."""
-    assert config.source is not None
-    conn = snapshot_connection(config.source.dsn, cp.snapshot)
-    try:
-        stats = sized_tables(conn, config, keyless_ok)
-    finally:
-        conn.close()
-    if only is not None:
-        unknown = only - set(stats)
-        if unknown:
-            raise ConfigError(str(config.file), "tables", f"not configured: {', '.join(sorted(unknown))}")
-        stats = {k: v for k, v in stats.items() if k in only}
-    for name, mark in cp.resync.items():  # what the table as loaded here has caught up with
-        if name in stats:
-            stats[name] = replace(stats[name], schema=replace(stats[name].schema, resync=mark))
-    return stats
 
 
 def _wire_direct(
@@ -332,172 +331,6 @@ def _wire_staged(
             runner.join(timeout=60)
         shutil.rmtree(staging, ignore_errors=True)
     return rows
-
-
-# ------------------------------------------------------------------------------------------------------ files
-
-
-def export_snapshot(config: Config, directory: str | Path, *, options: Options | None = None) -> SnapshotResult:
-    """``snapshot export DIR``: a new uniquely named folder in DIR with the chunk files, the manifest and the end
-    marker. The export is registered with the log as a reader at its position (``export-<folder name>``), so the
-    log keeps what a target loaded from it will need; loading it releases that."""
-    opts = options or Options()
-    require_source(config)
-    assert config.source is not None
-    folder = make_folder(directory)
-    export_id = uuid.uuid4().hex
-    t0 = time.monotonic()
-    try:
-        for attempt in attempts(f"export to {folder}"):
-            try:
-                with consistent_point(config) as cp:
-                    stats = tables_at(config, cp, None)
-                    _register(config.log.path, f"export-{folder.name}", cp.position)
-                    chunks = plan_chunks(stats.values(), chunk_blocks(opts.chunk_mb), parallelism())
-                    specs = file_specs(config, cp, stats, chunks, folder, export_id)
-                    group = f"mirrorline-export-{export_id}-{attempt}"
-                    est = sum(s.rows for s in stats.values())
-                    prog = Progress(
-                        f"export {folder.name}",
-                        len(chunks),
-                        est,
-                        every=opts.progress_every,
-                        poll=spark_poll(group, est, len(chunks)),
-                    )
-                    with prog if opts.progress else nullcontext():
-                        results = run_tasks(write_chunk, specs, group, f"export to {folder}")
-                        prog.rows = sum(int(r["rows"]) for r in results)
-                        prog.exact = True
-                    check_rewritten(results)
-                    end_lsn = current_wal_lsn(config.source.dsn)
-                break
-            except Rewritten as e:
-                retrying(e, f"export to {folder}", attempt)
-                for p in folder.iterdir():
-                    p.unlink()
-    except BaseException:
-        shutil.rmtree(folder, ignore_errors=True)
-        raise
-    entries = sorted(
-        (
-            ChunkEntry(r["file"], r["table"], int(r["chunk"]), int(r["rows"]), int(r["bytes"]), r["sha256"])
-            for r in results
-        ),
-        key=lambda e: e.file,
-    )
-    manifest = Manifest(
-        export_id,
-        snapstate.now(),
-        {"dsn": redact_dsn(config.source.dsn), "slot": config.source.slot, **_source_identity(config)},
-        cp.lsn,
-        cp.position,
-        end_lsn,
-        [s.schema for s in stats.values()],
-        entries,
-    )
-    write_manifest(folder, manifest)
-    res = SnapshotResult(
-        None, cp.lsn, cp.position, manifest.rows(), time.monotonic() - t0, cp.slot, not cp.temporary, folder, export_id
-    )
-    log.info("%s", res.summary())
-    return res
-
-
-def _source_identity(config: Config) -> dict[str, str]:
-    """The source the log records (its system identifier and database: ``log/source.py``), for a manifest."""
-    from mirrorline.log import source
-
-    ident = source.read(config.log.path)
-    return {"system_identifier": ident.system_identifier, "database": ident.database} if ident else {}
-
-
-def _check_belongs(config: Config, manifest: Manifest, f: Path) -> None:
-    """An export loads only into a target of the configuration and log it was made for: its tables are configured
-    ones, and its source is the log's (when both are known)."""
-    extra = [t.table for t in manifest.tables if t.table not in config.tables]
-    if extra:
-        raise SnapshotError(
-            f"snapshot folder {f} holds tables this configuration does not replicate: {', '.join(extra)}; nothing "
-            "was loaded",
-            hint="configure them, or export again with this configuration",
-            path=str(f),
-        )
-    mine, theirs = _source_identity(config), manifest.source
-    for key in ("system_identifier", "database"):
-        if mine.get(key) and theirs.get(key) and mine[key] != theirs[key]:
-            raise SnapshotError(
-                f"snapshot folder {f} was exported from another source ({key} {theirs[key]}) than the one this "
-                f"log captures ({mine[key]}); nothing was loaded",
-                hint="load an export made with this configuration",
-                path=str(f),
-            )
-
-
-def load_snapshot(config: Config, name: str, folder: str | Path, *, options: Options | None = None) -> SnapshotResult:
-    """``snapshot load --target NAME DIR``: check the folder whole (and that the log still holds what follows it),
-    then load it into the target in one transaction; the target then continues from the log at its position."""
-    opts = options or Options()
-    tcfg = target_config(config, name)
-    f = Path(folder)
-    manifest = check_folder(f)
-    _check_belongs(config, manifest, f)
-    cl = ChangeLog(config.log.path)
-    if cl.layout.exists():
-        try:
-            cl.select(manifest.position)
-        except LogError as e:
-            raise SnapshotError(
-                f"cannot load {f}: the change log no longer holds the changes after its position "
-                f"{manifest.position} ({e.message})",
-                hint="export a new snapshot and load that one",
-                path=str(f),
-            ) from None
-    t0 = time.monotonic()
-    target = open_target(tcfg)
-    try:
-        target.ensure_schema(manifest.tables)
-        loader = BulkLoader(target)
-        schemas = {t.table: t for t in manifest.tables}
-        expected = manifest.rows()
-        rows = {t: 0 for t in schemas}
-        ok = False
-        try:
-            loader.begin(manifest.tables)
-            with (
-                Progress(
-                    f"load {f.name} into {name}",
-                    len(manifest.chunks),
-                    sum(expected.values()),
-                    every=opts.progress_every,
-                )
-                if opts.progress
-                else nullcontext() as prog
-            ):
-                for c in manifest.chunks:
-                    n = loader.load(schemas[c.table], f / c.file)
-                    if n != c.rows:
-                        raise SnapshotError(
-                            f"snapshot folder {f}: chunk {c.file} holds {n} rows, the manifest says "
-                            f"{c.rows}; nothing was loaded",
-                            path=str(f),
-                        )
-                    rows[c.table] += n
-                    if prog is not None:
-                        prog.update(rows=n, chunks=1, table=c.table)
-            loader.finish(rows, manifest.position, manifest.end_lsn, manifest.export_id, whole=True)
-            ok = True
-        finally:
-            if not ok:
-                loader.abort()
-    finally:
-        target.close()
-    set_applied(cl, name, manifest.position)
-    unregister(cl, f"export-{f.name}")
-    res = SnapshotResult(
-        name, manifest.consistent_lsn, manifest.position, rows, time.monotonic() - t0, "", False, f, manifest.export_id
-    )
-    log.info("%s", res.summary())
-    return res
 
 
 # ------------------------------------------------------------------------------------------------------ reconcile
