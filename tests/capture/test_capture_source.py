@@ -12,7 +12,8 @@ from typing import Any
 
 import pytest
 
-from mirrorline.capture.source import connect, describe_tables, ensure_slot, reconcile_publication
+from mirrorline.capture.provision import ensure_slot, reconcile_publication
+from mirrorline.capture.source import connect, describe_tables
 from mirrorline.config import Config, parse
 from mirrorline.errors import ConfigError, SourceError
 from mirrorline.log.reader import ChangeLog

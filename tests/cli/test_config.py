@@ -5,6 +5,7 @@ from pathlib import Path
 import pytest
 
 from mirrorline import config
+from mirrorline.config.values import parse_duration
 from mirrorline.errors import ConfigError
 
 FULL = """
@@ -160,7 +161,7 @@ def test_passwords_are_redacted(dsn, shown):
 
 @pytest.mark.parametrize(("value", "seconds"), [("2s", 2.0), ("500ms", 0.5), ("1m", 60.0), (3, 3.0), ("1.5", 1.5)])
 def test_durations(value, seconds):
-    assert config.parse_duration(value) == seconds
+    assert parse_duration(value) == seconds
 
 
 def test_spark_section(tmp_path):

@@ -10,10 +10,11 @@ from collections import Counter
 from typing import Any
 
 import pytest
+from compile_support import changes_frame, collect_result, find_invalid
 
 from mirrorline.compile.reference import NetResult, fold
 from mirrorline.compile.small import SmallUnits, qualifies
-from mirrorline.compile.spark import changes_frame, collect_result, compile_changes, find_invalid
+from mirrorline.compile.spark import compile_changes
 from mirrorline.errors import InvalidSequenceError
 from mirrorline.log.rows import changes_to_table
 from mirrorline.log.stats import table_stats

@@ -12,11 +12,12 @@ from typing import Any
 
 import pytest
 from changes import write_log
+from compile_support import changes_frame, collect_result
 from large_units import A, one_unit_pipeline, spy_route
 
 from mirrorline.compile import inserts, updates
 from mirrorline.compile import spark as general
-from mirrorline.compile.spark import changes_frame, collect_result, compile_changes
+from mirrorline.compile.spark import compile_changes
 from mirrorline.log import ChangeLog
 from mirrorline.log.spark import read_spark
 from mirrorline.model import Change, Op

@@ -9,12 +9,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from compile_support import collect_result
 from large_units import A, B, ab_rows, one_unit_pipeline, spy_route
 
 from mirrorline.compile import distinct
 from mirrorline.compile.distinct import compile_distinct, qualifies
 from mirrorline.compile.reference import fold
-from mirrorline.compile.spark import collect_result
 from mirrorline.log import ChangeLog, LogWriter
 from mirrorline.log.rows import changes_to_table
 from mirrorline.log.stats import table_stats

@@ -13,11 +13,11 @@ from typing import Any
 import pytest
 from changes import write_log
 from compile_cases import CASES, pos, render
+from compile_support import collect_result
 from large_units import one_unit_pipeline
 
 from mirrorline.compile.driver import fold_unit
 from mirrorline.compile.reference import fold
-from mirrorline.compile.spark import collect_result
 from mirrorline.errors import InvalidSequenceError
 from mirrorline.log.writer import LogWriter
 from mirrorline.model import Change, Column, Op, TableSchema

@@ -10,13 +10,14 @@ from typing import Any
 
 import pytest
 from changes import write_log
+from compile_support import changes_frame, collect_result
 from large_units import A, B, ab_rows, kill_while_copying, one_unit_pipeline, spy_route
 
 from mirrorline import stopped
 from mirrorline.compile import inserts
 from mirrorline.compile.batch import Feed
 from mirrorline.compile.inserts import compile_inserts, qualifies
-from mirrorline.compile.spark import changes_frame, collect_result, compile_changes
+from mirrorline.compile.spark import compile_changes
 from mirrorline.compile.store import UnitStore
 from mirrorline.errors import ApplyError, InvalidSequenceError, LogError, Unverified
 from mirrorline.log import ChangeLog, LogWriter

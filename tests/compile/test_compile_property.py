@@ -9,11 +9,12 @@ from typing import Any
 
 import pytest
 from compile_histories import Picker, inject, pack, prefixed, random_histories, unpack
+from compile_support import changes_frame, collect_result, find_invalid
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mirrorline.compile.reference import apply_net, fold, replay
-from mirrorline.compile.spark import changes_frame, collect_result, compile_changes, find_invalid
+from mirrorline.compile.spark import compile_changes
 from mirrorline.errors import InvalidSequenceError
 from mirrorline.log.rows import changes_to_table
 from mirrorline.log.stats import table_stats

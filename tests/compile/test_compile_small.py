@@ -10,12 +10,13 @@ from typing import Any
 import pytest
 from compile_cases import CASES, pos, render, unit
 from compile_histories import Picker, inject, pack, random_histories, unpack
+from compile_support import changes_frame, collect_result
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mirrorline.compile.reference import Actions, NetResult, apply_net, fold, replay
 from mirrorline.compile.small import SmallUnits, qualifies
-from mirrorline.compile.spark import changes_frame, collect_result, compile_changes
+from mirrorline.compile.spark import compile_changes
 from mirrorline.errors import InvalidSequenceError
 from mirrorline.log.rows import changes_to_table
 from mirrorline.log.stats import table_stats

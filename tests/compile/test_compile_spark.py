@@ -11,11 +11,12 @@ from typing import Any
 
 import pytest
 from compile_cases import CASES, pos, render, unit
+from compile_support import changes_frame, collect_result, find_invalid, mirror
 
 from mirrorline import scratch
 from mirrorline.compile.batch import NET_ARROW, NET_DDL
 from mirrorline.compile.reference import NetResult, fold
-from mirrorline.compile.spark import changes_frame, collect_result, compile_changes, find_invalid, mirror
+from mirrorline.compile.spark import compile_changes
 from mirrorline.errors import InvalidSequenceError
 from mirrorline.log.rows import changes_to_table
 from mirrorline.log.stats import table_stats
@@ -232,9 +233,13 @@ def test_to_driver_raises_the_earliest_invalid_sequence_and_leaves_nothing(spark
 _RESULT_LIMIT_SCRIPT = """
 import json, sys
 from mirrorline.sparkenv import get_spark
-from mirrorline.compile.spark import changes_frame, compile_changes
+from mirrorline.compile.spark import compile_changes
+from mirrorline.log.rows import SPARK_DDL, changes_to_table
 from mirrorline.model import Change, Op
 from mirrorline.position import Position
+
+def changes_frame(spark, changes):
+    return spark.createDataFrame(changes_to_table(changes), schema=SPARK_DDL)
 
 spark = get_spark(conf={"spark.driver.maxResultSize": "100k"})
 changes = [
@@ -245,7 +250,6 @@ changes = [
 batch = compile_changes(changes_frame(spark, changes), to_driver=True)
 # the inserts-and-updates route: its aggregate's rows (a position and two flags each) are more than 100 KiB too
 from mirrorline.compile.updates import compile_updates
-from mirrorline.log.rows import changes_to_table
 from mirrorline.log.stats import table_stats
 from mirrorline.position import ZERO
 stats = table_stats(changes_to_table(changes))

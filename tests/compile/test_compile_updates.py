@@ -12,10 +12,11 @@ from typing import Any
 import pyarrow as pa
 import pytest
 from changes import write_log
+from compile_support import changes_frame, collect_result
 from large_units import A, B, ab_rows, kill_while_copying, one_unit_pipeline, spy_route
 
 from mirrorline.compile import updates
-from mirrorline.compile.spark import changes_frame, collect_result, compile_changes
+from mirrorline.compile.spark import compile_changes
 from mirrorline.compile.updates import SEQ_BITS, compile_updates, qualifies
 from mirrorline.errors import ApplyError, InvalidSequenceError, LogError
 from mirrorline.log import ChangeLog, LogWriter

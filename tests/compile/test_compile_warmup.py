@@ -7,9 +7,10 @@ import logging
 import time
 
 import pytest
+from compile_support import collect_result
 
 from mirrorline.compile import reference
-from mirrorline.compile.spark import collect_result, compile_changes
+from mirrorline.compile.spark import compile_changes
 from mirrorline.compile.warmup import WarmUp, large_unit, synthetic_rows, synthetic_unit, warm_small, warm_up
 from mirrorline.log.rows import table_to_changes
 

@@ -11,8 +11,9 @@ Watermarks (DESIGN §2), kept apart and named:
 A dropped connection is retried (with back-off) from the slot, after making what was received whole durable and
 discarding open stream spills (PostgreSQL streams those transactions again from their start).
 
-One module of about 680 lines: the session's loop and everything that must run between two of its messages
-(keepalives, reconnects, the partition looks) share the session's watermarks.
+The session's loop and everything that must run between two of its messages (keepalives, reconnects, the looks at
+the catalog) share the session's watermarks; what the looks at partitioned tables' leaves find is kept by
+:mod:`mirrorline.capture.partition_watch` until the session marks the table.
 """
 
 from __future__ import annotations
@@ -26,7 +27,6 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from mirrorline import stopped
-from mirrorline.capture import partitions
 from mirrorline.capture.batching import BatchAssembler
 from mirrorline.capture.events import (
     Committed,
@@ -38,24 +38,21 @@ from mirrorline.capture.events import (
     SpillCommit,
     TableInfo,
 )
+from mirrorline.capture.partition_watch import PartitionWatch
+from mirrorline.capture.provision import PublicationReport, check_failover, ensure_slot, reconcile_publication
 from mirrorline.capture.selection import publication_specs
 from mirrorline.capture.source import (
-    PublicationReport,
     TypeNames,
-    check_failover,
     check_server,
     connect,
     current_wal_lsn,
     describe_tables,
-    ensure_slot,
     is_transient,
-    reconcile_publication,
     source_error,
     whereabouts,
 )
 from mirrorline.config import Config
 from mirrorline.errors import ConfigError, LogError, SourceError, TransientSourceError
-from mirrorline.log.layout import read_json, write_json_atomic
 from mirrorline.log.stream import StreamSpill
 from mirrorline.log.writer import LogWriter
 from mirrorline.model import TableSchema
@@ -72,7 +69,6 @@ def _fetch_one(conn: Any, sql: str, *args: Any) -> Any:
 
 TAKE_ROWS = 20_000  # hand committed rows to the writer in batches of about this many
 IDLE_WAIT = 0.1  # seconds to wait for the server when it has nothing for us
-PARTITIONS_FILE = "partitions.json"  # the last look at the configured partitioned tables' leaves
 DROP_CHECK_SECONDS = 5.0  # how often capture looks for configured tables dropped at the source
 
 
@@ -135,8 +131,7 @@ class Capture:
         self._oids: dict[int, str] = {}  # configured tables' relids (until found dropped)
         self._gone_infos: dict[str, TableInfo] = {}  # configured tables no longer at the source, as the log knew them
         self._next_drop_check = 0.0
-        self._look: partitions.Look | None = None  # the last look at configured partitioned tables' leaves
-        self._resyncs: dict[int, str] = {}  # relid -> what happened, until the next transaction boundary
+        self._partitions = PartitionWatch(config)
 
     def stop(self) -> None:
         """Ask the run to end at the next message or idle tick (signal-handler safe)."""
@@ -198,7 +193,6 @@ class Capture:
     def _check_not_imported(self) -> None:
         """A log holding changes imported from files is not one capture adds to (refused before the source is
         touched): their positions are not the source's."""
-        from mirrorline.errors import LogError
         from mirrorline.log.interchange import imported_mark
         from mirrorline.log.reader import ChangeLog
 
@@ -297,97 +291,14 @@ class Capture:
                 self._gone(name, "dropped at the source", self._wal_end)
             else:
                 self._gone(name, f"renamed to {name_now} at the source", self._wal_end)
-        self._check_partitions(asm)
+        self._partitions.check(self._types, self._oids)
 
-    # ------------------------------------------------------------------------------------------------- partitions
-
-    def _check_partitions(self, asm: BatchAssembler) -> None:
-        """The look at configured partitioned tables' leaves (capture/partitions.py): a partition attached with
-        rows, detached or dropped with rows, or truncated alone marks its table (a schema version with ``resync``),
-        and every target stops that table until it is loaded again."""
-        assert self._types is not None
-        found = self._types.leaves(self._oids)
-        if found is None:
-            return
-        since, lsn, now = found
-        last = self._look if self._look is not None else self._kept_look()
-        keep = {root: dict(leaves) for root, leaves in now.items()}
-        suspects = list(last.suspects) if self._look is None else list(self._look.suspects)
-        for ch in partitions.changes(last.tree, now):
-            verdict = self._verdict(ch)
-            if verdict is None:  # could not tell yet: looked at again next time
-                keep[ch.root] = dict(last.tree[ch.root])
-            elif verdict == "suspect":
-                suspects.append(partitions.Suspect(ch.root, ch.leaf, last.since, lsn))
-            elif verdict:
-                self._resyncs.setdefault(ch.root, verdict)
-        self._look = partitions.Look(since, lsn, keep, tuple(suspects))
-        if keep or suspects or last.tree:
-            write_json_atomic(self.config.log.path / PARTITIONS_FILE, partitions.to_json(self._look))
+    # ------------------------------------------------------------------------------------------------- marks
 
     def _mark(self, asm: BatchAssembler) -> None:
-        """Suspects the log now explains or not; marks recorded between transactions (a transaction's changes of a
-        table carry one version)."""
-        look = self._look
-        if look is not None and look.suspects:
-            settled = [x for x in look.suspects if x.lsn <= self.stats.durable_lsn]
-            for sus in settled:
-                table = self._oids.get(sus.root)
-                if table is not None and table not in self._logged_truncates(sus.since, sus.lsn):
-                    self._resyncs.setdefault(sus.root, partitions.Change("refilled", sus.root, sus.leaf).describe())
-            if settled:
-                self._look = replace(look, suspects=tuple(x for x in look.suspects if x not in settled))
-                write_json_atomic(self.config.log.path / PARTITIONS_FILE, partitions.to_json(self._look))
-        if self._resyncs and not asm.in_transaction:
-            for relid, what in sorted(self._resyncs.items()):
-                self._resync(asm, relid, what)
-            self._resyncs.clear()
-
-    def _kept_look(self) -> partitions.Look:
-        """The last look of an earlier run (what happened while capture was stopped is found against it)."""
-        path = self.config.log.path / PARTITIONS_FILE
-        empty = partitions.Look(0, 0, {})
-        if not path.exists():
-            return empty
-        try:
-            return partitions.from_json(read_json(path))
-        except (OSError, ValueError) as e:
-            log.warning("cannot read %s (%s): partitions are compared from now on", path, e)
-            return empty
-
-    def _logged_truncates(self, after: int, upto: int) -> set[str]:
-        """The tables the log holds a TRUNCATE of, committed in ``(after, upto]`` (source positions)."""
-        import pyarrow.compute as pc
-
-        from mirrorline.log.reader import ChangeLog
-
-        out: set[str] = set()
-        try:
-            for b in ChangeLog(self.config.log.path).read_arrow(Position(after), Position(upto, 1 << 62)):
-                t = b.filter(pc.equal(b.column("op"), "T"))
-                out.update(t.column("table").to_pylist())
-        except LogError as e:  # (no longer retained: nothing explains a replaced partition)
-            log.debug("truncates after %s not read: %s", format_lsn(after), e)
-        return out
-
-    def _verdict(self, ch: partitions.Change) -> str | None:
-        """What ``ch`` did to its table's rows: a description when the targets' rows are no longer the source's,
-        "" when nothing, "suspect" when a TRUNCATE of the root may explain it, None when it cannot be told yet."""
-        assert self._types is not None
-        if ch.kind == "added":
-            older = self._types.rows_before(ch.leaf)
-            return None if older is None else ch.describe() if older else ""
-        if ch.kind == "removed":
-            table = self._oids.get(ch.root)
-            if table is not None and self.config.table(table).detached_partitions == "keep":
-                log.info("table %s: %s at the source: its rows stay at the targets", table, ch.describe())
-                return ""
-            held = self._types.holds_rows(ch.leaf.relid)
-            if held is None:  # dropped (or unreadable): what it held at the last look decides
-                return ch.describe("dropped (or detached) with its rows") if ch.leaf.size > 0 else ""
-            return ch.describe("detached with its rows") if held else ""
-        older = self._types.rows_before(ch.leaf)
-        return None if older is None else "" if older else "suspect"
+        """Tables the partition looks found changed, marked between transactions (:meth:`_resync`)."""
+        for relid, what in self._partitions.due(self._oids, self.stats.durable_lsn, asm.in_transaction):
+            self._resync(asm, relid, what)
 
     def _parts_changed(self, asm: BatchAssembler, tables: Mapping[str, Any]) -> None:
         """A table whose replicated part (``columns`` / ``exclude`` / ``where``) is not the one its logged changes
@@ -591,7 +502,7 @@ class Capture:
         nothing received is waiting."""
         if asm.in_transaction or asm.buffered or writer.pending or self._ends:
             return False
-        if self._look is not None and (self._look.suspects or self._resyncs):  # (settled as the log passes them)
+        if self._partitions.waiting:  # (settled as the log passes them)
             return False
         return max(self._wal_end, self.stats.durable_lsn) >= self.stats.target_lsn
 

@@ -1,11 +1,10 @@
-"""The source database seen through a normal SQL connection: checks, the configured tables' keys, the publication
-reconciled with the configuration, the replication slot, type names.
+"""The source database seen through a normal SQL connection: connecting (and the errors a user reads), the checks
+of the server, the configured tables as the catalog describes them (their keys, their columns), and the catalog
+lookups capture makes while it streams (type names, added columns, renamed tables, partitions).
 
-Everything here runs before streaming starts, so that a missing table or a table without a usable key is a clear
-error before anything streams. Errors never show a password (:func:`mirrorline.config.redact_dsn`).
-
-One module of about 750 lines: every catalog query capture makes before it streams, so that each table's
-checks read as one list.
+The checks run before streaming starts, so that a missing table or a table without a usable key is a clear error
+before anything streams. Errors never show a password (:func:`mirrorline.config.redact_dsn`). What capture creates at
+the source (the publication, the slot) is :mod:`mirrorline.capture.provision`'s.
 """
 
 from __future__ import annotations
@@ -87,11 +86,8 @@ def connect(dsn: str, *, replication: bool = False, doing: str = "cannot connect
         raise source_error(e, dsn, doing) from None
 
 
-def _literal(text: str) -> str:
-    return "'" + text.replace("'", "''") + "'"
-
-
-def _fetch(conn: Any, sql: str, args: Iterable[Any] = ()) -> list[tuple[Any, ...]]:
+def fetch(conn: Any, sql: str, args: Iterable[Any] = ()) -> list[tuple[Any, ...]]:
+    """The rows of one statement on a normal SQL connection (none for a statement that returns no rows)."""
     with conn.cursor() as cur:
         cur.execute(sql, tuple(args))
         return list(cur.fetchall()) if cur.description else []
@@ -101,13 +97,13 @@ def _fetch(conn: Any, sql: str, args: Iterable[Any] = ()) -> list[tuple[Any, ...
 
 
 def check_server(conn: Any) -> None:
-    ((version,),) = _fetch(conn, "SELECT current_setting('server_version_num')::int")
+    ((version,),) = fetch(conn, "SELECT current_setting('server_version_num')::int")
     if version < 140000:
         raise SourceError(
             f"the source runs PostgreSQL {version // 10000}; mirrorline needs 14 or newer "
             "(pgoutput protocol version 2 with streaming)"
         )
-    ((level,),) = _fetch(conn, "SELECT current_setting('wal_level')")
+    ((level,),) = fetch(conn, "SELECT current_setting('wal_level')")
     if level != "logical":
         raise SourceError(
             f"the source has wal_level = {level}; logical decoding needs wal_level = logical",
@@ -116,7 +112,7 @@ def check_server(conn: Any) -> None:
 
 
 def current_wal_lsn(conn: Any) -> int:
-    ((lsn,),) = _fetch(conn, "SELECT pg_current_wal_lsn()::text")
+    ((lsn,),) = fetch(conn, "SELECT pg_current_wal_lsn()::text")
     return parse_lsn(lsn)
 
 
@@ -181,7 +177,7 @@ def describe_tables(
     for name, tcfg in config.tables.items():
         key_name = f'tables."{name}"'
         schema, rel = split_table_name(name)
-        rows = _fetch(conn, _TABLE_SQL, (schema, rel))
+        rows = fetch(conn, _TABLE_SQL, (schema, rel))
         if not rows and name in replicated:
             continue
         if not rows:
@@ -201,7 +197,7 @@ def describe_tables(
             )
         columns = tuple(
             Column(n, t, int(o), int(m), not nn, attnum=int(num))
-            for n, o, m, t, nn, num in _fetch(conn, _COLUMNS_SQL, (oid,))
+            for n, o, m, t, nn, num in fetch(conn, _COLUMNS_SQL, (oid,))
         )
         names = [c.name for c in columns]
         pk = tuple(pk or ())
@@ -218,7 +214,7 @@ def describe_tables(
         if not identity:
             what = "has no primary key" if ident == "d" else "has REPLICA IDENTITY NOTHING"
             lacking[name] = f"{name} {what} and no REPLICA IDENTITY FULL or USING INDEX"
-            unique = _fetch(conn, _UNIQUE_INDEX_SQL, (oid,))
+            unique = fetch(conn, _UNIQUE_INDEX_SQL, (oid,))
             if unique:
                 advice.append(
                     f"ALTER TABLE {quote_table(name)} REPLICA IDENTITY USING INDEX {quote_ident(unique[0][0])}"
@@ -273,7 +269,7 @@ def publication_members(conn: Any, publication: str) -> list[str]:
     """The tables named in ``publication`` (pg_publication_tables lists a partitioned table's partitions instead)."""
     return sorted(
         f"{s}.{t}"
-        for s, t in _fetch(
+        for s, t in fetch(
             conn,
             "SELECT n.nspname, c.relname FROM pg_publication_rel r JOIN pg_publication p ON p.oid = r.prpubid "
             "JOIN pg_class c ON c.oid = r.prrelid JOIN pg_namespace n ON n.oid = c.relnamespace "
@@ -281,252 +277,6 @@ def publication_members(conn: Any, publication: str) -> list[str]:
             (publication,),
         )
     )
-
-
-def _has_parts(conn: Any, publication: str) -> bool:
-    """Does the publication carry a column list or a row filter for some table (PostgreSQL 15 or later)?"""
-    if int(_fetch(conn, "SHOW server_version_num")[0][0]) < 150000:
-        return False
-    return bool(
-        _fetch(
-            conn,
-            "SELECT 1 FROM pg_publication_rel r JOIN pg_publication p ON p.oid = r.prpubid WHERE p.pubname = %s "
-            "AND (r.prattrs IS NOT NULL OR r.prqual IS NOT NULL)",
-            (publication,),
-        )
-    )
-
-
-@dataclass
-class PublicationReport:
-    publication: str
-    created: bool = False
-    added: list[str] = field(default_factory=list)
-    removed: list[str] = field(default_factory=list)
-    publish_fixed: bool = False
-
-    @property
-    def changed(self) -> bool:
-        return self.created or bool(self.added or self.removed) or self.publish_fixed
-
-    def summary(self) -> str:
-        if not self.changed:
-            return f"publication {self.publication}: unchanged"
-        parts = []
-        if self.created:
-            parts.append("created")
-        if self.added:
-            parts.append("added " + ", ".join(self.added))
-        if self.removed:
-            parts.append("removed " + ", ".join(self.removed))
-        if self.publish_fixed:
-            parts.append("now publishes insert, update, delete, truncate")
-        return f"publication {self.publication}: " + "; ".join(parts)
-
-
-OWNER_MARK = "mirrorline: the publication of the log at "
-
-
-@dataclass
-class Teardown:
-    """What :func:`teardown` found at the source, and did (``done``)."""
-
-    slot: str
-    slot_exists: bool
-    slot_holder: int | None  # the pid of the process streaming from the slot
-    slot_retained_bytes: int | None
-    publication: str
-    publication_exists: bool
-    publication_owner: str | None  # the log path its mark names (None: no mark, not mirrorline's)
-    done: list[str] = field(default_factory=list)
-
-    def plan(self, owner: str) -> list[str]:
-        """What dropping would do, one line each."""
-        out = []
-        if self.slot_exists:
-            held = f"{self.slot_retained_bytes} bytes of WAL" if self.slot_retained_bytes is not None else "WAL"
-            out.append(f"drop the replication slot {self.slot} (it retains {held})")
-        if self.publication_exists and self.publication_owner == owner:
-            out.append(f"drop the publication {self.publication}")
-        elif self.publication_exists:
-            whose = f"the log at {self.publication_owner}" if self.publication_owner else "no mirrorline log"
-            out.append(f"keep the publication {self.publication}: it belongs to {whose}")
-        return out
-
-
-def inspect_teardown(conn: Any, slot: str, publication: str) -> Teardown:
-    """The slot and the publication as the source has them now."""
-    rows = _fetch(
-        conn,
-        "SELECT active_pid, pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)::bigint FROM pg_replication_slots "
-        "WHERE slot_name = %s",
-        (slot,),
-    )
-    pubs = _fetch(
-        conn, "SELECT obj_description(oid, 'pg_publication') FROM pg_publication WHERE pubname = %s", (publication,)
-    )
-    mark = str(pubs[0][0]) if pubs and pubs[0][0] else ""
-    return Teardown(
-        slot,
-        bool(rows),
-        int(rows[0][0]) if rows and rows[0][0] is not None else None,
-        int(rows[0][1]) if rows and rows[0][1] is not None else None,
-        publication,
-        bool(pubs),
-        mark[len(OWNER_MARK) :] if mark.startswith(OWNER_MARK) else None,
-    )
-
-
-def teardown(conn: Any, slot: str, publication: str, owner: str) -> Teardown:
-    """Drop what capture made at the source: the replication slot (refused while a process streams from it) and the
-    publication, when it belongs to this log (``owner``: its path). The log and the targets are left as they are."""
-    t = inspect_teardown(conn, slot, publication)
-    if t.slot_holder is not None:
-        raise SourceError(
-            f"the replication slot {slot} is in use by the process with pid {t.slot_holder} (a running capture)",
-            hint="stop `mirrorline run` (or `capture`) first",
-        )
-    if t.slot_exists:
-        _fetch(conn, "SELECT pg_drop_replication_slot(%s)", (slot,))
-        t.done.append(f"dropped the replication slot {slot}")
-    if t.publication_exists and t.publication_owner == owner:
-        _fetch(conn, f"DROP PUBLICATION {quote_ident(publication)}")
-        t.done.append(f"dropped the publication {publication}")
-    return t
-
-
-def reconcile_publication(
-    conn: Any, publication: str, tables: Iterable[str], owner: str, specs: Mapping[str, str] | None = None
-) -> PublicationReport:
-    """Make the publication hold exactly the configured tables (DESIGN §3): create it, add the missing tables,
-    remove the ones no longer configured, publish every operation, and publish a partitioned table's changes as its
-    own (``publish_via_partition_root``: its partitions' changes come under its name, in its columns). The
-    publication belongs to the log at ``owner`` (its comment says so, written when it is created or first
-    reconciled): one that another log owns is refused before anything changes. ``specs``: a table published in
-    part, as the publication names it with its column list and row filter
-    (:func:`~mirrorline.capture.selection.publication_spec`; PostgreSQL 15 or later). Reports what changed."""
-    wanted = sorted(set(tables))
-    report = PublicationReport(publication)
-    pub = quote_ident(publication)
-    old_autocommit = conn.autocommit
-    conn.autocommit = False
-    try:
-        rows = _fetch(
-            conn,
-            "SELECT puballtables, pubinsert AND pubupdate AND pubdelete AND pubtruncate, pubviaroot, "
-            "obj_description(oid, 'pg_publication') FROM pg_publication WHERE pubname = %s",
-            (publication,),
-        )
-        mark = OWNER_MARK + owner
-        if rows and rows[0][3] and str(rows[0][3]).startswith(OWNER_MARK) and rows[0][3] != mark:
-            other = str(rows[0][3])[len(OWNER_MARK) :]
-            raise SourceError(
-                f"publication {publication} belongs to another mirrorline log (the one at {other}); this "
-                f"configuration's log is {owner}, and reconciling the publication would change what that log "
-                "receives",
-                hint='give this configuration a publication of its own: [source] publication = "..."',
-            )
-        parts = {t: v for t, v in (specs or {}).items() if t in wanted and v != quote_table(t)}
-        if parts and int(_fetch(conn, "SHOW server_version_num")[0][0]) < 150000:
-            raise SourceError(
-                f"{', '.join(sorted(parts))}: replicating part of a table (columns, exclude, where) needs PostgreSQL "
-                "15 or later at the source, whose publications carry column lists and row filters",
-                hint="replicate the whole table, or upgrade the source",
-            )
-        named = ", ".join(parts.get(t, quote_table(t)) for t in wanted)
-        if not rows:
-            _fetch(conn, f"CREATE PUBLICATION {pub} FOR TABLE {named} WITH (publish_via_partition_root = true)")
-            report.created = True
-            report.added = wanted
-        else:
-            all_tables, publishes_all, via_root, _ = rows[0]
-            if all_tables:
-                raise SourceError(
-                    f"publication {publication} is FOR ALL TABLES, so mirrorline cannot reconcile it "
-                    "with the configured tables",
-                    hint="set [source] publication to a name of mirrorline's own",
-                )
-            if not via_root:
-                _fetch(conn, f"ALTER PUBLICATION {pub} SET (publish_via_partition_root = true)")
-            current = publication_members(conn, publication)
-            report.added = [t for t in wanted if t not in current]
-            report.removed = [t for t in current if t not in wanted]
-            partial = bool(parts) or _has_parts(conn, publication)
-            if partial:  # column lists and row filters set as configured, with the members, at once
-                _fetch(conn, f"ALTER PUBLICATION {pub} SET TABLE {named}")
-            elif report.added:
-                _fetch(conn, f"ALTER PUBLICATION {pub} ADD TABLE {', '.join(quote_table(t) for t in report.added)}")
-            if report.removed and not partial:
-                _fetch(conn, f"ALTER PUBLICATION {pub} DROP TABLE {', '.join(quote_table(t) for t in report.removed)}")
-            if not publishes_all:
-                _fetch(conn, f"ALTER PUBLICATION {pub} SET (publish = 'insert, update, delete, truncate')")
-                report.publish_fixed = True
-        if not rows or rows[0][3] != mark:
-            _fetch(conn, f"COMMENT ON PUBLICATION {pub} IS {_literal(mark)}")
-        conn.commit()
-    except BaseException:
-        conn.rollback()
-        raise
-    finally:
-        conn.autocommit = old_autocommit
-    return report
-
-
-# --------------------------------------------------------------------------------------------------------- slot
-
-
-def check_failover(conn: Any, failover: bool) -> None:
-    """``failover = true`` needs a server that has failover slots (PostgreSQL 17 and later)."""
-    if not failover:
-        return
-    ((version,),) = _fetch(conn, "SELECT current_setting('server_version_num')::int")
-    if version < 170000:
-        raise SourceError(
-            f"[source] failover = true needs PostgreSQL 17 or later (the source runs {version // 10000}): before it, a "
-            "logical slot is not carried over to a promoted standby",
-            hint="remove failover (after a failover, reload every target: mirrorline snapshot --target NAME), or "
-            "upgrade the source",
-        )
-
-
-def ensure_slot(conn: Any, slot: str, failover: bool = False) -> bool:
-    """Create the logical replication slot (pgoutput) if it is missing, as a failover slot when ``failover``
-    (:func:`check_failover` first); True when created. An existing slot must be a logical pgoutput slot of this
-    database."""
-    check_failover(conn, failover)
-    rows = _fetch(
-        conn,
-        "SELECT plugin, slot_type, database = current_database() FROM pg_replication_slots WHERE slot_name = %s",
-        (slot,),
-    )
-    if rows:
-        plugin, kind, same_db = rows[0]
-        if kind != "logical" or plugin != "pgoutput":
-            raise SourceError(
-                f"replication slot {slot} exists but is a {kind} slot of plugin {plugin}",
-                hint="set [source] slot to another name, or drop that slot",
-            )
-        if not same_db:
-            raise SourceError(
-                f"replication slot {slot} belongs to another database",
-                hint="set [source] slot to a name of its own for this source",
-            )
-        if (
-            failover
-            and not _fetch(conn, "SELECT failover FROM pg_replication_slots WHERE slot_name = %s", (slot,))[0][0]
-        ):
-            log.warning(
-                "replication slot %s is not a failover slot: a promoted standby will not have it (on a replication "
-                "connection, ALTER_REPLICATION_SLOT %s (FAILOVER true) makes it one)",
-                slot,
-                slot,
-            )
-        return False
-    if failover:
-        _fetch(conn, "SELECT pg_create_logical_replication_slot(%s, 'pgoutput', false, false, true)", (slot,))
-    else:
-        _fetch(conn, "SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
-    return True
 
 
 # --------------------------------------------------------------------------------------------------------- types
@@ -554,7 +304,7 @@ class TypeNames:
         try:
             if self._conn is None or self._conn.closed:
                 self._conn = connect(self.dsn, doing="cannot look up a type name on the source")
-            rows = _fetch(self._conn, "SELECT format_type(%s, %s)", (oid, typmod))
+            rows = fetch(self._conn, "SELECT format_type(%s, %s)", (oid, typmod))
         except psycopg2.Error as e:
             log.warning("cannot look up type %s(%s) on the source: %s", oid, typmod, str(e).strip())
             self.close()
@@ -575,7 +325,7 @@ class TypeNames:
         try:
             if self._conn is None or self._conn.closed:
                 self._conn = connect(self.dsn, doing="cannot look up a table's columns on the source")
-            rows = _fetch(self._conn, _ATTRIBUTES_SQL, (relid, relid, relid))
+            rows = fetch(self._conn, _ATTRIBUTES_SQL, (relid, relid, relid))
         except psycopg2.Error as e:
             log.warning("cannot look up the columns of relation %s on the source: %s", relid, str(e).strip())
             self.close()
@@ -601,7 +351,7 @@ class TypeNames:
         try:
             if self._conn is None or self._conn.closed:
                 self._conn = connect(self.dsn, doing="cannot look up tables on the source")
-            rows = _fetch(
+            rows = fetch(
                 self._conn,
                 "SELECT o, n.nspname, c.relname FROM unnest(%s::oid[]) o LEFT JOIN pg_class c ON c.oid = o "
                 "LEFT JOIN pg_namespace n ON n.oid = c.relnamespace",
@@ -631,9 +381,9 @@ class TypeNames:
 
         try:
             conn = self._sql("cannot look up partitions on the source")
-            ((before,),) = _fetch(conn, "SELECT pg_current_wal_lsn()::text")
-            rows = _fetch(conn, _LEAVES_SQL, (list(roots),))
-            ((lsn,),) = _fetch(conn, "SELECT pg_current_wal_lsn()::text")
+            ((before,),) = fetch(conn, "SELECT pg_current_wal_lsn()::text")
+            rows = fetch(conn, _LEAVES_SQL, (list(roots),))
+            ((lsn,),) = fetch(conn, "SELECT pg_current_wal_lsn()::text")
         except psycopg2.Error as e:
             log.warning("cannot look up the partitions of the configured tables on the source: %s", str(e).strip())
             self.close()
@@ -662,7 +412,7 @@ class TypeNames:
 
         try:
             conn = self._sql("cannot read a table on the source")
-            found = _fetch(
+            found = fetch(
                 conn,
                 "SELECT n.nspname, c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
                 "WHERE c.oid = %s",
@@ -672,7 +422,7 @@ class TypeNames:
                 return None
             nsp, rel = found[0]
             args = (relid,) if "%s" in sql else ()
-            ((answer,),) = _fetch(conn, sql.format(f"{quote_ident(nsp)}.{quote_ident(rel)}"), args)
+            ((answer,),) = fetch(conn, sql.format(f"{quote_ident(nsp)}.{quote_ident(rel)}"), args)
         except psycopg2.Error as e:
             log.warning("cannot read relation %s on the source: %s", relid, str(e).strip().splitlines()[0])
             self.close()
@@ -736,7 +486,7 @@ def whereabouts(conn: Any, relid: int) -> str:
     """What became of a configured table that no longer exists under its name: renamed (its oid has another name
     now), or dropped."""
     rows = (
-        _fetch(
+        fetch(
             conn,
             "SELECT n.nspname || '.' || c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
             "WHERE c.oid = %s",

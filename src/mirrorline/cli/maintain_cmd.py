@@ -27,7 +27,7 @@ def run(args: argparse.Namespace) -> int:
     import math
 
     from mirrorline.apply import open_target
-    from mirrorline.config import parse_duration
+    from mirrorline.config.values import parse_duration
     from mirrorline.errors import ConfigError
 
     config = load_config(args)

@@ -29,7 +29,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from mirrorline.config import parse_duration
+    from mirrorline.config.values import parse_duration
     from mirrorline.errors import ConfigError
     from mirrorline.status import render_prometheus, status, write_prometheus
 

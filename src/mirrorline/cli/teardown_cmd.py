@@ -27,7 +27,8 @@ def _log_size(root: Path) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from mirrorline.capture.source import connect, inspect_teardown, teardown
+    from mirrorline.capture.provision import inspect_teardown, teardown
+    from mirrorline.capture.source import connect
     from mirrorline.errors import ConfigError, MirrorlineError, UsageError
     from mirrorline.log.writer import writer_pid
 

@@ -33,22 +33,23 @@ lists on the driver):
 Performance (bench/compile.py): the Parquet scan of the log rows (the ``new`` map dominates) and the one shuffle of
 the images are most of the time; everything else is a few string functions per key.
 
-One module of about 640 lines: the general route's plan is one chain of DataFrame expressions whose steps
-(numbered below) share their column names; split, a step would be read without the columns it relies on.
+The general route's plan is one chain of DataFrame expressions whose steps (numbered below) share their column
+names, so it stays in one module: split, a step would be read without the columns it relies on. The compile tests'
+helpers over it are in ``tests/support/compile_support.py``.
 """
 
 from __future__ import annotations
 
 import logging
 import shutil
-from collections.abc import Collection, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from mirrorline.compile.batch import NET_ARROW, NET_DDL, NetBatch
 from mirrorline.compile.fold_sql import SORTED_OPS, fold_steps
-from mirrorline.compile.reference import ALL_ACTIONS, Actions, Bags, NetResult, from_rows, normalised
+from mirrorline.compile.reference import ALL_ACTIONS, Actions, Bags, normalised
 from mirrorline.errors import InvalidSequenceError
 from mirrorline.log.stats import Stats
 from mirrorline.model import kept_kinds
@@ -585,56 +586,3 @@ def _collected(plan: _Plan, start: Position | None, end: Position | None) -> Net
         changes=plan.changes,
         net_rows=net.num_rows,
     )
-
-
-def find_invalid(
-    changes: DataFrame,
-    *,
-    actions: Actions | None = None,
-    start: Position | None = None,
-    end: Position | None = None,
-    limit: int = 100,
-    bags: Bags | None = None,
-) -> list[InvalidSequenceError]:
-    """Every invalid op sequence of the unit (the earliest of each key, at most ``limit``), earliest first: what a
-    user fixing a log or an imported file wants to see at once, where compiling stops at the first."""
-    plan = _plan(changes, actions, start, end, bags=bags)
-    with _sort_aggregate(changes.sparkSession):
-        return _errors(plan.net_all, limit)
-
-
-def collect_result(batch: NetBatch, bags: Bags | None = None) -> NetResult:
-    """The whole batch on the driver as a reference NetResult (for tests and small units only)."""
-    rows = batch.arrow()
-    if rows is not None:
-        return from_rows(batch.tables, batch.truncated, rows.to_pylist(), bags)
-    return from_rows(batch.tables, batch.truncated, (r.asDict() for r in batch.frame().collect()), bags)
-
-
-def mirror(net: DataFrame) -> DataFrame:
-    """The "mirror" form of a net DataFrame (DESIGN §6, 003_adea54c4fb31f98f.txt): each update becomes a delete and
-    an insert of its image. An update that still marks columns unchanged cannot be a plain insert: the I row keeps
-    them in ``unchanged`` with ``moved_from`` = its own key, read from the target's row before the deletes."""
-    from pyspark.sql import functions as F
-
-    kinds = F.when(F.col("kind") == "U", F.array(F.lit("D"), F.lit("I"))).otherwise(F.array(F.col("kind")))
-    out = net.select("*", F.explode(kinds).alias("_k"))
-    return out.select(
-        "table",
-        F.col("_k").alias("kind"),
-        "key",
-        F.when(F.col("_k") == "D", F.lit(None)).otherwise(F.col("new")).alias("new"),
-        F.when(F.col("_k") == "D", F.array().cast("array<string>")).otherwise(F.col("unchanged")).alias("unchanged"),
-        "lsn",
-        "seq",
-        F.when((F.col("kind") == "U") & (F.col("_k") == "I") & (F.size("unchanged") > 0), F.col("key"))
-        .otherwise(F.col("moved_from"))
-        .alias("moved_from"),
-    )
-
-
-def changes_frame(spark: Any, changes: Collection[Any]) -> DataFrame:
-    """Changes (:class:`mirrorline.model.Change`) -> a DataFrame in the log row layout (small inputs: tests, demo)."""
-    from mirrorline.log.rows import SPARK_DDL, changes_to_table
-
-    return spark.createDataFrame(changes_to_table(changes), schema=SPARK_DDL)

@@ -16,22 +16,17 @@ For ``verify``, the consistent-read building blocks: ``tables_at`` (the tables a
 (a table rewritten under the snapshot: take a new point), ``target_config``.
 """
 
+from mirrorline.snapshot.files import export_snapshot, load_snapshot
 from mirrorline.snapshot.folder import Manifest, check_folder
+from mirrorline.snapshot.jobs import ATTEMPTS, Rewritten, check_rewritten, retrying, run_tasks
 from mirrorline.snapshot.plan import SEQ_MAX, consistent_position, point_of
 from mirrorline.snapshot.run import (
-    ATTEMPTS,
     Options,
-    Rewritten,
     SnapshotResult,
     TargetReconcile,
-    check_rewritten,
-    export_snapshot,
-    load_snapshot,
     missing_tables,
     needs_load,
     reconcile_targets,
-    retrying,
-    run_tasks,
     snapshot_target,
     tables_at,
     target_config,

@@ -1,5 +1,5 @@
-"""The snapshot operations (DESIGN §7): over the wire into a target, export to a folder, load a folder, and the
-reconciliation of targets with the configuration at start.
+"""Snapshots over the wire into a target (DESIGN §7), and the reconciliation of targets with the configuration at
+start (a new target, or a table added to the configuration, is loaded this way).
 
 Over the wire: a consistent point (:mod:`mirrorline.snapshot.source`), the configured tables described under its
 snapshot, chunks read in parallel by Spark tasks each importing the snapshot. A target whose kind loads chunks from
@@ -9,9 +9,10 @@ bulk-loaded by the driver in one transaction as they arrive. Either way the targ
 position becomes the snapshot's consistent position and the target continues from the log there. The target is
 registered with the log as a reader at that position first, so retention keeps what it will need.
 
-One module of about 700 lines: over the wire, export and load share the consistent point, the tables'
-description, the chunk plan and the retry when a table is rewritten under the snapshot. What one Spark task does
-with one chunk is in ``snapshot/tasks.py``; a kind's load straight from the tasks in its folder under ``apply/``.
+Over the wire and export (:mod:`mirrorline.snapshot.files`) share the tables' description at the consistent point
+(:func:`tables_at`), the registration with the log and the options; the Spark jobs of chunk tasks and the retry when a
+table is rewritten under the snapshot are :mod:`mirrorline.snapshot.jobs`'. What one Spark task does with one chunk
+is in ``snapshot/tasks.py``; a kind's load straight from the tasks in its folder under ``apply/``.
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ import shutil
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -29,21 +31,30 @@ from typing import Any
 from mirrorline.apply import open_target
 from mirrorline.apply.chunks import ChunkLoader
 from mirrorline.apply.target import Target
-from mirrorline.config import Config, TargetConfig, redact_dsn
-from mirrorline.errors import ConfigError, LogError, SnapshotError
+from mirrorline.config import Config, TargetConfig
+from mirrorline.errors import ConfigError, SnapshotError
 from mirrorline.log.reader import ChangeLog
-from mirrorline.log.retention import clear_reload, readers, set_applied, unregister
+from mirrorline.log.retention import clear_reload, readers, set_applied
 from mirrorline.position import Position, format_lsn
 from mirrorline.snapshot import state as snapstate
-from mirrorline.snapshot.folder import ChunkEntry, Manifest, check_folder, make_folder, write_manifest
+from mirrorline.snapshot.jobs import (
+    Rewritten,
+    attempts,
+    check_rewritten,
+    chunk_blocks,
+    file_specs,
+    parallelism,
+    retrying,
+    run_tasks,
+    spark_poll,
+)
 from mirrorline.snapshot.load import BulkLoader, finish_loading, mark_loading
-from mirrorline.snapshot.plan import Chunk, TableStat, chunk_header, copy_out_sql, plan_chunks
+from mirrorline.snapshot.plan import Chunk, TableStat, copy_out_sql, plan_chunks
 from mirrorline.snapshot.progress import Progress
 from mirrorline.snapshot.source import (
     ConsistentPoint,
     consistent_point,
     current_wal_lsn,
-    require_source,
     sized_tables,
     snapshot_connection,
 )
@@ -109,162 +120,12 @@ def _stamp() -> str:
     return time.strftime("%Y%m%dT%H%M%S", time.gmtime()) + f"{uuid.uuid4().hex[:6]}"
 
 
-# ------------------------------------------------------------------------------------------------------ Spark tasks
-
-
-def run_tasks(
-    fn: Callable[[dict[str, Any]], dict[str, Any]], specs: Sequence[dict[str, Any]], group: str, what: str
-) -> list[dict[str, Any]]:
-    """One Spark job: a task per spec (one partition each, in order)."""
-    if not specs:
-        return []
-    from mirrorline.sparkenv import get_spark
-
-    sc = get_spark().sparkContext
-    sc.setJobGroup(group, what, interruptOnCancel=True)
-    try:
-        return list(sc.parallelize(list(specs), len(specs)).map(fn).collect())
-    except Exception as e:
-        text = str(e).strip()
-        reason = next((ln for ln in text.splitlines() if "Error" in ln and ":" in ln), text[:300])
-        raise SnapshotError(
-            f"{what} failed: {reason.strip()[:500]}",
-            hint="nothing was marked loaded; fix the cause and run the snapshot again",
-        ) from None
-
-
-def _spark_poll(group: str, total_rows: int, total_chunks: int) -> Callable[[Progress], None]:
-    def poll(p: Progress) -> None:
-        from mirrorline.sparkenv import get_spark
-
-        st = get_spark().sparkContext.statusTracker()
-        done = 0
-        for job in st.getJobIdsForGroup(group):
-            info = st.getJobInfo(job)
-            for sid in info.stageIds if info else ():
-                stage = st.getStageInfo(sid)
-                if stage:
-                    done += stage.numCompletedTasks
-        p.chunks = done
-        if not p.exact:
-            p.rows = total_rows * done // max(total_chunks, 1)  # an estimate until the tasks report
-
-    return poll
-
-
-# ------------------------------------------------------------------------------------------------------ over the wire
-
-
-ATTEMPTS = 5  # consistent points tried when a table is rewritten between one and the read of its chunks
-
-
-class Rewritten(Exception):
-    """A table was rewritten (TRUNCATE, ...) after the consistent point and before a task read it: the chunks read
-    under that snapshot are wrong (see :mod:`mirrorline.snapshot.tasks`); take a new consistent point."""
-
-    def __init__(self, tables: list[str]) -> None:
-        super().__init__(", ".join(tables))
-        self.tables = tables
-
-
-def check_rewritten(results: Iterable[dict[str, Any]]) -> None:
-    """Raise :class:`Rewritten` when a task reports that its table was rewritten under the snapshot."""
-    bad = sorted({str(r["table"]) for r in results if r.get("rewritten")})
-    if bad:
-        raise Rewritten(bad)
-
-
-def _attempts(what: str) -> Iterator[int]:
-    """Attempt numbers for an operation that a table rewritten under its snapshot restarts (the caller breaks out
-    when an attempt succeeds); an error once they are used up."""
-    yield from range(1, ATTEMPTS + 1)
-    raise SnapshotError(
-        f"{what}: the source rewrote a table (TRUNCATE, VACUUM FULL, CLUSTER or a rewriting ALTER "
-        f"TABLE) after each of {ATTEMPTS} consistent points, before it was read; nothing was marked "
-        "loaded",
-        hint="run it again when the source is not truncating or rewriting the configured tables continually",
-    )
-
-
-def retrying(e: Rewritten, what: str, attempt: int) -> None:
-    """Say that ``what`` takes a new consistent point after ``e``."""
-    log.info(
-        "%s: %s rewritten (TRUNCATE?) after the consistent point, before it was read; taking a new consistent "
-        "point (attempt %d of %d)",
-        what,
-        ", ".join(e.tables),
-        attempt,
-        ATTEMPTS,
-    )
-
-
-def _register(log_root: Path, name: str, position: Position) -> None:
+def register_reader(log_root: Path, name: str, position: Position) -> None:
     """Register ``name`` with the log at ``position`` unless it is registered already (then its own, earlier,
     position keeps what it needs)."""
     cl = ChangeLog(log_root)
     if name not in readers(cl):
         set_applied(cl, name, position)
-
-
-def _groups(chunks: Sequence[Chunk], stats: dict[str, TableStat]) -> list[list[Chunk]]:
-    """Chunks grouped by the tables' sequence: groups load one after the other, in order."""
-    out: dict[int, list[Chunk]] = {}
-    for c in chunks:
-        out.setdefault(max(stats[c.table].sequence, -1), []).append(c)
-    return [out[k] for k in sorted(out)]
-
-
-def snapshot_target(
-    config: Config, name: str, *, tables: Iterable[str] | None = None, options: Options | None = None
-) -> SnapshotResult:
-    """``snapshot --target NAME``: load the configured tables (or just ``tables``, for a table added to the
-    configuration) into the target at a consistent point."""
-    opts = options or Options()
-    tcfg = target_config(config, name)
-    target = open_target(tcfg)
-    only = set(tables) if tables is not None else None
-    t0 = time.monotonic()
-    try:
-        for attempt in _attempts(f"snapshot of {name}"):
-            try:
-                with consistent_point(config) as cp:
-                    stats = tables_at(config, cp, only)
-                    schemas = [s.schema for s in stats.values()]
-                    if only is not None:  # a table reloaded whole takes the source's shape of now
-                        target.recreate(schemas)
-                    target.ensure_schema(schemas)
-                    _register(config.log.path, name, cp.position)
-                    whole = only is None
-                    loader = target.chunk_loader()
-                    if loader is not None:
-                        chunks = plan_chunks(stats.values(), _chunk_blocks(opts), _parallelism())
-                        rows = _wire_direct(config, target, loader, cp, stats, chunks, whole, opts)
-                    else:  # smaller chunks: the driver starts loading as soon as the first one is there
-                        chunks = plan_chunks(stats.values(), _chunk_blocks(opts, STAGED_CHUNK_MB), _parallelism())
-                        rows = _wire_staged(config, target, cp, stats, chunks, whole, opts)
-                break
-            except Rewritten as e:
-                retrying(e, f"snapshot of {name}", attempt)
-    finally:
-        target.close()
-    if only is None:
-        cl = ChangeLog(config.log.path)
-        set_applied(cl, name, cp.position)
-        clear_reload(cl, name)
-    res = SnapshotResult(name, cp.lsn, cp.position, rows, time.monotonic() - t0, cp.slot, not cp.temporary)
-    log.info("%s", res.summary())
-    return res
-
-
-def _chunk_blocks(opts: Options, cap_mb: float | None = None) -> int:
-    mb = min(opts.chunk_mb, cap_mb) if cap_mb is not None else opts.chunk_mb
-    return max(int(mb * (1 << 20) / 8192), 1)
-
-
-def _parallelism() -> int:
-    from mirrorline.sparkenv import get_spark
-
-    return max(int(get_spark().sparkContext.defaultParallelism), 1)
 
 
 def tables_at(
@@ -287,6 +148,61 @@ def tables_at(
         if name in stats:
             stats[name] = replace(stats[name], schema=replace(stats[name].schema, resync=mark))
     return stats
+
+
+# ------------------------------------------------------------------------------------------------------ over the wire
+
+
+def _groups(chunks: Sequence[Chunk], stats: dict[str, TableStat]) -> list[list[Chunk]]:
+    """Chunks grouped by the tables' sequence: groups load one after the other, in order."""
+    out: dict[int, list[Chunk]] = {}
+    for c in chunks:
+        out.setdefault(max(stats[c.table].sequence, -1), []).append(c)
+    return [out[k] for k in sorted(out)]
+
+
+def snapshot_target(
+    config: Config, name: str, *, tables: Iterable[str] | None = None, options: Options | None = None
+) -> SnapshotResult:
+    """``snapshot --target NAME``: load the configured tables (or just ``tables``, for a table added to the
+    configuration) into the target at a consistent point."""
+    opts = options or Options()
+    tcfg = target_config(config, name)
+    target = open_target(tcfg)
+    only = set(tables) if tables is not None else None
+    t0 = time.monotonic()
+    try:
+        for attempt in attempts(f"snapshot of {name}"):
+            try:
+                with consistent_point(config) as cp:
+                    stats = tables_at(config, cp, only)
+                    schemas = [s.schema for s in stats.values()]
+                    if only is not None:  # a table reloaded whole takes the source's shape of now
+                        target.recreate(schemas)
+                    target.ensure_schema(schemas)
+                    register_reader(config.log.path, name, cp.position)
+                    whole = only is None
+                    loader = target.chunk_loader()
+                    if loader is not None:
+                        chunks = plan_chunks(stats.values(), chunk_blocks(opts.chunk_mb), parallelism())
+                        rows = _wire_direct(config, target, loader, cp, stats, chunks, whole, opts)
+                    else:  # smaller chunks: the driver starts loading as soon as the first one is there
+                        chunks = plan_chunks(
+                            stats.values(), chunk_blocks(min(opts.chunk_mb, STAGED_CHUNK_MB)), parallelism()
+                        )
+                        rows = _wire_staged(config, target, cp, stats, chunks, whole, opts)
+                break
+            except Rewritten as e:
+                retrying(e, f"snapshot of {name}", attempt)
+    finally:
+        target.close()
+    if only is None:
+        cl = ChangeLog(config.log.path)
+        set_applied(cl, name, cp.position)
+        clear_reload(cl, name)
+    res = SnapshotResult(name, cp.lsn, cp.position, rows, time.monotonic() - t0, cp.slot, not cp.temporary)
+    log.info("%s", res.summary())
+    return res
 
 
 def _wire_direct(
@@ -316,9 +232,9 @@ def _wire_direct(
         len(chunks),
         est,
         every=opts.progress_every,
-        poll=_spark_poll(group, est, len(chunks)),
+        poll=spark_poll(group, est, len(chunks)),
     )
-    with prog if opts.progress else _null():
+    with prog if opts.progress else nullcontext():
         for i, grp in enumerate(_groups(chunks, stats)):
             specs = [
                 {
@@ -348,32 +264,6 @@ def _wire_direct(
     return rows
 
 
-class _null:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> None:
-        return None
-
-
-def _chunk_specs(
-    config: Config, cp: ConsistentPoint, stats: dict[str, TableStat], chunks: list[Chunk], folder: Path, export_id: str
-) -> list[dict[str, Any]]:
-    assert config.source is not None
-    return [
-        {
-            "source_dsn": config.source.dsn,
-            "snapshot": cp.snapshot,
-            "table": c.table,
-            "chunk_id": c.number,
-            "copy_out": copy_out_sql(stats[c.table].schema, c, "csv"),
-            "path": str(folder / c.file_name),
-            "header": chunk_header(export_id, c),
-        }
-        for c in chunks
-    ]
-
-
 def _wire_staged(
     config: Config,
     target: Target,
@@ -389,7 +279,7 @@ def _wire_staged(
     staging = (opts.staging or config.log.path / "snapshot-staging") / _stamp()
     staging.mkdir(parents=True, exist_ok=True)
     group = f"mirrorline-snapshot-{staging.name}"
-    specs = _chunk_specs(config, cp, stats, chunks, staging, staging.name)
+    specs = file_specs(config, cp, stats, chunks, staging, staging.name)
     done: list[dict[str, Any]] = []
     failed: list[BaseException] = []
 
@@ -410,7 +300,7 @@ def _wire_staged(
         with (
             Progress(f"snapshot {target.name}", len(chunks), est, every=opts.progress_every)
             if opts.progress
-            else _null() as prog
+            else nullcontext() as prog
         ):
             for c in chunks:
                 path = staging / c.file_name
@@ -441,172 +331,6 @@ def _wire_staged(
             runner.join(timeout=60)
         shutil.rmtree(staging, ignore_errors=True)
     return rows
-
-
-# ------------------------------------------------------------------------------------------------------ files
-
-
-def export_snapshot(config: Config, directory: str | Path, *, options: Options | None = None) -> SnapshotResult:
-    """``snapshot export DIR``: a new uniquely named folder in DIR with the chunk files, the manifest and the end
-    marker. The export is registered with the log as a reader at its position (``export-<folder name>``), so the
-    log keeps what a target loaded from it will need; loading it releases that."""
-    opts = options or Options()
-    require_source(config)
-    assert config.source is not None
-    folder = make_folder(directory)
-    export_id = uuid.uuid4().hex
-    t0 = time.monotonic()
-    try:
-        for attempt in _attempts(f"export to {folder}"):
-            try:
-                with consistent_point(config) as cp:
-                    stats = tables_at(config, cp, None)
-                    _register(config.log.path, f"export-{folder.name}", cp.position)
-                    chunks = plan_chunks(stats.values(), _chunk_blocks(opts), _parallelism())
-                    specs = _chunk_specs(config, cp, stats, chunks, folder, export_id)
-                    group = f"mirrorline-export-{export_id}-{attempt}"
-                    est = sum(s.rows for s in stats.values())
-                    prog = Progress(
-                        f"export {folder.name}",
-                        len(chunks),
-                        est,
-                        every=opts.progress_every,
-                        poll=_spark_poll(group, est, len(chunks)),
-                    )
-                    with prog if opts.progress else _null():
-                        results = run_tasks(write_chunk, specs, group, f"export to {folder}")
-                        prog.rows = sum(int(r["rows"]) for r in results)
-                        prog.exact = True
-                    check_rewritten(results)
-                    end_lsn = current_wal_lsn(config.source.dsn)
-                break
-            except Rewritten as e:
-                retrying(e, f"export to {folder}", attempt)
-                for p in folder.iterdir():
-                    p.unlink()
-    except BaseException:
-        shutil.rmtree(folder, ignore_errors=True)
-        raise
-    entries = sorted(
-        (
-            ChunkEntry(r["file"], r["table"], int(r["chunk"]), int(r["rows"]), int(r["bytes"]), r["sha256"])
-            for r in results
-        ),
-        key=lambda e: e.file,
-    )
-    manifest = Manifest(
-        export_id,
-        snapstate.now(),
-        {"dsn": redact_dsn(config.source.dsn), "slot": config.source.slot, **_source_identity(config)},
-        cp.lsn,
-        cp.position,
-        end_lsn,
-        [s.schema for s in stats.values()],
-        entries,
-    )
-    write_manifest(folder, manifest)
-    res = SnapshotResult(
-        None, cp.lsn, cp.position, manifest.rows(), time.monotonic() - t0, cp.slot, not cp.temporary, folder, export_id
-    )
-    log.info("%s", res.summary())
-    return res
-
-
-def _source_identity(config: Config) -> dict[str, str]:
-    """The source the log records (its system identifier and database: ``log/source.py``), for a manifest."""
-    from mirrorline.log import source
-
-    ident = source.read(config.log.path)
-    return {"system_identifier": ident.system_identifier, "database": ident.database} if ident else {}
-
-
-def _check_belongs(config: Config, manifest: Manifest, f: Path) -> None:
-    """An export loads only into a target of the configuration and log it was made for: its tables are configured
-    ones, and its source is the log's (when both are known)."""
-    extra = [t.table for t in manifest.tables if t.table not in config.tables]
-    if extra:
-        raise SnapshotError(
-            f"snapshot folder {f} holds tables this configuration does not replicate: {', '.join(extra)}; nothing "
-            "was loaded",
-            hint="configure them, or export again with this configuration",
-            path=str(f),
-        )
-    mine, theirs = _source_identity(config), manifest.source
-    for key in ("system_identifier", "database"):
-        if mine.get(key) and theirs.get(key) and mine[key] != theirs[key]:
-            raise SnapshotError(
-                f"snapshot folder {f} was exported from another source ({key} {theirs[key]}) than the one this "
-                f"log captures ({mine[key]}); nothing was loaded",
-                hint="load an export made with this configuration",
-                path=str(f),
-            )
-
-
-def load_snapshot(config: Config, name: str, folder: str | Path, *, options: Options | None = None) -> SnapshotResult:
-    """``snapshot load --target NAME DIR``: check the folder whole (and that the log still holds what follows it),
-    then load it into the target in one transaction; the target then continues from the log at its position."""
-    opts = options or Options()
-    tcfg = target_config(config, name)
-    f = Path(folder)
-    manifest = check_folder(f)
-    _check_belongs(config, manifest, f)
-    cl = ChangeLog(config.log.path)
-    if cl.layout.exists():
-        try:
-            cl.select(manifest.position)
-        except LogError as e:
-            raise SnapshotError(
-                f"cannot load {f}: the change log no longer holds the changes after its position "
-                f"{manifest.position} ({e.message})",
-                hint="export a new snapshot and load that one",
-                path=str(f),
-            ) from None
-    t0 = time.monotonic()
-    target = open_target(tcfg)
-    try:
-        target.ensure_schema(manifest.tables)
-        loader = BulkLoader(target)
-        schemas = {t.table: t for t in manifest.tables}
-        expected = manifest.rows()
-        rows = {t: 0 for t in schemas}
-        ok = False
-        try:
-            loader.begin(manifest.tables)
-            with (
-                Progress(
-                    f"load {f.name} into {name}",
-                    len(manifest.chunks),
-                    sum(expected.values()),
-                    every=opts.progress_every,
-                )
-                if opts.progress
-                else _null() as prog
-            ):
-                for c in manifest.chunks:
-                    n = loader.load(schemas[c.table], f / c.file)
-                    if n != c.rows:
-                        raise SnapshotError(
-                            f"snapshot folder {f}: chunk {c.file} holds {n} rows, the manifest says "
-                            f"{c.rows}; nothing was loaded",
-                            path=str(f),
-                        )
-                    rows[c.table] += n
-                    if prog is not None:
-                        prog.update(rows=n, chunks=1, table=c.table)
-            loader.finish(rows, manifest.position, manifest.end_lsn, manifest.export_id, whole=True)
-            ok = True
-        finally:
-            if not ok:
-                loader.abort()
-    finally:
-        target.close()
-    set_applied(cl, name, manifest.position)
-    unregister(cl, f"export-{f.name}")
-    res = SnapshotResult(
-        name, manifest.consistent_lsn, manifest.position, rows, time.monotonic() - t0, "", False, f, manifest.export_id
-    )
-    log.info("%s", res.summary())
-    return res
 
 
 # ------------------------------------------------------------------------------------------------------ reconcile

@@ -19,15 +19,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mirrorline.apply.canonical import SESSION_SETTINGS
+from mirrorline.capture.provision import check_failover, reconcile_publication
 from mirrorline.capture.selection import publication_specs
-from mirrorline.capture.source import (
-    check_failover,
-    check_server,
-    connect,
-    describe_tables,
-    reconcile_publication,
-    source_error,
-)
+from mirrorline.capture.source import check_server, connect, describe_tables, source_error
 from mirrorline.config import Config
 from mirrorline.errors import ConfigError, SnapshotError, SourceError
 from mirrorline.position import Position, format_lsn, parse_lsn

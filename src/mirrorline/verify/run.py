@@ -10,8 +10,8 @@ together with its applied position, which must be ``A``: source and target are c
 no quiet period needed on the source. (If another process applies to the target meanwhile and takes it past ``A``,
 verify takes a new point and tries again.)
 
-One module of about 620 lines: bringing source and target to one position and reading both under it are one
-protocol whose steps share its retries; the checksums themselves are in ``apply/canonical.py``.
+Bringing source and target to one position and reading both under it are one protocol whose steps share its
+retries; what it found is :mod:`mirrorline.verify.report`'s, the checksums themselves are in ``apply/canonical.py``.
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ import fcntl
 import os
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 from mirrorline.apply import open_target
@@ -36,127 +35,14 @@ from mirrorline.snapshot import state as snapstate
 from mirrorline.snapshot.plan import TableStat, plan_chunks, select_sql
 from mirrorline.snapshot.source import consistent_point, require_source, snapshot_connection
 from mirrorline.snapshot.tasks import rewritten
-from mirrorline.verify.diff import Buckets, RowDiff, compare, in_buckets
+from mirrorline.verify.diff import Buckets, compare, in_buckets
+from mirrorline.verify.report import TableCheck, TargetCheck, VerifyReport
 
 FETCH = 10_000
 
 
 class VerifyError(MirrorlineError):
     """verify could not compare (not a difference: a difference is exit status 1 with the tables listed)."""
-
-
-@dataclass
-class TableCheck:
-    table: str
-    source_rows: int
-    source_sum: int
-    target_rows: int | None  # None: the target lacks the table
-    target_sum: int | None
-    note: str = ""
-    key: list[str] = field(default_factory=list)  # the columns rows are matched on (--diff)
-    diffs: list[RowDiff] | None = None  # --diff: the first differing rows, in key order
-    differing_rows: int = 0  # --diff: how many rows differ (at least, when not ``exact``)
-    exact: bool = True
-    # why the table is not compared row for row (its ``actions`` let the target keep what the source changed), when
-    # its rows differ: reported, never a difference
-    not_comparable: str = ""
-
-    @property
-    def same(self) -> bool:
-        return (self.source_rows, self.source_sum) == (self.target_rows, self.target_sum) and not self.note
-
-    @property
-    def equal(self) -> bool:
-        return self.same or bool(self.not_comparable and self.target_rows is not None)
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "table": self.table,
-            "equal": self.equal,
-            "source_rows": self.source_rows,
-            "source_checksum": f"{self.source_sum:016x}",
-            "target_rows": self.target_rows,
-            "target_checksum": f"{self.target_sum:016x}" if self.target_sum is not None else None,
-            "note": self.note or None,
-            **({"not_comparable": self.not_comparable} if self.not_comparable and not self.same else {}),
-            **(
-                {
-                    "differing_rows": self.differing_rows,
-                    "differing_rows_exact": self.exact,
-                    "key": self.key,
-                    "rows": [d.to_json() for d in self.diffs],
-                }
-                if self.diffs is not None
-                else {}
-            ),
-        }
-
-
-@dataclass
-class TargetCheck:
-    target: str
-    position: Position
-    tables: list[TableCheck] = field(default_factory=list)
-    error: str = ""  # the target could not be compared (not loaded...)
-
-    @property
-    def differing(self) -> list[str]:
-        return [t.table for t in self.tables if not t.equal]
-
-    @property
-    def ok(self) -> bool:
-        return not self.error and not self.differing
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "target": self.target,
-            "position": str(self.position),
-            "equal": self.ok,
-            "differing": self.differing,
-            "error": self.error or None,
-            "tables": [t.to_json() for t in self.tables],
-        }
-
-
-@dataclass
-class VerifyReport:
-    consistent_lsn: int
-    position: Position
-    targets: list[TargetCheck]
-    seconds: float = 0.0
-
-    @property
-    def ok(self) -> bool:
-        return all(t.ok for t in self.targets)
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "equal": self.ok,
-            "consistent_lsn": format_lsn(self.consistent_lsn),
-            "position": str(self.position),
-            "seconds": round(self.seconds, 3),
-            "targets": [t.to_json() for t in self.targets],
-        }
-
-    def text(self) -> str:
-        lines = [f"verify at {self.position} (consistent point {format_lsn(self.consistent_lsn)}):"]
-        for t in self.targets:
-            if t.error:
-                lines.append(f"  {t.target}: NOT COMPARED: {t.error}")
-                continue
-            lines.append(f"  {t.target}: {'equal' if t.ok else 'DIFFERS: ' + ', '.join(t.differing)}")
-            for c in t.tables:
-                mark = "ok" if c.same else f"not comparable: {c.not_comparable}" if c.equal else "DIFFERS"
-                tgt = "missing" if c.target_rows is None else f"{c.target_rows:,} rows {c.target_sum or 0:016x}"
-                note = f" ({c.note})" if c.note else ""
-                lines.append(
-                    f"    {c.table}: {mark}: source {c.source_rows:,} rows {c.source_sum:016x}, target {tgt}{note}"
-                )
-                if c.diffs is not None and not c.equal:
-                    more = "" if c.exact else "at least "
-                    lines.append(f"      {more}{c.differing_rows:,} row(s) differ; the first {len(c.diffs)}:")
-                    lines.extend(f"      {d.text(c.key)}" for d in c.diffs)
-        return "\n".join(lines)
 
 
 # ------------------------------------------------------------------------------------------------------ source

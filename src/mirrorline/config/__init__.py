@@ -1,4 +1,6 @@
-"""The one configuration file (TOML, DESIGN §8), loaded and validated.
+"""The one configuration file (TOML, DESIGN §8), loaded and validated: :class:`Config` and its sections, and the
+parsing of every section but the targets (:mod:`mirrorline.config.targets`); the values' text forms and the table
+reader every section uses are :mod:`mirrorline.config.values`'.
 
 Every problem is refused at start with the file, the key and the reason. Passwords in DSNs are never printed: use
 :func:`redact_dsn` on anything that shows a DSN.
@@ -6,7 +8,6 @@ Every problem is refused at start with the file, the key and the reason. Passwor
 
 from __future__ import annotations
 
-import math
 import os
 import re
 import tomllib
@@ -14,11 +15,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mirrorline.config.targets import ON_ERROR, TargetConfig, parse_targets
+from mirrorline.config.values import Reader, parse_size, parse_threads
 from mirrorline.errors import ConfigError
 
-MODES = ("update", "mirror")
-ON_ERROR = ("stop", "reject")
-_DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
 _QUOTED_PART = re.compile(r'"((?:[^"]|"")+)"')
 
 
@@ -127,26 +127,6 @@ class TableConfig:
 
 
 @dataclass(frozen=True)
-class TargetConfig:
-    name: str
-    url: str
-    kind: str  # a name in mirrorline.apply.kinds.KINDS
-    location: str  # a path for file targets, a DSN for PostgreSQL
-    mode: str = "update"
-    on_error: str = "stop"
-    # a table that fails stops the whole target (its units then apply whole or not at all), not that table alone
-    all_or_nothing: bool = False
-    compact_every: float = 0.0  # Delta: seconds between compactions and cleanups while run is live (0: never)
-    retention_hours: int = 168  # Delta: files no version younger than this reads are removed by the cleanup
-    # how the target is first loaded: "wire" (run snapshots it) or "files" (snapshot export, carried over, then
-    # snapshot load: run keeps the log for it and waits; seed 001's manual transfer)
-    initial: str = "wire"
-    # the prefix of mirrorline's own tables at the target (mirrorline_applied, _snapshot, _rejects): two instances
-    # sharing one target database each take their own
-    state_prefix: str = "mirrorline_"
-
-
-@dataclass(frozen=True)
 class MetricsConfig:
     """``run`` serves its metrics over HTTP for Prometheus to scrape at ``listen`` (host, port); None: it does not."""
 
@@ -184,128 +164,6 @@ def redact_dsn(dsn: str) -> str:
     return re.sub(r"([?&]password=)[^&\s]*", r"\1***", dsn, flags=re.IGNORECASE)
 
 
-def parse_duration(value: Any) -> float:
-    """``"2s"``, ``"500ms"``, ``"1m"``, ``"1h"``, ``"7d"`` or a number of seconds -> seconds."""
-    if isinstance(value, bool):
-        raise ValueError("expected a duration")
-    if isinstance(value, int | float):
-        if value < 0:
-            raise ValueError("a duration cannot be negative")
-        return float(value)
-    if isinstance(value, str):
-        m = _DURATION_RE.match(value)
-        if m:
-            n = float(m.group(1))
-            return n * {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86_400.0}[m.group(2) or "s"]
-    raise ValueError(f'expected a duration such as "2s", "500ms" or "1m", got {value!r}')
-
-
-_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(B|KB|MB|GB|TB)?\s*$", re.IGNORECASE)
-
-
-def parse_size(value: Any) -> int:
-    """``"50GB"``, ``"500MB"`` (powers of 1024) or a number of bytes -> bytes."""
-    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
-        return value
-    if isinstance(value, str):
-        m = _SIZE_RE.match(value)
-        if m:
-            unit = (m.group(2) or "B").upper()
-            return int(float(m.group(1)) * {"B": 1, "KB": 1 << 10, "MB": 1 << 20, "GB": 1 << 30, "TB": 1 << 40}[unit])
-    raise ValueError(f'expected a size such as "500MB" or "50GB", got {value!r}')
-
-
-def parse_threads(value: Any) -> tuple[int, float | None, int | None]:
-    """``threads`` as a number, or the IBM form ``"threads:latency:builders"`` (e.g. ``"2:45:3"``, latency in
-    seconds). Returns (threads, latency or None, builders or None)."""
-    if isinstance(value, int) and not isinstance(value, bool):
-        if value < 1:
-            raise ValueError("threads must be at least 1")
-        return value, None, None
-    if isinstance(value, str):
-        parts = [p.strip() for p in value.split(":")]
-        if 1 <= len(parts) <= 3 and all((p.isascii() and p.isdigit()) or not p for p in parts) and any(parts):
-            # an empty field is that field's default, as IBM writes it: "1::1", "::2"
-            nums = [int(p) if p else None for p in parts] + [None] * (3 - len(parts))
-            threads, latency, builders = nums
-            if (threads is not None and threads < 1) or (builders is not None and builders < 1):
-                raise ValueError("threads and builders must be at least 1")
-            return threads or 1, float(latency) if latency is not None else None, builders
-    raise ValueError(f'expected a number of threads or "threads:latency:builders" such as "2:45:3", got {value!r}')
-
-
-def target_location(url: str, base: Path) -> tuple[str, str]:
-    """Split a target URL into (kind, location). File URLs follow the SQLAlchemy convention: ``sqlite:///cache.db``
-    is relative to the configuration file's folder, ``sqlite:////var/cache.db`` is absolute."""
-    from mirrorline.apply.kinds import KINDS, by_scheme
-
-    scheme = url.split(":", 1)[0].lower() if ":" in url else ""
-    kind = by_scheme(scheme)
-    names = ", ".join(KINDS)
-    if kind is None and scheme == "parquet":
-        raise ValueError(
-            f"there is no parquet target kind (for a lake table use delta:///path): expected one of {names}"
-        )
-    if kind is None:
-        raise ValueError(f"unknown target kind {scheme or url!r}: expected one of {names}")
-    if not kind.path:
-        return kind.name, url
-    rest = url[len(scheme) + 1 :]
-    if not rest.startswith("///"):
-        raise ValueError(f"expected {scheme}:///relative/path or {scheme}:////absolute/path, got {url!r}")
-    path = rest[3:]
-    if not path:
-        raise ValueError(f"no path in {url!r}")
-    p = Path(path)
-    return kind.name, str(p if p.is_absolute() else (base / p))
-
-
-class _Reader:
-    """Reads one TOML table with file/key-qualified errors and a check for unknown keys."""
-
-    def __init__(self, file: str, prefix: str, data: Any) -> None:
-        self.file, self.prefix = file, prefix
-        if not isinstance(data, dict):
-            raise ConfigError(file, prefix or None, f"expected a table, got {type(data).__name__}")
-        self.data = data
-
-    def key(self, name: str) -> str:
-        return f"{self.prefix}.{name}" if self.prefix else name
-
-    def fail(self, name: str, reason: str) -> ConfigError:
-        return ConfigError(self.file, self.key(name), reason)
-
-    def get(self, name: str, kind: type | tuple[type, ...], default: Any = None, required: bool = False) -> Any:
-        if name not in self.data:
-            if required:
-                raise self.fail(name, "is required")
-            return default
-        value = self.data[name]
-        if isinstance(value, bool) and bool not in (kind if isinstance(kind, tuple) else (kind,)):
-            raise self.fail(name, f"expected {_kind_name(kind)}, got a boolean")
-        if not isinstance(value, kind):
-            raise self.fail(name, f"expected {_kind_name(kind)}, got {type(value).__name__} {value!r}")
-        return value
-
-    def duration(self, name: str, default: Any) -> float:
-        """A duration setting in seconds (``parse_duration``), or an error naming the key."""
-        try:
-            return parse_duration(self.get(name, (str, int, float), default))
-        except ValueError as e:
-            raise self.fail(name, str(e)) from None
-
-    def only(self, *allowed: str) -> None:
-        for k in self.data:
-            if k not in allowed:
-                raise self.fail(k, f"unknown key (allowed here: {', '.join(allowed)})")
-
-
-def _kind_name(kind: type | tuple[type, ...]) -> str:
-    kinds = kind if isinstance(kind, tuple) else (kind,)
-    names = {str: "a string", int: "an integer", float: "a number", list: "a list", dict: "a table", bool: "a boolean"}
-    return " or ".join(names.get(k, k.__name__) for k in kinds)
-
-
 def load(path: str | os.PathLike[str]) -> Config:
     """Load and validate a configuration file; raise :class:`ConfigError` naming file, key and reason."""
     p = Path(path)
@@ -328,12 +186,12 @@ def load(path: str | os.PathLike[str]) -> Config:
 def parse(data: dict[str, Any], path: Path) -> Config:
     file = str(path)
     base = path.resolve().parent
-    top = _Reader(file, "", data)
+    top = Reader(file, "", data)
     top.only("source", "log", "apply", "tables", "targets", "spark", "metrics")
 
     source = None
     if "source" in data:
-        r = _Reader(file, "source", data["source"])
+        r = Reader(file, "source", data["source"])
         r.only("dsn", "slot", "publication", "failover")
         slot = r.get("slot", str, "mirrorline")
         if not re.fullmatch(r"[a-z0-9_]{1,63}", slot):
@@ -345,7 +203,7 @@ def parse(data: dict[str, Any], path: Path) -> Config:
             dsn=dsn, slot=slot, publication=r.get("publication", str, slot), failover=r.get("failover", bool, False)
         )
 
-    r = _Reader(file, "log", data.get("log", {}))
+    r = Reader(file, "log", data.get("log", {}))
     r.only("path", "segment_changes", "segment_seconds", "export_expiry", "max_age", "max_size")
     try:
         log_path = storage_path(r.get("path", str, "./mirrorline-log"))
@@ -370,7 +228,7 @@ def parse(data: dict[str, Any], path: Path) -> Config:
         max_size=max_size,
     )
 
-    r = _Reader(file, "apply", data.get("apply", {}))
+    r = Reader(file, "apply", data.get("apply", {}))
     r.only("latency", "max_changes", "threads", "builders", "on_error")
     try:
         threads, t_latency, t_builders = parse_threads(r.get("threads", (int, str), 1))
@@ -389,7 +247,7 @@ def parse(data: dict[str, Any], path: Path) -> Config:
     apply = ApplyConfig(latency=latency, max_changes=max_changes, threads=threads, builders=builders, on_error=on_error)
 
     tables: dict[str, TableConfig] = {}
-    r = _Reader(file, "tables", data.get("tables", {}))
+    r = Reader(file, "tables", data.get("tables", {}))
     for text, spec in r.data.items():
         name = table_name(text)
         if name is None:
@@ -403,65 +261,10 @@ def parse(data: dict[str, Any], path: Path) -> Config:
             raise r.fail(text, f"names the table {name} a second time")
         tables[name] = _table(file, name, spec)
 
-    targets: dict[str, TargetConfig] = {}
-    r = _Reader(file, "targets", data.get("targets", {}))
-    for name, spec in r.data.items():
-        if not re.fullmatch(r"[A-Za-z0-9_-]{1,40}", name):
-            raise r.fail(name, "target names are letters, digits, _ and -, at most 40")
-        t = _Reader(file, f"targets.{name}", spec)
-        t.only(
-            "url", "mode", "on_error", "all_or_nothing", "compact_every", "vacuum_retention", "initial", "state_prefix"
-        )
-        url = t.get("url", str, required=True)
-        try:
-            kind, location = target_location(url, base)
-        except ValueError as e:
-            raise t.fail("url", str(e)) from None
-        mode = t.get("mode", str, "update")
-        if mode not in MODES:
-            raise t.fail("mode", f"expected one of {', '.join(MODES)}, got {mode!r}")
-        t_on_error = t.get("on_error", str, on_error)
-        if t_on_error not in ON_ERROR:
-            raise t.fail("on_error", f"expected one of {', '.join(ON_ERROR)}, got {t_on_error!r}")
-        state_prefix = t.get("state_prefix", str, "mirrorline_")
-        if not re.fullmatch(r"[a-z_][a-z0-9_]{0,29}", state_prefix):
-            raise t.fail(
-                "state_prefix", f"expected lower-case letters, digits and _ (at most 30), got {state_prefix!r}"
-            )
-        initial = t.get("initial", str, "wire")
-        if initial not in ("wire", "files"):
-            raise t.fail("initial", f'expected "wire" (loaded by run) or "files" (snapshot load), got {initial!r}')
-        from mirrorline.apply.kinds import KINDS
-
-        upkeep: dict[str, Any] = {}
-        if KINDS[kind].compacts:
-            upkeep["compact_every"] = t.duration("compact_every", "1h")
-            retention = t.duration("vacuum_retention", "168h")
-            if retention < 3600:
-                raise t.fail(
-                    "vacuum_retention",
-                    "must be at least 1h: a reader of an older version (or a unit being applied) still needs its files",
-                )
-            upkeep["retention_hours"] = math.ceil(retention / 3600)
-        else:
-            for key in ("compact_every", "vacuum_retention"):
-                if key in t.data:
-                    raise t.fail(key, f"{KINDS[kind].what} has no files to compact and clean up")
-        targets[name] = TargetConfig(
-            name=name,
-            url=url,
-            kind=kind,
-            location=location,
-            mode=mode,
-            on_error=t_on_error,
-            all_or_nothing=t.get("all_or_nothing", bool, False),
-            initial=initial,
-            state_prefix=state_prefix,
-            **upkeep,
-        )
+    targets = parse_targets(file, base, data.get("targets", {}), on_error)
 
     spark = _spark(file, base, data.get("spark", {}), log.path)
-    r = _Reader(file, "metrics", data.get("metrics", {}))
+    r = Reader(file, "metrics", data.get("metrics", {}))
     r.only("listen")
     listen = r.get("listen", str, "")
     address: tuple[str, int] | None = None
@@ -486,7 +289,7 @@ _MASTER_RE = re.compile(r"^(local(\[(\d+|\*)(,\d+)?\])?|spark://[^/\s]+|yarn|k8s
 
 
 def _spark(file: str, base: Path, data: Any, log_path: Path) -> SparkConfig:
-    r = _Reader(file, "spark", data)
+    r = Reader(file, "spark", data)
     r.only("master", "conf", "python", "scratch")
     master = r.get("master", str, None)
     if master is not None and not _MASTER_RE.match(master):
@@ -548,7 +351,7 @@ def storage_path(text: str) -> Path:
 
 
 def _table(file: str, name: str, spec: Any) -> TableConfig:
-    r = _Reader(file, f'tables."{name}"', spec)
+    r = Reader(file, f'tables."{name}"', spec)
     r.only(
         "actions",
         "sequence",
