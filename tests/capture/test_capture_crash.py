@@ -18,6 +18,7 @@ from typing import Any
 
 import psycopg2
 import pytest
+from waiting import wait_until
 
 from mirrorline.log.reader import ChangeLog
 
@@ -115,14 +116,15 @@ def stderr_of(proc: subprocess.Popen[bytes]) -> str:
 
 def wait_ready(proc: subprocess.Popen[bytes], timeout: float = 60) -> None:
     """Until capture says it is streaming (or has died)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+
+    def capturing() -> bool:
         if "capturing" in stderr_of(proc):
-            return
+            return True
         if proc.poll() is not None:
             raise AssertionError(f"capture exited {proc.returncode}: {stderr_of(proc)}")
-        time.sleep(0.05)
-    raise AssertionError(f"capture did not start: {stderr_of(proc)}")
+        return False
+
+    wait_until(capturing, timeout=timeout, interval=0.05, what="capture starts", context=lambda: stderr_of(proc))
 
 
 def test_sigkill_at_random_moments_loses_and_duplicates_nothing(pg_cluster_factory: Any, tmp_path: Path) -> None:

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+from waiting import wait_until
 
 from mirrorline.capture.source import connect, describe_tables, ensure_slot, reconcile_publication
 from mirrorline.config import Config, parse
@@ -292,10 +292,12 @@ def test_teardown_drops_the_slot_and_the_publication_of_this_log(
         reconcile_publication(other, "theirs", ["public.a"], "/elsewhere")
     finally:
         other.close()
-    deadline = time.monotonic() + 30
-    while main(["teardown", "--yes", "--log", "-c", str(cfg)]) != 0:  # (the walsender lets go of the slot later)
-        assert time.monotonic() < deadline
-        time.sleep(0.5)
+    wait_until(  # (the walsender lets go of the slot later)
+        lambda: main(["teardown", "--yes", "--log", "-c", str(cfg)]) == 0,
+        timeout=30,
+        interval=0.5,
+        what="teardown drops the slot",
+    )
     out = capsys.readouterr().out
     assert "dropped the replication slot mirrorline" in out and "dropped the publication mirrorline" in out
     assert "removed the change log at" in out and not Path(log_root).exists()

@@ -7,12 +7,14 @@ A partition configured alone is replicated under its own name. Each target is re
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import oracle
 import pytest
 from pipeline_support import target_url
+from waiting import wait_until
 
 from mirrorline import config as cfg
 from mirrorline.capture.session import Capture
@@ -260,16 +262,11 @@ def test_run_loads_a_marked_table_again_by_itself(pg: Any, pg_cluster: Any, tmp_
     def current() -> bool:
         return all(_equal(pg, kinds[n], u, t) for n, u in urls.items() for t in ("public.ev", "public.other"))
 
-    def wait(what: str, cond: Any, timeout: float = 180.0) -> None:
-        deadline = time.monotonic() + timeout
-        while not cond():
-            assert time.monotonic() < deadline, f"timed out waiting until {what}: {log.read_text()[-3000:]}"
-            time.sleep(0.5)
-
     log = tmp_path / "run.log"
+    wait = partial(wait_until, timeout=180.0, interval=0.5, context=lambda: log.read_text()[-3000:])
     proc = mirrorline_process("run", "-c", str(cfg), log_file=log)
     try:
-        wait("every target is current", current)
+        wait(current, what="every target is current")
         for i, sql in enumerate(
             [
                 "INSERT INTO public.ev VALUES (5, '2026-03-03', 'x');"
@@ -283,10 +280,10 @@ def test_run_loads_a_marked_table_again_by_itself(pg: Any, pg_cluster: Any, tmp_
                 f"INSERT INTO public.ev VALUES ({100 + i}, '2024-02-02', 'after'); UPDATE public.other SET v = 'v{i}'"
             )
             wait(
-                f"the table is loaded again after event {i}",
                 lambda i=i: log.read_text().count("loaded again") >= 2 * (i + 1),
+                what=f"the table is loaded again after event {i}",
             )
-            wait(f"every target is current after event {i}", current)
+            wait(current, what=f"every target is current after event {i}")
         assert proc.poll() is None, log.read_text()[-3000:]
     finally:
         proc.terminate()

@@ -14,6 +14,7 @@ from typing import Any
 
 import oracle
 import pytest
+from waiting import wait_until
 
 pytestmark = [pytest.mark.pg, pytest.mark.spark]
 
@@ -52,10 +53,13 @@ def _interrupt(cfg: Path, args: list[str], when: Any, meanwhile: Any = None) -> 
             time.sleep(0.05)
         proc.send_signal(signal.SIGINT)
         assert proc.wait(60) == 130, log.read_text()
-    deadline = time.monotonic() + 15
-    while _jvms_of(proc.pid):
-        assert time.monotonic() < deadline, f"a Spark JVM of pid {proc.pid} outlived it: {_jvms_of(proc.pid)}"
-        time.sleep(0.2)
+    wait_until(
+        lambda: not _jvms_of(proc.pid),
+        timeout=15,
+        interval=0.2,
+        what=f"no Spark JVM of pid {proc.pid} is left",
+        context=lambda: f"a Spark JVM of pid {proc.pid} outlived it: {_jvms_of(proc.pid)}",
+    )
     return [line for line in log.read_text().splitlines() if not line.startswith(PROGRESS)]
 
 

@@ -11,6 +11,7 @@ from typing import Any
 import oracle
 import pytest
 from snapshot_support import RunnerThread, Workload, create_items, target_urls, write_config
+from waiting import wait_until
 
 from mirrorline import config as C
 from mirrorline.cli.main import main
@@ -31,6 +32,12 @@ def _with_files(cfg: C.Config, name: str) -> C.Config:
     return C.load(cfg.file)
 
 
+def _fail_on(errors: list[BaseException]) -> bool:
+    """False while the runner's thread raised nothing (a wait goes on); fails with what it raised."""
+    assert not errors, errors
+    return False
+
+
 def test_a_target_waits_for_files_and_joins_once_they_are_loaded(
     pg: Any, spark: Any, tmp_path: Path, target_dbs: list[str]
 ) -> None:
@@ -47,11 +54,11 @@ def test_a_target_waits_for_files_and_joins_once_they_are_loaded(
     thread.start()
     work = Workload(pg.dsn, max_id=3000).start()
     try:
-        deadline = time.monotonic() + 120
-        while "far" not in readers(ChangeLog(cfg.log.path)) or not runner.loaded.is_set():
-            assert not errors, errors
-            assert time.monotonic() < deadline
-            time.sleep(0.1)
+        wait_until(
+            lambda: ("far" in readers(ChangeLog(cfg.log.path)) and runner.loaded.is_set()) or _fail_on(errors),
+            timeout=120,
+            what="the log is kept for far and near is loaded",
+        )
         assert any("target far: waiting for files" in m for m in said)
         time.sleep(2)  # changes flow to near; far is not loaded over the wire
         st = status(cfg)
@@ -63,32 +70,37 @@ def test_a_target_waits_for_files_and_joins_once_they_are_loaded(
         (tmp_path / "out").mkdir()
         out = export_snapshot(cfg, tmp_path / "out", options=Options(progress=False))
         load_snapshot(cfg, "far", out.folder, options=Options(progress=False))
-        while not any("target far: loaded from files" in m for m in said):
-            assert not errors, errors
-            assert time.monotonic() < deadline + 60
-            time.sleep(0.1)
+        wait_until(
+            lambda: any("target far: loaded from files" in m for m in said) or _fail_on(errors),
+            timeout=180,
+            what="run says far is loaded from files",
+        )
         time.sleep(1)
     finally:
         work.stop()
     # a last change after the workload: once the log holds it, it holds everything the source did
     (end,) = pg.execute("SELECT pg_current_wal_lsn() - '0/0'::pg_lsn")[0]
     pg.execute("UPDATE public.items SET qty = qty + 1 WHERE id = 1")
-    try:
-        deadline = time.monotonic() + 120
-        while True:  # both reach the log's end, and the log the source's
-            log = ChangeLog(cfg.log.path)
-            ends = {n: r.applied for n, r in readers(log).items() if n in ("near", "far")}
-            durable = log.durable()
-            if (
-                durable is not None
-                and durable.lsn > int(end)
-                and len(ends) == 2
-                and all(p is not None and p >= durable for p in ends.values())
-            ):
-                break
-            assert not errors, errors
-            assert time.monotonic() < deadline, ends
-            time.sleep(0.2)
+
+    def at_the_end() -> bool:
+        log = ChangeLog(cfg.log.path)
+        ends = {n: r.applied for n, r in readers(log).items() if n in ("near", "far")}
+        durable = log.durable()
+        return (
+            durable is not None
+            and durable.lsn > int(end)
+            and len(ends) == 2
+            and all(p is not None and p >= durable for p in ends.values())
+        )
+
+    try:  # both reach the log's end, and the log the source's
+        wait_until(
+            lambda: at_the_end() or _fail_on(errors),
+            timeout=120,
+            interval=0.2,
+            what="both targets reach the log's end, and the log the source's",
+            context=lambda: {n: r.applied for n, r in readers(ChangeLog(cfg.log.path)).items()},
+        )
     finally:
         runner.stop()
         thread.join(60)

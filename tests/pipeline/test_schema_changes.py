@@ -8,13 +8,13 @@ message naming the table and the reload command; that command fixes it and repli
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any
 
 import oracle
 import pytest
 from pipeline_support import target_url
+from waiting import wait_until
 
 from mirrorline import config as cfg
 from mirrorline import status as status_mod
@@ -302,9 +302,9 @@ def test_renamed_and_dropped_tables_stop_alone(pg: Any, pg_cluster: Any, spark: 
             pg.execute("UPDATE public.sc_renamed SET a = 3 WHERE id = 1")
             # dropped while capture streams: found by its look at the catalog (pgoutput sends nothing for a DROP)
             pg.execute("INSERT INTO public.third VALUES (2, 'y'); DROP TABLE public.third;" + r.other())
-            deadline = time.monotonic() + 60
-            while len(cap.stats.gone) < 2 and time.monotonic() < deadline:
-                time.sleep(0.2)
+            wait_until(
+                lambda: len(cap.stats.gone) >= 2, timeout=60, interval=0.2, what="capture finds both tables gone"
+            )
         finally:
             cap.stop()
             th.join(30)

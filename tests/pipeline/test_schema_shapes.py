@@ -11,6 +11,7 @@ from typing import Any
 import oracle
 import pytest
 from pipeline_support import capture_and_apply, target_url
+from waiting import wait_until
 
 from mirrorline import config as cfg
 from mirrorline.capture.session import Capture
@@ -197,9 +198,7 @@ def test_a_schema_renamed_inside_a_transaction_is_never_followed_silently(
             "INSERT INTO s2.t1 VALUES (1); INSERT INTO s1.t1 VALUES (2); INSERT INTO s2.t1 VALUES (3);"
             "UPDATE public.busy SET v = 'b2'; COMMIT"
         )
-        deadline = time.monotonic() + 60
-        while "s1.t1" not in cap.stats.gone and time.monotonic() < deadline:
-            time.sleep(0.2)
+        wait_until(lambda: "s1.t1" in cap.stats.gone, timeout=60, interval=0.2, what="capture finds s1.t1 gone")
         assert cap.stats.gone == ["s1.t1"]
         pg.execute("INSERT INTO s2.t1 VALUES (4); UPDATE public.busy SET v = 'b3'")
         time.sleep(2)
