@@ -13,7 +13,6 @@ import pytest
 from snapshot_support import RunnerThread, Workload, create_items, target_urls, write_config
 from waiting import wait_until
 
-from mirrorline import config as C
 from mirrorline.cli.main import main
 from mirrorline.errors import MirrorlineError
 from mirrorline.log.reader import ChangeLog
@@ -24,12 +23,6 @@ from mirrorline.status import status
 from mirrorline.verify import verify
 
 pytestmark = [pytest.mark.pg, pytest.mark.spark]
-
-
-def _with_files(cfg: C.Config, name: str) -> C.Config:
-    text = cfg.file.read_text().replace(f"[targets.{name}]\n", f'[targets.{name}]\ninitial = "files"\n')
-    cfg.file.write_text(text)
-    return C.load(cfg.file)
 
 
 def _fail_on(errors: list[BaseException]) -> bool:
@@ -43,9 +36,8 @@ def test_a_target_waits_for_files_and_joins_once_they_are_loaded(
 ) -> None:
     create_items(pg.dsn, rows=3000)
     urls = target_urls(tmp_path, pg.cluster, ["sqlite", "postgresql"], target_dbs)
-    cfg = _with_files(
-        write_config(tmp_path, pg.dsn, {"near": urls["postgresql"], "far": urls["sqlite"]}, {"public.items": {}}), "far"
-    )
+    targets = {"near": urls["postgresql"], "far": {"url": urls["sqlite"], "initial": "files"}}
+    cfg = write_config(tmp_path, pg.dsn, targets, {"public.items": {}})
     assert cfg.targets["far"].initial == "files" and cfg.targets["near"].initial == "wire"
     said: list[str] = []
     runner = Runner(cfg, on_message=said.append)
@@ -116,9 +108,8 @@ def test_run_with_every_target_waiting_for_files_says_what_to_do(
     pg: Any, spark: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     create_items(pg.dsn, rows=10)
-    cfg = _with_files(
-        write_config(tmp_path, pg.dsn, {"far": f"sqlite:///{tmp_path / 'far.db'}"}, {"public.items": {}}), "far"
-    )
+    far = {"url": f"sqlite:///{tmp_path / 'far.db'}", "initial": "files"}
+    cfg = write_config(tmp_path, pg.dsn, {"far": far}, {"public.items": {}})
     with pytest.raises(MirrorlineError, match="every target waits for files") as e:
         Runner(cfg).run()
     assert "snapshot load" in str(e.value)

@@ -39,10 +39,14 @@ def _fail_on(errors: list[BaseException]) -> bool:
 
 def test_run_serves_its_metrics(pg: Any, spark: Any, tmp_path: Path) -> None:
     create_items(pg.dsn, rows=100)
-    cfg = write_config(tmp_path, pg.dsn, {"cache": f"sqlite:///{tmp_path / 'cache.db'}"}, {"public.items": {}})
     port = free_port()
-    cfg.file.write_text(cfg.file.read_text() + f'\n[metrics]\nlisten = "127.0.0.1:{port}"\n')
-    cfg = C.load(cfg.file)
+    cfg = write_config(
+        tmp_path,
+        pg.dsn,
+        {"cache": f"sqlite:///{tmp_path / 'cache.db'}"},
+        {"public.items": {}},
+        metrics={"listen": f"127.0.0.1:{port}"},
+    )
     assert cfg.metrics.listen == ("127.0.0.1", port)
     runner = Runner(cfg)
     thread = RunnerThread(runner)
