@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import configs
 import oracle
 import psycopg2
 import pytest
@@ -28,13 +29,14 @@ TABLES = ("public.bag", "public.keyed")
 
 
 def _config(pg: Any, tmp_path: Path, urls: dict[str, str]) -> Path:
-    lines = ["[source]", f'dsn = "{pg.dsn}"', "[log]", f'path = "{tmp_path / "log"}"', 'segment_seconds = "100ms"']
-    lines += ["[apply]", 'latency = "200ms"'] + [f'[tables."{t}"]' for t in TABLES]
-    for name, url in urls.items():
-        lines += [f"[targets.{name}]", f'url = "{url}"']
-    path = tmp_path / "m.toml"
-    path.write_text("\n".join(lines) + "\n")
-    return path
+    return configs.write(
+        tmp_path / "m.toml",
+        source=pg.dsn,
+        log={"path": tmp_path / "log", "segment_seconds": "100ms"},
+        apply={"latency": "200ms"},
+        tables=TABLES,
+        targets=urls,
+    )
 
 
 @pytest.mark.pg

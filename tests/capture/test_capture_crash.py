@@ -16,6 +16,7 @@ from itertools import groupby
 from pathlib import Path
 from typing import Any
 
+import configs
 import psycopg2
 import pytest
 from waiting import wait_until
@@ -130,10 +131,11 @@ def wait_ready(proc: subprocess.Popen[bytes], timeout: float = 60) -> None:
 def test_sigkill_at_random_moments_loses_and_duplicates_nothing(pg_cluster_factory: Any, tmp_path: Path) -> None:
     cluster = pg_cluster_factory(logical_decoding_work_mem="64kB")
     cluster.execute("CREATE TABLE work (id bigint PRIMARY KEY, v int NOT NULL, pad text)")
-    cfg = tmp_path / "mirrorline.toml"
-    cfg.write_text(
-        f'[source]\ndsn = "{cluster.dsn()}"\n[log]\npath = "log"\nsegment_changes = 2000\n'
-        f'segment_seconds = "200ms"\n[tables."public.work"]\n'
+    cfg = configs.write(
+        tmp_path / "mirrorline.toml",
+        source=cluster.dsn(),
+        log={"path": "log", "segment_changes": 2000, "segment_seconds": "200ms"},
+        tables=["public.work"],
     )
     seed = int(os.environ.get("MIRRORLINE_CRASH_SEED", random.randrange(1 << 30)))
     rng = random.Random(seed)

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import configs
 import pytest
 from waiting import wait_until
 
@@ -30,8 +31,7 @@ def peak_rss_mb(pid: int) -> float:
 def test_two_million_row_transaction_keeps_capture_under_300_mb(pg_cluster_factory: Any, tmp_path: Path) -> None:
     cluster = pg_cluster_factory(logical_decoding_work_mem="64kB")
     cluster.execute("CREATE TABLE big (id int PRIMARY KEY, note text)")
-    cfg = tmp_path / "mirrorline.toml"
-    cfg.write_text(f'[source]\ndsn = "{cluster.dsn()}"\n[log]\npath = "log"\n[tables."public.big"]\n')
+    cfg = configs.write(tmp_path / "mirrorline.toml", source=cluster.dsn(), log="log", tables=["public.big"])
     err = tmp_path / "capture.err"
     proc = subprocess.Popen(
         [sys.executable, "-m", "mirrorline.cli.main", "capture", "-c", str(cfg)], stderr=err.open("wb")

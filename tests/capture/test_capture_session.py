@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import configs
 import pytest
 from waiting import wait_until
 
@@ -271,10 +272,7 @@ def test_keepalives_are_answered_while_idle(pg_cluster_factory: Any, tmp_path: P
 
     cluster = pg_cluster_factory(wal_sender_timeout="2s")
     cluster.execute("CREATE TABLE t (id int PRIMARY KEY)")
-    conf_file = tmp_path / "m.toml"
-    conf_file.write_text(
-        f'[source]\ndsn = "{cluster.dsn()}"\n[log]\npath = "{tmp_path / "log"}"\n[tables."public.t"]\n'
-    )
+    conf_file = configs.write(tmp_path / "m.toml", source=cluster.dsn(), log=tmp_path / "log", tables=["public.t"])
     cfg = load(conf_file)
     out = tmp_path / "capture.log"
     proc = mirrorline_process("capture", "-v", "-c", str(conf_file), log_file=out)

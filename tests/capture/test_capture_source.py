@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import configs
 import pytest
 from waiting import wait_until
 
@@ -27,11 +28,8 @@ def config(dsn: str, folder: Path, tables: dict[str, dict[str, Any]]) -> Config:
     )
 
 
-def write_config(folder: Path, dsn: str, tables: list[str], extra: str = "") -> Path:
-    body = f'[source]\ndsn = "{dsn}"\n[log]\npath = "log"\n' + "".join(f'[tables."{t}"]\n' for t in tables) + extra
-    path = folder / "mirrorline.toml"
-    path.write_text(body)
-    return path
+def write_config(folder: Path, dsn: str, tables: list[str]) -> Path:
+    return configs.write(folder / "mirrorline.toml", source=dsn, log="log", tables=tables)
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:

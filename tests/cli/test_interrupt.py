@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import configs
 import oracle
 import pytest
 from waiting import wait_until
@@ -69,10 +70,8 @@ def test_ctrl_c_at_any_moment_says_what_was_kept_in_one_line(pg: Any, tmp_path: 
         "INSERT INTO public.items SELECT g, md5(g::text) FROM generate_series(1, 200000) g"
     )
     urls = {"sqlite": f"sqlite:///{tmp_path / 't.db'}", "duckdb": f"duckdb:///{tmp_path / 't.duckdb'}"}
-    cfg = tmp_path / "m.toml"
-    cfg.write_text(
-        f'[source]\ndsn = "{pg.dsn}"\n[log]\npath = "log"\n[apply]\nlatency = "100ms"\n[tables."public.items"]\n'
-        + "".join(f'[targets.{k}]\nurl = "{u}"\n' for k, u in urls.items())
+    cfg = configs.write(
+        tmp_path / "m.toml", source=pg.dsn, log="log", apply={"latency": "100ms"}, tables=["public.items"], targets=urls
     )
     start = time.monotonic()
     moments = {

@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import configs
 import pytest
 
 from mirrorline import config as C
@@ -20,18 +21,13 @@ from mirrorline.status import status
 
 
 def _config(tmp_path: Path, targets: list[str], expiry: str = "7d") -> C.Config:
-    lines = [
-        "[source]",
-        'dsn = "host=127.0.0.1 port=1 dbname=nowhere connect_timeout=1"',
-        "[log]",
-        'path = "log"',
-        f'export_expiry = "{expiry}"',
-        '[tables."public.t"]',
-    ]
-    for n in targets:
-        lines += [f"[targets.{n}]", f'url = "sqlite:///{tmp_path / (n + ".db")}"']
-    (tmp_path / "m.toml").write_text("\n".join(lines) + "\n")
-    return C.load(tmp_path / "m.toml")
+    return configs.load(
+        tmp_path / "m.toml",
+        source="host=127.0.0.1 port=1 dbname=nowhere connect_timeout=1",
+        log={"path": "log", "export_expiry": expiry},
+        tables=["public.t"],
+        targets={n: f"sqlite:///{tmp_path / (n + '.db')}" for n in targets},
+    )
 
 
 def _log(root: Path) -> list[Position]:

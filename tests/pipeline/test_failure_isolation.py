@@ -17,6 +17,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+import configs
 import duckdb
 import oracle
 import psycopg2
@@ -36,13 +37,18 @@ KINDS = ("postgresql", "sqlite", "duckdb", "delta")
 TABLES = ("public.items", "public.quiet")
 
 
-def _config(pg: Any, tmp_path: Path, urls: dict[str, str], extra: dict[str, list[str]] | None = None) -> cfg.Config:
-    lines = ["[source]", f'dsn = "{pg.dsn}"', "[log]", f'path = "{tmp_path / "log"}"', "[apply]", 'latency = "100ms"']
-    lines += [f'[tables."{t}"]' for t in TABLES]
-    for name, url in urls.items():
-        lines += [f"[targets.{name}]", f'url = "{url}"', *(extra or {}).get(name, [])]
-    (tmp_path / "m.toml").write_text("\n".join(lines) + "\n")
-    return cfg.load(tmp_path / "m.toml")
+def _config(
+    pg: Any, tmp_path: Path, urls: dict[str, str], settings: dict[str, dict[str, Any]] | None = None
+) -> cfg.Config:
+    """``settings``: more settings of some targets, by name."""
+    return configs.load(
+        tmp_path / "m.toml",
+        source=pg.dsn,
+        log=tmp_path / "log",
+        apply={"latency": "100ms"},
+        tables=TABLES,
+        targets={name: {"url": url, **(settings or {}).get(name, {})} for name, url in urls.items()},
+    )
 
 
 def _refuse(kind: str, url: str) -> Callable[[], None]:
@@ -104,14 +110,14 @@ _wait = partial(wait_until, timeout=60.0, interval=0.2)  # this module's waits
 
 
 def _start(
-    pg: Any, pg_cluster: Any, tmp_path: Path, kinds: tuple[str, ...], **extra: list[str]
+    pg: Any, pg_cluster: Any, tmp_path: Path, kinds: tuple[str, ...], **settings: dict[str, Any]
 ) -> tuple[cfg.Config, dict[str, str]]:
     pg.execute(
         "CREATE TABLE public.items (id integer PRIMARY KEY, v text); CREATE TABLE public.quiet (id integer PRIMARY "
         "KEY); INSERT INTO public.items VALUES (1, 'one'); INSERT INTO public.quiet VALUES (1)"
     )
     urls = {k: target_url(k, tmp_path, pg_cluster, f"iso_{k[:2]}_{pg.name[-6:]}") for k in kinds}
-    conf = _config(pg, tmp_path, urls, extra)
+    conf = _config(pg, tmp_path, urls, settings)
     Capture(conf, once=True).run()
     for name in urls:
         snapshot_target(conf, name)
@@ -196,7 +202,7 @@ def test_a_table_refusing_a_row_stops_alone(pg: Any, pg_cluster: Any, spark: Any
 def test_all_or_nothing_stops_the_whole_target(pg: Any, pg_cluster: Any, spark: Any, tmp_path: Path) -> None:
     """``all_or_nothing = true``: the table's refusal stops the target (its other table too); the other target goes
     on; once the row is taken, the target catches up whole."""
-    conf, urls = _start(pg, pg_cluster, tmp_path, ("sqlite", "duckdb"), sqlite=["all_or_nothing = true"])
+    conf, urls = _start(pg, pg_cluster, tmp_path, ("sqlite", "duckdb"), sqlite={"all_or_nothing": True})
     applier = Applier(conf, spark=spark)
     try:
         applier.catch_up()

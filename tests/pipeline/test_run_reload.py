@@ -14,6 +14,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+import configs
 import oracle
 import pytest
 from crash_support import mirrorline_process
@@ -43,9 +44,14 @@ def test_targets_added_and_removed_on_sighup(pg: Any, tmp_path: Path) -> None:
     cfg = tmp_path / "m.toml"
 
     def write(names: list[str]) -> None:
-        body = f'[source]\ndsn = "{pg.dsn}"\n[log]\npath = "log"\n[apply]\nlatency = "100ms"\n[tables."public.items"]\n'
-        body += "".join(f'[targets.{n}]\nurl = "{urls[n]}"\n' for n in names)
-        cfg.write_text(body)
+        configs.write(
+            cfg,
+            source=pg.dsn,
+            log="log",
+            apply={"latency": "100ms"},
+            tables=["public.items"],
+            targets={n: urls[n] for n in names},
+        )
 
     write(["keep", "gone"])
     log = tmp_path / "run.log"
@@ -110,10 +116,7 @@ def test_tables_added_and_removed_on_sighup(pg: Any, tmp_path: Path) -> None:
     odd = 'sales."Order Items"'
 
     def write(tables: list[str]) -> None:
-        body = f'[source]\ndsn = "{pg.dsn}"\n[log]\npath = "log"\n[apply]\nlatency = "100ms"\n'
-        body += "".join(f"[tables.'{t}']\n" for t in tables)
-        body += "".join(f'[targets.{k}]\nurl = "{u}"\n' for k, u in urls.items())
-        cfg.write_text(body)
+        configs.write(cfg, source=pg.dsn, log="log", apply={"latency": "100ms"}, tables=tables, targets=urls)
 
     def same(table: str) -> bool:
         try:
