@@ -415,7 +415,7 @@ def test_status_shows_each_delta_tables_version_files_and_position(spark: Any, t
     from mirrorline.apply import open_target as open_configured
     from mirrorline.status import status
 
-    conf = config.load(_config(tmp_path, ""))
+    conf = config.load(_config(tmp_path, {}))
     t = open_configured(conf.targets["lake"])
     t.apply(batch(spark, [items(1), items(2)], P(0), P(0x10, 2)), SCHEMAS)
     t.close()
