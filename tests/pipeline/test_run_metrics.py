@@ -9,6 +9,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+import configs
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from snapshot_support import RunnerThread, create_items, write_config
@@ -117,8 +118,8 @@ def test_metrics_open_to_other_hosts_are_warned_about(tmp_path: Path, caplog: py
     assert loopback("127.0.0.1") and loopback("::1") and loopback("localhost")
     assert not loopback("0.0.0.0") and not loopback("10.1.2.3") and not loopback("db.example")
     for listen, warned in (("127.0.0.1", False), ("0.0.0.0", True)):
-        (tmp_path / "m.toml").write_text(f'[log]\npath = "log"\n[metrics]\nlisten = "{listen}:{free_port()}"\n')
-        m = RunMetrics(C.load(tmp_path / "m.toml"), dict, lambda: None)
+        conf = configs.load(tmp_path / "m.toml", log="log", metrics={"listen": f"{listen}:{free_port()}"})
+        m = RunMetrics(conf, dict, lambda: None)
         caplog.clear()
         with caplog.at_level(logging.WARNING, logger="mirrorline.metrics"):
             m.start()
