@@ -310,9 +310,13 @@ def test_failover_needs_postgresql_17(pg: Any, tmp_path: Path, capsys: pytest.Ca
     from mirrorline.cli.main import main
 
     pg.execute("CREATE TABLE a (id int PRIMARY KEY)")
-    cfg = write_config(tmp_path, pg.dsn, ["public.a"])
-    text = cfg.read_text().replace(f'dsn = "{pg.dsn}"\n', f'dsn = "{pg.dsn}"\nfailover = true\n')
-    cfg.write_text(text + '[targets.t]\nurl = "sqlite:///t.db"\n')
+    cfg = configs.write(
+        tmp_path / "mirrorline.toml",
+        source={"dsn": pg.dsn, "failover": True},
+        log="log",
+        tables=["public.a"],
+        targets={"t": "sqlite:///t.db"},
+    )
     for args in (["capture", "--once"], ["snapshot", "--target", "t"]):
         assert main([*args, "-c", str(cfg)]) == 3
         err = capsys.readouterr().err

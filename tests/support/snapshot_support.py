@@ -59,15 +59,16 @@ def write_config(
     tables: Mapping[str, configs.Settings],
     name: str = "mirrorline.toml",
     slot: str = "mirrorline",
+    log: configs.Settings | None = None,
     **sections: Any,
 ) -> C.Config:
     """The snapshot, status and verify tests' configuration at ``tmp_path / name``, loaded: the log in ``log``
-    beside it, segments closed after 0.2 s, units after 0.5 s; ``targets``: name -> URL, or the target's settings;
-    ``sections``: more of :func:`configs.text`'s (``metrics``, ``spark``)."""
+    beside it (with more settings ``log``), segments closed after 0.2 s, units after 0.5 s; ``targets``: name -> URL,
+    or the target's settings; ``sections``: more of :func:`configs.text`'s (``metrics``, ``spark``)."""
     return configs.load(
         tmp_path / name,
         source={"dsn": source_dsn, "slot": slot},
-        log={"path": "log", "segment_seconds": "0.2"},
+        log={"path": "log", "segment_seconds": "0.2", **(log or {})},
         apply={"latency": "0.5s"},
         tables=tables,
         targets=targets,
