@@ -11,6 +11,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import configs
 import duckdb
 import pytest
 from apply_support import ITEMS, ORDERS, P, batch, fetch, net, open_target
@@ -339,30 +340,34 @@ def test_a_constraint_error_and_a_missing_folder_are_clear(spark: Any, request: 
         other.applied_positions()
 
 
-def _config(tmp_path: Path, extra: str) -> Path:
-    f = tmp_path / "m.toml"
-    f.write_text(f'[log]\npath = "{tmp_path / "log"}"\n[targets.lake]\nurl = "delta:///lake"\n{extra}')
-    return f
+def _config(tmp_path: Path, lake: dict[str, Any], **targets: dict[str, Any]) -> Path:
+    """The target ``lake`` (delta:///lake, with the settings ``lake``) and ``targets``."""
+    return configs.write(
+        tmp_path / "m.toml", log=tmp_path / "log", targets={"lake": {"url": "delta:///lake", **lake}, **targets}
+    )
 
 
 @pytest.mark.parametrize(
-    ("extra", "key", "reason"),
+    ("lake", "targets", "key", "reason"),
     [
-        ('vacuum_retention = "10m"\n', "targets.lake.vacuum_retention", "must be at least 1h"),
-        ('compact_every = "often"\n', "targets.lake.compact_every", "expected a duration"),
+        ({"vacuum_retention": "10m"}, {}, "targets.lake.vacuum_retention", "must be at least 1h"),
+        ({"compact_every": "often"}, {}, "targets.lake.compact_every", "expected a duration"),
         (
-            '[targets.db]\nurl = "sqlite:///x.db"\ncompact_every = "1h"\n',
+            {},
+            {"db": {"url": "sqlite:///x.db", "compact_every": "1h"}},
             "targets.db.compact_every",
             "has no files to compact",
         ),
     ],
 )
-def test_upkeep_settings_are_checked(tmp_path: Path, extra: str, key: str, reason: str) -> None:
+def test_upkeep_settings_are_checked(
+    tmp_path: Path, lake: dict[str, Any], targets: dict[str, dict[str, Any]], key: str, reason: str
+) -> None:
     from mirrorline import config
     from mirrorline.errors import ConfigError
 
     with pytest.raises(ConfigError, match=reason) as e:
-        config.load(_config(tmp_path, extra))
+        config.load(_config(tmp_path, lake, **targets))
     assert e.value.key == key
 
 
@@ -372,7 +377,7 @@ def test_run_compacts_on_schedule_and_the_command_does_it_at_once(spark: Any, tm
     from mirrorline.cli.main import main
     from mirrorline.pipeline import Applier
 
-    conf = config.load(_config(tmp_path, 'compact_every = "200ms"\nvacuum_retention = "2h"\n'))
+    conf = config.load(_config(tmp_path, {"compact_every": "200ms", "vacuum_retention": "2h"}))
     assert (conf.targets["lake"].compact_every, conf.targets["lake"].retention_hours) == (0.2, 2)
     t = open_configured(conf.targets["lake"])
     for n in range(1, 4):
@@ -410,7 +415,7 @@ def test_status_shows_each_delta_tables_version_files_and_position(spark: Any, t
     from mirrorline.apply import open_target as open_configured
     from mirrorline.status import status
 
-    conf = config.load(_config(tmp_path, ""))
+    conf = config.load(_config(tmp_path, {}))
     t = open_configured(conf.targets["lake"])
     t.apply(batch(spark, [items(1), items(2)], P(0), P(0x10, 2)), SCHEMAS)
     t.close()

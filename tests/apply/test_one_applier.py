@@ -13,11 +13,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+import configs
 import oracle
 import psycopg2
 import pytest
 from crash_support import mirrorline_process
 from pipeline_support import target_url
+from waiting import wait_until
 
 from mirrorline import config as cfg
 from mirrorline.apply import open_target
@@ -27,13 +29,14 @@ TABLES = ("public.bag", "public.keyed")
 
 
 def _config(pg: Any, tmp_path: Path, urls: dict[str, str]) -> Path:
-    lines = ["[source]", f'dsn = "{pg.dsn}"', "[log]", f'path = "{tmp_path / "log"}"', 'segment_seconds = "100ms"']
-    lines += ["[apply]", 'latency = "200ms"'] + [f'[tables."{t}"]' for t in TABLES]
-    for name, url in urls.items():
-        lines += [f"[targets.{name}]", f'url = "{url}"']
-    path = tmp_path / "m.toml"
-    path.write_text("\n".join(lines) + "\n")
-    return path
+    return configs.write(
+        tmp_path / "m.toml",
+        source=pg.dsn,
+        log={"path": tmp_path / "log", "segment_seconds": "100ms"},
+        apply={"latency": "200ms"},
+        tables=TABLES,
+        targets=urls,
+    )
 
 
 @pytest.mark.pg
@@ -123,6 +126,12 @@ def _read_only_reads(path: str, n: int) -> dict[str, Any]:
     return dict(json.loads(out.stdout))
 
 
+def _fail_if_ended(run: subprocess.Popen[bytes], tmp_path: Path) -> bool:
+    """False while ``run`` runs (a wait goes on); fails with its log's tail once it ended."""
+    assert run.poll() is None, (tmp_path / "run.log").read_text()[-3000:]
+    return False
+
+
 def _all_same(pg: Any, urls: dict[str, str]) -> bool:
     import duckdb
 
@@ -151,11 +160,12 @@ def test_verify_and_apply_beside_a_live_run(pg: Any, pg_cluster: Any, tmp_path: 
     run = mirrorline_process("run", "-c", str(path), log_file=tmp_path / "run.log")
     load = _Load(pg.dsn)
     try:
-        deadline = time.monotonic() + 240
-        while not _all_same(pg, urls):  # loaded and live
-            assert run.poll() is None, (tmp_path / "run.log").read_text()[-3000:]
-            assert time.monotonic() < deadline, "run did not load the targets"
-            time.sleep(1)
+        wait_until(
+            lambda: _all_same(pg, urls) or _fail_if_ended(run, tmp_path),
+            timeout=240,
+            interval=1,
+            what="run loads the targets",
+        )
         load.start()
         for i in range(2):  # (each round 50-60 s: verify and apply each start their own Spark)
             v = _cli("verify", "-c", str(path))
@@ -166,10 +176,7 @@ def test_verify_and_apply_beside_a_live_run(pg: Any, pg_cluster: Any, tmp_path: 
         load.stop.set()
         load.join(30)
         assert not load.errors and load.n > 20
-        deadline = time.monotonic() + 120
-        while not _all_same(pg, urls):
-            assert time.monotonic() < deadline, "the targets did not catch up after the load"
-            time.sleep(1)
+        wait_until(lambda: _all_same(pg, urls), timeout=120, interval=1, what="the targets catch up after the load")
     finally:
         load.stop.set()
         run.terminate()
@@ -204,11 +211,15 @@ def test_status_and_verify_beside_a_live_run_on_duckdb(pg: Any, pg_cluster: Any,
             st = status_mod.status(conf)
             return st, next(t for t in st.targets if t.name == "duckdb")
 
-        deadline = time.monotonic() + 240
-        while duck()[1].state != "live" or not _all_same(pg, {"sqlite": urls["sqlite"]}):
-            assert run.poll() is None, (tmp_path / "run.log").read_text()[-3000:]
-            assert time.monotonic() < deadline, "run did not load the targets"
-            time.sleep(1)
+        wait_until(
+            lambda: (
+                (duck()[1].state == "live" and _all_same(pg, {"sqlite": urls["sqlite"]}))
+                or _fail_if_ended(run, tmp_path)
+            ),
+            timeout=240,
+            interval=1,
+            what="run loads the targets",
+        )
         st, t = duck()
         assert not t.error and t.position is not None and st.problems(max_lag=60) == [], st.problems()
         pg.execute("INSERT INTO public.keyed VALUES (10, 'v'); INSERT INTO public.bag VALUES (1, 'x')")
@@ -216,10 +227,13 @@ def test_status_and_verify_beside_a_live_run_on_duckdb(pg: Any, pg_cluster: Any,
         assert v.returncode == 0, f"verify: {v.returncode}\n{v.stdout}\n{v.stderr}"
         assert "duckdb" in v.stdout and "could not be compared" not in v.stdout, v.stdout
         pg.execute("UPDATE public.keyed SET v = 'after verify'")
-        deadline = time.monotonic() + 120
-        while duck()[1].lag_bytes != 0 or not _all_same(pg, {"sqlite": urls["sqlite"]}):
-            assert time.monotonic() < deadline, (duck()[1], (tmp_path / "run.log").read_text()[-2000:])
-            time.sleep(0.5)
+        wait_until(
+            lambda: duck()[1].lag_bytes == 0 and _all_same(pg, {"sqlite": urls["sqlite"]}),
+            timeout=120,
+            interval=0.5,
+            what="the targets are current after verify",
+            context=lambda: (duck()[1], (tmp_path / "run.log").read_text()[-2000:]),
+        )
         # any DuckDB client reads the replica while run keeps it current under a load: run holds the file only
         # while it applies a unit, so another process opens it read-only between units
         pg.execute("DELETE FROM public.keyed")  # the load inserts ids from 1
@@ -232,11 +246,12 @@ def test_status_and_verify_beside_a_live_run_on_duckdb(pg: Any, pg_cluster: Any,
             load.join(30)
         assert reads["ok"] == 15 and reads["seconds"] < 60, reads
         assert not load.errors and load.n > 20
-        deadline = time.monotonic() + 120
-        while not _all_same(pg, urls):  # the tests' own reader opens the file too, while run is live
-            assert run.poll() is None, (tmp_path / "run.log").read_text()[-3000:]
-            assert time.monotonic() < deadline, "the DuckDB target did not catch up after the load"
-            time.sleep(0.5)
+        wait_until(  # the tests' own reader opens the file too, while run is live
+            lambda: _all_same(pg, urls) or _fail_if_ended(run, tmp_path),
+            timeout=120,
+            interval=0.5,
+            what="the DuckDB target catches up after the load",
+        )
         assert run.poll() is None, (tmp_path / "run.log").read_text()[-3000:]
     finally:
         run.terminate()

@@ -19,12 +19,8 @@ from mirrorline.status import status
 pytestmark = [pytest.mark.pg, pytest.mark.spark]
 
 
-def _prefixed(cfg: C.Config, prefix: str) -> C.Config:
-    text = cfg.file.read_text()
-    for name in cfg.targets:
-        text = text.replace(f"[targets.{name}]\n", f'[targets.{name}]\nstate_prefix = "{prefix}"\n')
-    cfg.file.write_text(text)
-    return C.load(cfg.file)
+def _prefixed(targets: dict[str, str], prefix: str) -> dict[str, dict[str, str]]:
+    return {name: {"url": url, "state_prefix": prefix} for name, url in targets.items()}
 
 
 def test_two_instances_share_a_target_database(pg: Any, spark: Any, tmp_path: Path, target_dbs: list[str]) -> None:
@@ -40,8 +36,8 @@ def test_two_instances_share_a_target_database(pg: Any, spark: Any, tmp_path: Pa
     shared = {"dw": cluster.url(dw), "cache": f"sqlite:///{tmp_path / 'shared.db'}"}
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
-    a = _prefixed(write_config(tmp_path / "a", pg.dsn, shared, {"public.items": {}}), "a_")
-    b = _prefixed(write_config(tmp_path / "b", cluster.dsn(other), shared, {"public.parts": {}}, slot="ml_b"), "b_")
+    a = write_config(tmp_path / "a", pg.dsn, _prefixed(shared, "a_"), {"public.items": {}})
+    b = write_config(tmp_path / "b", cluster.dsn(other), _prefixed(shared, "b_"), {"public.parts": {}}, slot="ml_b")
     assert a.targets["dw"].state_prefix == "a_"
     for cfg in (a, b, a):
         assert main(["run", "--once", "-c", str(cfg.file)]) == 0

@@ -19,6 +19,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+import configs
 import duckdb
 import numpy as np
 import psycopg2
@@ -335,11 +336,7 @@ def test_every_type_and_edge_value_reaches_every_target_kind(
     live = {n: u for n, u in urls.items() if n.startswith("live_")}
 
     def config_file(name: str, targets: dict[str, str]) -> cfg.Config:
-        lines = ["[source]", f'dsn = "{pg.dsn}"', "[log]", f'path = "{tmp_path / "log"}"', f'[tables."{TABLE}"]']
-        for target, url in targets.items():
-            lines += [f"[targets.{target}]", f'url = "{url}"']
-        (tmp_path / name).write_text("\n".join(lines) + "\n")
-        return cfg.load(tmp_path / name)
+        return configs.load(tmp_path / name, source=pg.dsn, log=tmp_path / "log", tables=[TABLE], targets=targets)
 
     live_conf = config_file("live.toml", live)
     conf = config_file("all.toml", urls)

@@ -16,8 +16,10 @@ from itertools import groupby
 from pathlib import Path
 from typing import Any
 
+import configs
 import psycopg2
 import pytest
+from waiting import wait_until
 
 from mirrorline.log.reader import ChangeLog
 
@@ -115,23 +117,25 @@ def stderr_of(proc: subprocess.Popen[bytes]) -> str:
 
 def wait_ready(proc: subprocess.Popen[bytes], timeout: float = 60) -> None:
     """Until capture says it is streaming (or has died)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+
+    def capturing() -> bool:
         if "capturing" in stderr_of(proc):
-            return
+            return True
         if proc.poll() is not None:
             raise AssertionError(f"capture exited {proc.returncode}: {stderr_of(proc)}")
-        time.sleep(0.05)
-    raise AssertionError(f"capture did not start: {stderr_of(proc)}")
+        return False
+
+    wait_until(capturing, timeout=timeout, interval=0.05, what="capture starts", context=lambda: stderr_of(proc))
 
 
 def test_sigkill_at_random_moments_loses_and_duplicates_nothing(pg_cluster_factory: Any, tmp_path: Path) -> None:
     cluster = pg_cluster_factory(logical_decoding_work_mem="64kB")
     cluster.execute("CREATE TABLE work (id bigint PRIMARY KEY, v int NOT NULL, pad text)")
-    cfg = tmp_path / "mirrorline.toml"
-    cfg.write_text(
-        f'[source]\ndsn = "{cluster.dsn()}"\n[log]\npath = "log"\nsegment_changes = 2000\n'
-        f'segment_seconds = "200ms"\n[tables."public.work"]\n'
+    cfg = configs.write(
+        tmp_path / "mirrorline.toml",
+        source=cluster.dsn(),
+        log={"path": "log", "segment_changes": 2000, "segment_seconds": "200ms"},
+        tables=["public.work"],
     )
     seed = int(os.environ.get("MIRRORLINE_CRASH_SEED", random.randrange(1 << 30)))
     rng = random.Random(seed)

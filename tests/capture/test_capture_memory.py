@@ -7,11 +7,12 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
+import configs
 import pytest
+from waiting import wait_until
 
 from mirrorline.log.reader import ChangeLog
 
@@ -30,25 +31,37 @@ def peak_rss_mb(pid: int) -> float:
 def test_two_million_row_transaction_keeps_capture_under_300_mb(pg_cluster_factory: Any, tmp_path: Path) -> None:
     cluster = pg_cluster_factory(logical_decoding_work_mem="64kB")
     cluster.execute("CREATE TABLE big (id int PRIMARY KEY, note text)")
-    cfg = tmp_path / "mirrorline.toml"
-    cfg.write_text(f'[source]\ndsn = "{cluster.dsn()}"\n[log]\npath = "log"\n[tables."public.big"]\n')
+    cfg = configs.write(tmp_path / "mirrorline.toml", source=cluster.dsn(), log="log", tables=["public.big"])
     err = tmp_path / "capture.err"
     proc = subprocess.Popen(
         [sys.executable, "-m", "mirrorline.cli.main", "capture", "-c", str(cfg)], stderr=err.open("wb")
     )
+
+    def capturing() -> bool:
+        if "capturing" in err.read_text():
+            return True
+        assert proc.poll() is None, err.read_text()
+        return False
+
     try:
-        deadline = time.monotonic() + 60
-        while "capturing" not in err.read_text():
-            assert proc.poll() is None and time.monotonic() < deadline, err.read_text()
-            time.sleep(0.1)
+        wait_until(capturing, timeout=60, what="capture says it is capturing", context=err.read_text)
         baseline = peak_rss_mb(proc.pid)
         cluster.execute(f"INSERT INTO big SELECT g, md5(g::text) FROM generate_series(1, {ROWS}) g")
         log = ChangeLog(tmp_path / "log")
-        deadline = time.monotonic() + 240
-        while log.count() < ROWS:
+
+        def all_logged() -> bool:
+            if log.count() >= ROWS:
+                return True
             assert proc.poll() is None, err.read_text()
-            assert time.monotonic() < deadline, f"only {log.count()} rows captured"
-            time.sleep(0.5)
+            return False
+
+        wait_until(
+            all_logged,
+            timeout=240,
+            interval=0.5,
+            what=f"all {ROWS} rows are captured",
+            context=lambda: f"only {log.count()} rows captured",
+        )
         peak = peak_rss_mb(proc.pid)
     finally:
         proc.send_signal(signal.SIGTERM)

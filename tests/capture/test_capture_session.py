@@ -10,7 +10,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+import configs
 import pytest
+from waiting import wait_until
 
 from mirrorline.capture.session import Capture
 from mirrorline.config import Config, load, parse
@@ -237,9 +239,9 @@ def test_dropped_connection_reconnects_and_continues(pg: Any, tmp_path: Path) ->
                 "WHERE slot_name = 'mirrorline' AND active_pid IS NOT NULL"
             )
         pg.execute("INSERT INTO t VALUES (1000)")
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and ChangeLog(cfg.log.path).count() < 501:
-            time.sleep(0.2)
+        wait_until(
+            lambda: ChangeLog(cfg.log.path).count() >= 501, timeout=60, interval=0.2, what="501 changes are logged"
+        )
     finally:
         cap.stop()
         th.join(60)
@@ -270,10 +272,7 @@ def test_keepalives_are_answered_while_idle(pg_cluster_factory: Any, tmp_path: P
 
     cluster = pg_cluster_factory(wal_sender_timeout="2s")
     cluster.execute("CREATE TABLE t (id int PRIMARY KEY)")
-    conf_file = tmp_path / "m.toml"
-    conf_file.write_text(
-        f'[source]\ndsn = "{cluster.dsn()}"\n[log]\npath = "{tmp_path / "log"}"\n[tables."public.t"]\n'
-    )
+    conf_file = configs.write(tmp_path / "m.toml", source=cluster.dsn(), log=tmp_path / "log", tables=["public.t"])
     cfg = load(conf_file)
     out = tmp_path / "capture.log"
     proc = mirrorline_process("capture", "-v", "-c", str(conf_file), log_file=out)
@@ -282,18 +281,20 @@ def test_keepalives_are_answered_while_idle(pg_cluster_factory: Any, tmp_path: P
         "SELECT s.active_pid FROM pg_replication_slots s JOIN pg_stat_replication r ON r.pid = s.active_pid "
         "WHERE s.slot_name = 'mirrorline'"
     )
+
+    def streaming() -> bool:  # the slot is held by its walsender
+        if cluster.execute(pid_sql):
+            return True
+        assert proc.poll() is None, out.read_text()
+        return False
+
     try:
-        deadline = time.monotonic() + 60
-        while not cluster.execute(pid_sql):  # streaming: the slot is held by its walsender
-            assert proc.poll() is None and time.monotonic() < deadline, out.read_text()
-            time.sleep(0.05)
+        wait_until(streaming, timeout=60, interval=0.05, what="capture streams", context=out.read_text)
         before = cluster.execute(pid_sql)
         time.sleep(6)  # the period under test: three wal_sender_timeouts with nothing to send
         assert cluster.execute(pid_sql) == before  # the same walsender: never dropped for a missed keepalive
         cluster.execute("INSERT INTO t VALUES (1)")
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and ChangeLog(cfg.log.path).count() < 1:
-            time.sleep(0.1)
+        wait_until(lambda: ChangeLog(cfg.log.path).count() >= 1, timeout=30, what="the change is logged")
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(60)

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
+import configs
 import pytest
+from waiting import wait_until
 
 from mirrorline.capture.provision import ensure_slot, reconcile_publication
 from mirrorline.capture.source import connect, describe_tables
@@ -28,11 +29,8 @@ def config(dsn: str, folder: Path, tables: dict[str, dict[str, Any]]) -> Config:
     )
 
 
-def write_config(folder: Path, dsn: str, tables: list[str], extra: str = "") -> Path:
-    body = f'[source]\ndsn = "{dsn}"\n[log]\npath = "log"\n' + "".join(f'[tables."{t}"]\n' for t in tables) + extra
-    path = folder / "mirrorline.toml"
-    path.write_text(body)
-    return path
+def write_config(folder: Path, dsn: str, tables: list[str]) -> Path:
+    return configs.write(folder / "mirrorline.toml", source=dsn, log="log", tables=tables)
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -293,10 +291,12 @@ def test_teardown_drops_the_slot_and_the_publication_of_this_log(
         reconcile_publication(other, "theirs", ["public.a"], "/elsewhere")
     finally:
         other.close()
-    deadline = time.monotonic() + 30
-    while main(["teardown", "--yes", "--log", "-c", str(cfg)]) != 0:  # (the walsender lets go of the slot later)
-        assert time.monotonic() < deadline
-        time.sleep(0.5)
+    wait_until(  # (the walsender lets go of the slot later)
+        lambda: main(["teardown", "--yes", "--log", "-c", str(cfg)]) == 0,
+        timeout=30,
+        interval=0.5,
+        what="teardown drops the slot",
+    )
     out = capsys.readouterr().out
     assert "dropped the replication slot mirrorline" in out and "dropped the publication mirrorline" in out
     assert "removed the change log at" in out and not Path(log_root).exists()
@@ -311,9 +311,13 @@ def test_failover_needs_postgresql_17(pg: Any, tmp_path: Path, capsys: pytest.Ca
     from mirrorline.cli.main import main
 
     pg.execute("CREATE TABLE a (id int PRIMARY KEY)")
-    cfg = write_config(tmp_path, pg.dsn, ["public.a"])
-    text = cfg.read_text().replace(f'dsn = "{pg.dsn}"\n', f'dsn = "{pg.dsn}"\nfailover = true\n')
-    cfg.write_text(text + '[targets.t]\nurl = "sqlite:///t.db"\n')
+    cfg = configs.write(
+        tmp_path / "mirrorline.toml",
+        source={"dsn": pg.dsn, "failover": True},
+        log="log",
+        tables=["public.a"],
+        targets={"t": "sqlite:///t.db"},
+    )
     for args in (["capture", "--once"], ["snapshot", "--target", "t"]):
         assert main([*args, "-c", str(cfg)]) == 3
         err = capsys.readouterr().err

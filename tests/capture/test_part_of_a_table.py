@@ -11,6 +11,7 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
+import configs
 import duckdb
 import oracle
 import psycopg2
@@ -31,21 +32,14 @@ def test_the_columns_a_row_filter_names() -> None:
     assert filter_columns("region = 'x'", names) == []  # "Region" is another column
 
 
-def _config(tmp_path: Path, dsn: str, urls: dict[str, str], tables: str) -> Path:
-    body = f'[source]\ndsn = "{dsn}"\n[log]\npath = "{tmp_path / "log"}"\n{tables}'
-    body += "".join(f'[targets.{k}]\nurl = "{u}"\n' for k, u in urls.items())
-    (tmp_path / "m.toml").write_text(body)
-    return tmp_path / "m.toml"
+def _config(tmp_path: Path, dsn: str, urls: dict[str, str], tables: dict[str, dict[str, Any]]) -> Path:
+    return configs.write(tmp_path / "m.toml", source=dsn, log=tmp_path / "log", tables=tables, targets=urls)
 
 
-ORDERS = """
-[tables.'public."Orders"']
-exclude = ["secret"]
-where = "region IN ('eu', 'uk') AND id > 0"
-[tables."public.drafts"]
-columns = ["id", "status", "body"]
-where = "status <> 'draft'"
-"""
+ORDERS: dict[str, dict[str, Any]] = {
+    'public."Orders"': {"exclude": ["secret"], "where": "region IN ('eu', 'uk') AND id > 0"},
+    "public.drafts": {"columns": ["id", "status", "body"], "where": "status <> 'draft'"},
+}
 
 
 @pytest.mark.pg
@@ -107,7 +101,7 @@ def test_part_of_a_table_at_every_target(pg: Any, pg_cluster: Any, spark: Any, t
     conn.close()
     # the part changed in the file (us rows too, secret too): the table is marked to be loaded again, not left
     # holding another part than the one configured; once loaded again, the targets hold the new part
-    wider = ORDERS.replace('exclude = ["secret"]\n', "").replace("('eu', 'uk')", "('eu', 'uk', 'us')")
+    wider = {**ORDERS, 'public."Orders"': {"where": "region IN ('eu', 'uk', 'us') AND id > 0"}}
     conf = cfg.load(_config(tmp_path, pg.dsn, urls, wider))
     pg.execute('UPDATE public."Orders" SET amount = 7 WHERE id = 1000')
     Capture(conf, once=True).run()
@@ -133,15 +127,15 @@ def test_part_of_a_table_at_every_target(pg: Any, pg_cluster: Any, spark: Any, t
 @pytest.mark.parametrize(
     ("tables", "field", "words"),
     [
-        ('[tables."public.p"]\nwhere = "v >"\n', "where", "is not a row filter of public.p"),
-        ('[tables."public.p"]\nwhere = "v = \'x\'"\n', "where", "not in public.p's replica identity (id)"),
-        ('[tables."public.p"]\nexclude = ["id"]\n', "exclude", "leaves out id, of public.p's replica identity"),
-        ('[tables."public.p"]\ncolumns = ["v", "nope"]\n', "columns", "public.p has no column(s) nope"),
-        ('[tables."public.f"]\nexclude = ["v"]\n', "exclude", "REPLICA IDENTITY FULL: every column"),
+        ({"public.p": {"where": "v >"}}, "where", "is not a row filter of public.p"),
+        ({"public.p": {"where": "v = 'x'"}}, "where", "not in public.p's replica identity (id)"),
+        ({"public.p": {"exclude": ["id"]}}, "exclude", "leaves out id, of public.p's replica identity"),
+        ({"public.p": {"columns": ["v", "nope"]}}, "columns", "public.p has no column(s) nope"),
+        ({"public.f": {"exclude": ["v"]}}, "exclude", "REPLICA IDENTITY FULL: every column"),
     ],
 )
 def test_what_the_source_would_refuse_is_a_configuration_error(
-    pg: Any, tmp_path: Path, tables: str, field: str, words: str
+    pg: Any, tmp_path: Path, tables: dict[str, dict[str, Any]], field: str, words: str
 ) -> None:
     from mirrorline.capture.session import Capture
 

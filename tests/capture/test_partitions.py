@@ -7,12 +7,16 @@ A partition configured alone is replicated under its own name. Each target is re
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
+import configs
 import oracle
 import pytest
 from pipeline_support import target_url
+from waiting import wait_until
 
 from mirrorline import config as cfg
 from mirrorline.capture.session import Capture
@@ -56,16 +60,25 @@ CHANGES = [
 ]
 
 
+def _config(pg: Any, tmp_path: Path, tables: Iterable[str] | dict[str, dict[str, Any]], url: str) -> cfg.Config:
+    """``tables`` replicated to the one target ``t`` at ``url``."""
+    return configs.load(
+        tmp_path / "m.toml",
+        source=pg.dsn,
+        log=tmp_path / "log",
+        apply={"latency": "100ms"},
+        tables=tables,
+        targets={"t": url},
+    )
+
+
 @pytest.mark.pg
 @pytest.mark.spark
 @pytest.mark.parametrize("kind", KINDS)
 def test_a_partitioned_table_is_one_table(pg: Any, pg_cluster: Any, spark: Any, tmp_path: Path, kind: str) -> None:
     pg.execute(DDL)
     url = target_url(kind, tmp_path, pg_cluster, f"pt_{kind[:2]}_{pg.name[-6:]}")
-    lines = ["[source]", f'dsn = "{pg.dsn}"', "[log]", f'path = "{tmp_path / "log"}"', "[apply]", 'latency = "100ms"']
-    lines += [f'[tables."{t}"]' for t in TABLES] + ["[targets.t]", f'url = "{url}"']
-    (tmp_path / "m.toml").write_text("\n".join(lines) + "\n")
-    conf = cfg.load(tmp_path / "m.toml")
+    conf = _config(pg, tmp_path, TABLES, url)
     Capture(conf, once=True).run()
     snapshot_target(conf, "t")
     for t in TABLES:
@@ -134,10 +147,7 @@ def test_partitions_attached_detached_truncated_or_dropped(
     while capture is stopped (each capture is a run of its own), then a change of the table."""
     pg.execute(EVENTS_DDL)
     url = target_url(kind, tmp_path, pg_cluster, f"pe_{kind[:2]}_{pg.name[-6:]}")
-    lines = ["[source]", f'dsn = "{pg.dsn}"', "[log]", f'path = "{tmp_path / "log"}"', "[apply]", 'latency = "100ms"']
-    lines += ['[tables."public.ev"]', "[targets.t]", f'url = "{url}"']
-    (tmp_path / "m.toml").write_text("\n".join(lines) + "\n")
-    conf = cfg.load(tmp_path / "m.toml")
+    conf = _config(pg, tmp_path, ["public.ev"], url)
     Capture(conf, once=True).run()
     snapshot_target(conf, "t")
     oracle.assert_same(pg.dsn, kind, url, "public.ev")
@@ -201,10 +211,7 @@ def test_detached_partitions_kept_at_the_targets(pg: Any, pg_cluster: Any, spark
 
     pg.execute(EVENTS_DDL)
     url = target_url("sqlite", tmp_path, pg_cluster, "keep")
-    lines = ["[source]", f'dsn = "{pg.dsn}"', "[log]", f'path = "{tmp_path / "log"}"', "[apply]", 'latency = "100ms"']
-    lines += ['[tables."public.ev"]', 'detached_partitions = "keep"', "[targets.t]", f'url = "{url}"']
-    (tmp_path / "m.toml").write_text("\n".join(lines) + "\n")
-    conf = cfg.load(tmp_path / "m.toml")
+    conf = _config(pg, tmp_path, {"public.ev": {"detached_partitions": "keep"}}, url)
     Capture(conf, once=True).run()
     snapshot_target(conf, "t")
     dropped = oracle.source(pg.dsn, "public.ev_2025")
@@ -251,25 +258,23 @@ def test_run_loads_a_marked_table_again_by_itself(pg: Any, pg_cluster: Any, tmp_
         "pg": target_url("postgresql", tmp_path, pg_cluster, f"rl_{pg.name[-6:]}"),
     }
     kinds = {"lite": "sqlite", "pg": "postgresql"}
-    body = f'[source]\ndsn = "{pg.dsn}"\n[log]\npath = "log"\n[apply]\nlatency = "100ms"\n'
-    body += '[tables."public.ev"]\n[tables."public.other"]\n'
-    body += "".join(f'[targets.{n}]\nurl = "{u}"\n' for n, u in urls.items())
-    cfg = tmp_path / "m.toml"
-    cfg.write_text(body)
+    cfg = configs.write(
+        tmp_path / "m.toml",
+        source=pg.dsn,
+        log="log",
+        apply={"latency": "100ms"},
+        tables=["public.ev", "public.other"],
+        targets=urls,
+    )
 
     def current() -> bool:
         return all(_equal(pg, kinds[n], u, t) for n, u in urls.items() for t in ("public.ev", "public.other"))
 
-    def wait(what: str, cond: Any, timeout: float = 180.0) -> None:
-        deadline = time.monotonic() + timeout
-        while not cond():
-            assert time.monotonic() < deadline, f"timed out waiting until {what}: {log.read_text()[-3000:]}"
-            time.sleep(0.5)
-
     log = tmp_path / "run.log"
+    wait = partial(wait_until, timeout=180.0, interval=0.5, context=lambda: log.read_text()[-3000:])
     proc = mirrorline_process("run", "-c", str(cfg), log_file=log)
     try:
-        wait("every target is current", current)
+        wait(current, what="every target is current")
         for i, sql in enumerate(
             [
                 "INSERT INTO public.ev VALUES (5, '2026-03-03', 'x');"
@@ -283,10 +288,10 @@ def test_run_loads_a_marked_table_again_by_itself(pg: Any, pg_cluster: Any, tmp_
                 f"INSERT INTO public.ev VALUES ({100 + i}, '2024-02-02', 'after'); UPDATE public.other SET v = 'v{i}'"
             )
             wait(
-                f"the table is loaded again after event {i}",
                 lambda i=i: log.read_text().count("loaded again") >= 2 * (i + 1),
+                what=f"the table is loaded again after event {i}",
             )
-            wait(f"every target is current after event {i}", current)
+            wait(current, what=f"every target is current after event {i}")
         assert proc.poll() is None, log.read_text()[-3000:]
     finally:
         proc.terminate()

@@ -8,11 +8,11 @@ import json
 from pathlib import Path
 from typing import Any
 
+import configs
 import oracle
 import pytest
 from pipeline_support import capture_and_apply, target_url
 
-from mirrorline import config as cfg
 from mirrorline import status as status_mod
 from mirrorline.capture import identity
 from mirrorline.capture.identity import SourceIdentity, judge
@@ -53,10 +53,14 @@ def test_judge() -> None:
 def test_a_slot_dropped_while_nothing_captured(pg: Any, pg_cluster: Any, spark: Any, tmp_path: Path) -> None:
     pg.execute("CREATE TABLE public.t (id integer PRIMARY KEY, v text); INSERT INTO public.t VALUES (0, 'zero')")
     url = target_url("sqlite", tmp_path, pg_cluster, "lost")
-    lines = ["[source]", f'dsn = "{pg.dsn}"', "[log]", f'path = "{tmp_path / "log"}"', "[apply]", 'latency = "100ms"']
-    lines += ['[tables."public.t"]', "[targets.lite]", f'url = "{url}"']
-    (tmp_path / "m.toml").write_text("\n".join(lines) + "\n")
-    conf = cfg.load(tmp_path / "m.toml")
+    conf = configs.load(
+        tmp_path / "m.toml",
+        source=pg.dsn,
+        log=tmp_path / "log",
+        apply={"latency": "100ms"},
+        tables=["public.t"],
+        targets={"lite": url},
+    )
     assert conf.source is not None
     Capture(conf, once=True).run()
     snapshot_target(conf, "lite")
@@ -88,10 +92,13 @@ def test_a_slot_dropped_while_nothing_captured(pg: Any, pg_cluster: Any, spark: 
 @pytest.mark.pg
 def test_a_log_fed_by_another_system_is_refused(pg: Any, tmp_path: Path) -> None:
     pg.execute("CREATE TABLE public.t (id integer PRIMARY KEY)")
-    lines = ["[source]", f'dsn = "{pg.dsn}"', "[log]", f'path = "{tmp_path / "log"}"', '[tables."public.t"]']
-    lines += ["[targets.lite]", f'url = "sqlite:///{tmp_path / "t.db"}"']
-    (tmp_path / "m.toml").write_text("\n".join(lines) + "\n")
-    conf = cfg.load(tmp_path / "m.toml")
+    conf = configs.load(
+        tmp_path / "m.toml",
+        source=pg.dsn,
+        log=tmp_path / "log",
+        tables=["public.t"],
+        targets={"lite": f"sqlite:///{tmp_path / 't.db'}"},
+    )
     Capture(conf, once=True).run()
     path = tmp_path / "log" / source.FILE
     doc = json.loads(path.read_text())

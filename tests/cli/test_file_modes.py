@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import configs
 import pytest
 
 
@@ -37,10 +38,12 @@ def _modes(root: Path) -> dict[str, int]:
 @pytest.mark.spark
 def test_files_are_the_users_alone(pg: Any, tmp_path: Path) -> None:
     pg.execute("CREATE TABLE public.items (id integer PRIMARY KEY, v text); INSERT INTO public.items VALUES (1, 'a')")
-    cfg = tmp_path / "m.toml"
-    cfg.write_text(
-        f'[source]\ndsn = "{pg.dsn}"\n[log]\npath = "log"\n[tables."public.items"]\n'
-        f'[targets.lite]\nurl = "sqlite:///{tmp_path / "lite.db"}"\n'
+    cfg = configs.write(
+        tmp_path / "m.toml",
+        source=pg.dsn,
+        log="log",
+        tables=["public.items"],
+        targets={"lite": f"sqlite:///{tmp_path / 'lite.db'}"},
     )
     (tmp_path / "exports").mkdir(mode=0o755)
     for args in (
@@ -70,8 +73,7 @@ def test_a_full_disk_is_said_and_loses_nothing(pg: Any, tmp_path: Path) -> None:
     from mirrorline.log.reader import ChangeLog
 
     pg.execute("CREATE TABLE public.items (id integer PRIMARY KEY, v text)")
-    cfg = tmp_path / "m.toml"
-    cfg.write_text(f'[source]\ndsn = "{pg.dsn}"\n[log]\npath = "log"\n[tables."public.items"]\n')
+    cfg = configs.write(tmp_path / "m.toml", source=pg.dsn, log="log", tables=["public.items"])
     assert _cli("capture", "--once", "-c", str(cfg)).returncode == 0
     pg.execute(
         "INSERT INTO public.items SELECT g, (SELECT string_agg(md5(random()::text || g || i), '') "

@@ -12,8 +12,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+import configs
 import oracle
 import pytest
+from waiting import wait_until
 
 pytestmark = [pytest.mark.pg, pytest.mark.spark]
 
@@ -52,10 +54,13 @@ def _interrupt(cfg: Path, args: list[str], when: Any, meanwhile: Any = None) -> 
             time.sleep(0.05)
         proc.send_signal(signal.SIGINT)
         assert proc.wait(60) == 130, log.read_text()
-    deadline = time.monotonic() + 15
-    while _jvms_of(proc.pid):
-        assert time.monotonic() < deadline, f"a Spark JVM of pid {proc.pid} outlived it: {_jvms_of(proc.pid)}"
-        time.sleep(0.2)
+    wait_until(
+        lambda: not _jvms_of(proc.pid),
+        timeout=15,
+        interval=0.2,
+        what=f"no Spark JVM of pid {proc.pid} is left",
+        context=lambda: f"a Spark JVM of pid {proc.pid} outlived it: {_jvms_of(proc.pid)}",
+    )
     return [line for line in log.read_text().splitlines() if not line.startswith(PROGRESS)]
 
 
@@ -65,10 +70,8 @@ def test_ctrl_c_at_any_moment_says_what_was_kept_in_one_line(pg: Any, tmp_path: 
         "INSERT INTO public.items SELECT g, md5(g::text) FROM generate_series(1, 200000) g"
     )
     urls = {"sqlite": f"sqlite:///{tmp_path / 't.db'}", "duckdb": f"duckdb:///{tmp_path / 't.duckdb'}"}
-    cfg = tmp_path / "m.toml"
-    cfg.write_text(
-        f'[source]\ndsn = "{pg.dsn}"\n[log]\npath = "log"\n[apply]\nlatency = "100ms"\n[tables."public.items"]\n'
-        + "".join(f'[targets.{k}]\nurl = "{u}"\n' for k, u in urls.items())
+    cfg = configs.write(
+        tmp_path / "m.toml", source=pg.dsn, log="log", apply={"latency": "100ms"}, tables=["public.items"], targets=urls
     )
     start = time.monotonic()
     moments = {

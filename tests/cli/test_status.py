@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import configs
+
 from mirrorline import config as C
 from mirrorline.position import Position
 from mirrorline.status import Status, TargetStatus, _warn, render_prometheus, write_prometheus
@@ -85,10 +87,11 @@ def test_status_check_exits_1_when_the_source_cannot_be_reached(tmp_path: Path, 
     with socket.socket() as s:  # a port nobody listens on
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    conf = tmp_path / "m.toml"
-    conf.write_text(
-        f'[source]\ndsn = "host=127.0.0.1 port={port} user=nobody password=s3cret dbname=x connect_timeout=2"\n'
-        f'[log]\npath = "{tmp_path / "log"}"\n[targets.lite]\nurl = "sqlite:///lite.db"\n'
+    conf = configs.write(
+        tmp_path / "m.toml",
+        source=f"host=127.0.0.1 port={port} user=nobody password=s3cret dbname=x connect_timeout=2",
+        log=tmp_path / "log",
+        targets={"lite": "sqlite:///lite.db"},
     )
     assert main(["status", "-c", str(conf), "--check"]) == 1
     out = capsys.readouterr().out  # type: ignore[attr-defined]

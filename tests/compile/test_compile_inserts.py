@@ -12,6 +12,7 @@ import pytest
 from changes import write_log
 from compile_support import changes_frame, collect_result
 from large_units import A, B, ab_rows, kill_while_copying, one_unit_pipeline, spy_route
+from waiting import wait_until
 
 from mirrorline import stopped
 from mirrorline.compile import inserts
@@ -333,7 +334,6 @@ def test_a_failed_read_on_the_driver_is_the_error_reported(spark: Any) -> None:
 
 def test_a_feed_gives_each_reader_its_chunks_as_they_come_then_the_readers_error() -> None:
     import threading
-    import time
 
     import pyarrow as pa
 
@@ -343,9 +343,7 @@ def test_a_feed_gives_each_reader_its_chunks_as_they_come_then_the_readers_error
     reader = threading.Thread(target=lambda: got.extend(c.num_rows for c in feed.chunks()))
     reader.start()
     feed.put(pa.table({"id": ["1", "2"]}, schema=schema))
-    deadline = time.monotonic() + 10
-    while got != [2] and time.monotonic() < deadline:  # the reader has the chunk before the feed ends
-        time.sleep(0.01)
+    wait_until(lambda: got == [2], timeout=10, interval=0.01, what="the reader has the chunk before the feed ends")
     assert got == [2] and reader.is_alive()
     feed.put(pa.table({"id": ["3"]}, schema=schema))
     feed.close()

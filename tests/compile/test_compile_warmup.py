@@ -8,6 +8,7 @@ import time
 
 import pytest
 from compile_support import collect_result
+from waiting import wait_until
 
 from mirrorline.compile import reference
 from mirrorline.compile.spark import compile_changes
@@ -172,20 +173,20 @@ def _idle_pipeline(tmp_path, spark):
     return a
 
 
-def _follow_until(a, done, timeout=120.0):
+def _follow_until(a, done, what, timeout=120.0):
     import threading
     import time
 
     stop = threading.Event()
     thread = threading.Thread(target=a.follow, args=(stop,), kwargs={"poll": 0.02})
     thread.start()
-    deadline = time.monotonic() + timeout
-    while not done() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    time.sleep(1.0)  # (idle on: no second warm-up)
-    stop.set()
-    thread.join()
-    a.close()
+    try:
+        wait_until(done, timeout=timeout, interval=0.05, what=what)
+        time.sleep(1.0)  # (idle on: no second warm-up)
+    finally:
+        stop.set()
+        thread.join()
+        a.close()
 
 
 def test_an_idle_pipeline_warms_up_for_large_units_once(tmp_path, spark, caplog):
@@ -195,7 +196,7 @@ def test_an_idle_pipeline_warms_up_for_large_units_once(tmp_path, spark, caplog)
 
     a = _idle_pipeline(tmp_path, spark)
     with caplog.at_level(logging.INFO, logger="mirrorline.pipeline"):
-        _follow_until(a, lambda: "warmed up for large units" in caplog.text)
+        _follow_until(a, lambda: "warmed up for large units" in caplog.text, "it warms up for large units")
     assert caplog.text.count("warmed up for large units in") == 1
     assert a.positions()["t"] == ChangeLog(tmp_path / "log").durable()
 
@@ -222,7 +223,7 @@ def test_no_large_warm_up_while_a_large_transaction_is_arriving(tmp_path, spark,
             return bool(applied) and time.monotonic() - applied[0] > 3.0
 
         with caplog.at_level(logging.INFO, logger="mirrorline.pipeline"):
-            _follow_until(a, idle_long)
+            _follow_until(a, idle_long, "the log's unit is applied and 3 s idle followed")
         assert applied
         s.abort()
     assert "warmed up for large units" not in caplog.text
@@ -243,7 +244,7 @@ def test_a_failing_idle_warm_up_only_logs(tmp_path, spark, caplog, monkeypatch):
     monkeypatch.setattr(warmup, "warm_large", failing)
     a = _idle_pipeline(tmp_path, spark)
     with caplog.at_level(logging.WARNING, logger="mirrorline.pipeline"):
-        _follow_until(a, lambda: bool(pools))
+        _follow_until(a, lambda: bool(pools), "the idle warm-up is tried")
     assert pools == ["warm-up"]  # its own scheduler pool; once
     assert "warming up for large units failed" in caplog.text and "no room left" in caplog.text
     assert a.positions()["t"] == ChangeLog(tmp_path / "log").durable()

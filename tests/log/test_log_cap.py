@@ -12,7 +12,6 @@ import oracle
 import pytest
 from snapshot_support import capture_once, create_items, write_config
 
-from mirrorline import config as C
 from mirrorline.cli.main import main
 from mirrorline.log.reader import ChangeLog
 from mirrorline.log.retention import needs_reload
@@ -29,11 +28,8 @@ def test_a_target_behind_the_cap_needs_a_reload_and_snapshot_brings_it_back(
         pg.dsn,
         {"fast": f"sqlite:///{tmp_path / 'fast.db'}", "slow": f"sqlite:///{tmp_path / 'slow.db'}"},
         {"public.items": {}},
+        log={"max_age": "2s"},
     )
-    cfg.file.write_text(
-        cfg.file.read_text().replace('segment_seconds = "0.2"', 'segment_seconds = "0.2"\nmax_age = "2s"')
-    )
-    cfg = C.load(cfg.file)
     conf = str(cfg.file)
     assert main(["run", "--once", "-c", conf]) == 0  # both loaded
     pg.execute("UPDATE public.items SET qty = qty + 1 WHERE id <= 100")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 from pathlib import Path
 
+import configs
 import pytest
 from daystream_vectors import DAYSTREAM, DELTAFLOOD
 
@@ -232,9 +233,8 @@ def test_missing_file_is_an_error(tmp_path):
 
 @pytest.fixture
 def config(tmp_path) -> Path:
-    p = tmp_path / "m.toml"
-    p.write_text('[log]\npath = "./log"\n[tables."public.zzz"]\nkey = ["a"]\ncolumns = { a = "text", b = "text" }\n')
-    return p
+    zzz = {"key": ["a"], "columns": {"a": "text", "b": "text"}}
+    return configs.write(tmp_path / "m.toml", log="./log", tables={"public.zzz": zzz})
 
 
 def test_cli_import_then_export(tmp_path, config, capsys):
@@ -309,12 +309,12 @@ def test_a_captured_log_and_an_imported_log_are_never_mixed(pg, tmp_path):
     pg.execute("CREATE TABLE public.items (id integer PRIMARY KEY); INSERT INTO public.items VALUES (1)")
 
     def conf(log: str) -> cfg.Config:
-        path = tmp_path / f"{log}.toml"
-        path.write_text(
-            f'[source]\ndsn = "{pg.dsn}"\nslot = "{log}"\npublication = "{log}"\n[log]\npath = "{tmp_path / log}"\n'
-            '[tables."public.items"]\n'
+        return configs.load(
+            tmp_path / f"{log}.toml",
+            source={"dsn": pg.dsn, "slot": log, "publication": log},
+            log=tmp_path / log,
+            tables=["public.items"],
         )
-        return cfg.load(path)
 
     Capture(conf("captured"), once=True).run()
     with pytest.raises(LogError, match="is fed by capture") as e:

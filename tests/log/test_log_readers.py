@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import configs
 import pytest
 
 from mirrorline import config as C
@@ -19,19 +20,15 @@ from mirrorline.position import ZERO, Position
 from mirrorline.status import status
 
 
-def _config(tmp_path: Path, targets: list[str], expiry: str = "7d") -> C.Config:
-    lines = [
-        "[source]",
-        'dsn = "host=127.0.0.1 port=1 dbname=nowhere connect_timeout=1"',
-        "[log]",
-        'path = "log"',
-        f'export_expiry = "{expiry}"',
-        '[tables."public.t"]',
-    ]
-    for n in targets:
-        lines += [f"[targets.{n}]", f'url = "sqlite:///{tmp_path / (n + ".db")}"']
-    (tmp_path / "m.toml").write_text("\n".join(lines) + "\n")
-    return C.load(tmp_path / "m.toml")
+def _config(tmp_path: Path, targets: list[str], expiry: str = "7d", **log: str) -> C.Config:
+    """``log``: more settings of the log."""
+    return configs.load(
+        tmp_path / "m.toml",
+        source="host=127.0.0.1 port=1 dbname=nowhere connect_timeout=1",
+        log={"path": "log", "export_expiry": expiry, **log},
+        tables=["public.t"],
+        targets={n: f"sqlite:///{tmp_path / (n + '.db')}" for n in targets},
+    )
 
 
 def _log(root: Path) -> list[Position]:
@@ -154,16 +151,10 @@ def test_the_log_cap_by_size(tmp_path: Path) -> None:
 
 
 def test_log_cap_settings_are_validated(tmp_path: Path) -> None:
-    cfg = _config(tmp_path, ["cache"])
-    text = cfg.file.read_text().replace(
-        'export_expiry = "7d"', 'export_expiry = "7d"\nmax_age = "30d"\nmax_size = "2GB"'
-    )
-    cfg.file.write_text(text)
-    c = C.load(cfg.file)
+    c = _config(tmp_path, ["cache"], max_age="30d", max_size="2GB")
     assert (c.log.max_age, c.log.max_size) == (30 * 86_400, 2 << 30)
-    cfg.file.write_text(text.replace('"2GB"', '"lots"'))
     with pytest.raises(C.ConfigError, match="max_size"):
-        C.load(cfg.file)
+        _config(tmp_path, ["cache"], max_age="30d", max_size="lots")
 
 
 def test_the_warm_up_builds_the_plan_for_the_pipelines_tables_without_a_key(tmp_path: Path) -> None:

@@ -13,14 +13,17 @@ import sqlite3
 import threading
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
+import configs
 import duckdb
 import oracle
 import psycopg2
 import pytest
 from pipeline_support import target_url
+from waiting import wait_until
 
 from mirrorline import config as cfg
 from mirrorline import status as status_mod
@@ -34,13 +37,18 @@ KINDS = ("postgresql", "sqlite", "duckdb", "delta")
 TABLES = ("public.items", "public.quiet")
 
 
-def _config(pg: Any, tmp_path: Path, urls: dict[str, str], extra: dict[str, list[str]] | None = None) -> cfg.Config:
-    lines = ["[source]", f'dsn = "{pg.dsn}"', "[log]", f'path = "{tmp_path / "log"}"', "[apply]", 'latency = "100ms"']
-    lines += [f'[tables."{t}"]' for t in TABLES]
-    for name, url in urls.items():
-        lines += [f"[targets.{name}]", f'url = "{url}"', *(extra or {}).get(name, [])]
-    (tmp_path / "m.toml").write_text("\n".join(lines) + "\n")
-    return cfg.load(tmp_path / "m.toml")
+def _config(
+    pg: Any, tmp_path: Path, urls: dict[str, str], settings: dict[str, dict[str, Any]] | None = None
+) -> cfg.Config:
+    """``settings``: more settings of some targets, by name."""
+    return configs.load(
+        tmp_path / "m.toml",
+        source=pg.dsn,
+        log=tmp_path / "log",
+        apply={"latency": "100ms"},
+        tables=TABLES,
+        targets={name: {"url": url, **(settings or {}).get(name, {})} for name, url in urls.items()},
+    )
 
 
 def _refuse(kind: str, url: str) -> Callable[[], None]:
@@ -98,22 +106,18 @@ def _same(pg: Any, kind: str, url: str, tables: tuple[str, ...] = TABLES) -> boo
     return True
 
 
-def _wait(what: str, cond: Callable[[], bool], timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, f"timed out waiting until {what}"
-        time.sleep(0.2)
+_wait = partial(wait_until, timeout=60.0, interval=0.2)  # this module's waits
 
 
 def _start(
-    pg: Any, pg_cluster: Any, tmp_path: Path, kinds: tuple[str, ...], **extra: list[str]
+    pg: Any, pg_cluster: Any, tmp_path: Path, kinds: tuple[str, ...], **settings: dict[str, Any]
 ) -> tuple[cfg.Config, dict[str, str]]:
     pg.execute(
         "CREATE TABLE public.items (id integer PRIMARY KEY, v text); CREATE TABLE public.quiet (id integer PRIMARY "
         "KEY); INSERT INTO public.items VALUES (1, 'one'); INSERT INTO public.quiet VALUES (1)"
     )
     urls = {k: target_url(k, tmp_path, pg_cluster, f"iso_{k[:2]}_{pg.name[-6:]}") for k in kinds}
-    conf = _config(pg, tmp_path, urls, extra)
+    conf = _config(pg, tmp_path, urls, settings)
     Capture(conf, once=True).run()
     for name in urls:
         snapshot_target(conf, name)
@@ -175,12 +179,12 @@ def test_a_table_refusing_a_row_stops_alone(pg: Any, pg_cluster: Any, spark: Any
             pg.execute("INSERT INTO public.items VALUES (4, 'four'); UPDATE public.quiet SET id = 3")
             Capture(conf, once=True).run()
             for k in others:
-                _wait(f"the {k} target is current", lambda k=k: _same(pg, k, urls[k]))
-            _wait("the other table is current", lambda: _same(pg, failing, urls[failing], ("public.quiet",)))
+                _wait(lambda k=k: _same(pg, k, urls[k]), what=f"the {k} target is current")
+            _wait(lambda: _same(pg, failing, urls[failing], ("public.quiet",)), what="the other table is current")
             assert not _same(pg, failing, urls[failing], ("public.items",)) and not errors
             allow()
-            _wait(f"the table at {failing} catches up by itself", lambda: _same(pg, failing, urls[failing]))
-            _wait("it is no longer held", lambda: applier.held() == {})
+            _wait(lambda: _same(pg, failing, urls[failing]), what=f"the table at {failing} catches up by itself")
+            _wait(lambda: applier.held() == {}, what="it is no longer held")
         finally:
             stop.set()
             thread.join(30)
@@ -198,7 +202,7 @@ def test_a_table_refusing_a_row_stops_alone(pg: Any, pg_cluster: Any, spark: Any
 def test_all_or_nothing_stops_the_whole_target(pg: Any, pg_cluster: Any, spark: Any, tmp_path: Path) -> None:
     """``all_or_nothing = true``: the table's refusal stops the target (its other table too); the other target goes
     on; once the row is taken, the target catches up whole."""
-    conf, urls = _start(pg, pg_cluster, tmp_path, ("sqlite", "duckdb"), sqlite=["all_or_nothing = true"])
+    conf, urls = _start(pg, pg_cluster, tmp_path, ("sqlite", "duckdb"), sqlite={"all_or_nothing": True})
     applier = Applier(conf, spark=spark)
     try:
         applier.catch_up()
@@ -287,15 +291,15 @@ def test_an_unreachable_target_is_retried_while_the_others_go_on(
         for i in range(2, 5):
             pg.execute(f"INSERT INTO public.items VALUES ({i}, 'v{i}')")
             Capture(conf, once=True).run()
-            _wait("the sqlite target is current", lambda: _same(pg, "sqlite", urls["sqlite"]))
-        _wait("the postgresql target is stopped", lambda: "postgresql" in applier.failed())
+            _wait(lambda: _same(pg, "sqlite", urls["sqlite"]), what="the sqlite target is current")
+        _wait(lambda: "postgresql" in applier.failed(), what="the postgresql target is stopped")
         st = status_mod.status(conf)
         assert any(p.startswith("target postgresql") for p in st.problems())
         time.sleep(2)  # a few tries while it is away
         assert not errors and thread.is_alive()
         pg_cluster.execute(f'ALTER DATABASE "{db}" ALLOW_CONNECTIONS true')
-        _wait("the postgresql target catches up", lambda: _same(pg, "postgresql", urls["postgresql"]))
-        _wait("it is no longer stopped", lambda: applier.failed() == {})
+        _wait(lambda: _same(pg, "postgresql", urls["postgresql"]), what="the postgresql target catches up")
+        _wait(lambda: applier.failed() == {}, what="it is no longer stopped")
     finally:
         pg_cluster.execute(f'ALTER DATABASE "{db}" ALLOW_CONNECTIONS true')
         stop.set()
@@ -329,26 +333,28 @@ def test_kill_while_a_table_is_stopped(pg: Any, pg_cluster: Any, tmp_path: Path)
     proc = mirrorline_process("run", "-c", cfg_path, log_file=tmp_path / "run.log")
     try:
         pg.execute("INSERT INTO public.items VALUES (2, 'bad'), (3, 'three'); UPDATE public.quiet SET id = 2")
-        _wait("the table is stopped at sqlite", lambda: "public.items" in held(), timeout=120)
+        _wait(lambda: "public.items" in held(), timeout=120, what="the table is stopped at sqlite")
         for i in range(2):
             pg.execute(
                 f"INSERT INTO public.items VALUES ({10 + i}, 'v{i}'); UPDATE public.items SET v = 'w{i}' WHERE id = 3;"
                 f"UPDATE public.quiet SET id = {3 + i}"
             )
-            _wait("postgresql is current", lambda: _same(pg, "postgresql", urls["postgresql"]), timeout=120)
-            _wait("the other table is current", lambda: _same(pg, "sqlite", urls["sqlite"], ("public.quiet",)))
+            _wait(lambda: _same(pg, "postgresql", urls["postgresql"]), timeout=120, what="postgresql is current")
+            _wait(lambda: _same(pg, "sqlite", urls["sqlite"], ("public.quiet",)), what="the other table is current")
             time.sleep(rng.uniform(0.0, 2.0))
             proc.send_signal(signal.SIGKILL)
             proc.wait()
             assert "public.items" in held()
             proc = mirrorline_process("run", "-c", cfg_path, log_file=tmp_path / "run.log")
-        _wait("it is refused again after the start", lambda: "trying it again" in (tmp_path / "run.log").read_text())
+        _wait(
+            lambda: "trying it again" in (tmp_path / "run.log").read_text(), what="it is refused again after the start"
+        )
         assert not _same(pg, "sqlite", urls["sqlite"], ("public.items",))
         allow()
         pg.execute("DELETE FROM public.items WHERE id = 10")
-        _wait("the table catches up", lambda: _same(pg, "sqlite", urls["sqlite"]), timeout=180)
-        _wait("it is no longer stopped", lambda: not held())
-        _wait("postgresql is current", lambda: _same(pg, "postgresql", urls["postgresql"]))
+        _wait(lambda: _same(pg, "sqlite", urls["sqlite"]), timeout=180, what="the table catches up")
+        _wait(lambda: not held(), what="it is no longer stopped")
+        _wait(lambda: _same(pg, "postgresql", urls["postgresql"]), what="postgresql is current")
     finally:
         if proc.poll() is None:
             proc.send_signal(signal.SIGKILL)

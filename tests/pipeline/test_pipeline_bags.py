@@ -10,6 +10,7 @@ import random
 from pathlib import Path
 from typing import Any
 
+import configs
 import pytest
 from pipeline_support import target_rows, target_url
 
@@ -31,19 +32,14 @@ ONE = "ctid = (SELECT ctid FROM public.hist WHERE {} LIMIT 1)"
 
 
 def _config(pg: Any, tmp_path: Path, urls: dict[str, str], latency: str = "100ms") -> cfg.Config:
-    lines = [
-        "[source]",
-        f'dsn = "{pg.dsn}"',
-        "[log]",
-        f'path = "{tmp_path / "log"}"',
-        "[apply]",
-        f'latency = "{latency}"',
-        f'[tables."{TABLE}"]',
-    ]
-    for name, url in urls.items():
-        lines += [f"[targets.{name}]", f'url = "{url}"']
-    (tmp_path / "m.toml").write_text("\n".join(lines) + "\n")
-    return cfg.load(tmp_path / "m.toml")
+    return configs.load(
+        tmp_path / "m.toml",
+        source=pg.dsn,
+        log=tmp_path / "log",
+        apply={"latency": latency},
+        tables=[TABLE],
+        targets=urls,
+    )
 
 
 def _same(pg: Any, urls: dict[str, str]) -> None:

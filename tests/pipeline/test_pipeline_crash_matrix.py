@@ -24,7 +24,7 @@ from pipeline_support import config_text, target_rows, target_url
 from mirrorline import config as cfg
 from mirrorline.capture.session import Capture
 from mirrorline.snapshot import Options, snapshot_target
-from mirrorline.workload import EVENTS, Workload, source_rows
+from mirrorline.workload import EVENTS, TABLES, Workload, source_rows
 
 # its own time limit, about three times what each test takes on 2 cores (the suite's is 900 s)
 pytestmark = [pytest.mark.pg, pytest.mark.slow, pytest.mark.timeout(600)]
@@ -112,15 +112,15 @@ def test_run_killed_in_each_stage_with_threads_rejects_and_actions(pg, pg_cluste
         text = config_text(
             pg.dsn,
             tmp_path / "log",
-            {n: (u, modes.get(n, "update")) for n, u in targets.items()},
+            {
+                n: {"url": u, "mode": modes.get(n, "update"), **({"on_error": "reject"} if n.endswith("pgt") else {})}
+                for n, u in targets.items()
+            },
             max_changes=200,
             latency="300ms",
             threads=2,
+            tables={t: {"actions": "IU"} if t == "public.ledger" else {} for t in TABLES},
         )
-        text = text.replace('[tables."public.ledger"]\n', '[tables."public.ledger"]\nactions = "IU"\n')
-        for n in targets:
-            if n.endswith("pgt"):
-                text = text.replace(f"[targets.{n}]\n", f'[targets.{n}]\non_error = "reject"\n')
         path.write_text(text)
         return cfg.load(path)
 

@@ -14,13 +14,13 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
+import configs
 import oracle
 import psycopg2
 import pytest
 from compile_histories import History, random_histories
 from pipeline_support import target_url
 
-from mirrorline import config as cfg
 from mirrorline.capture.session import Capture
 from mirrorline.log.reader import ChangeLog
 from mirrorline.model import Op
@@ -82,14 +82,14 @@ def test_generated_histories_replicate_exactly_to_every_kind(pg: Any, pg_cluster
     for t in tables:
         pg.execute(f"CREATE TABLE {t} (k text PRIMARY KEY, a text, b text)")
     urls = {k: target_url(k, tmp_path, pg_cluster, f"hist_{k}_{pg.name[-6:]}") for k in KINDS}
-    lines = ["[source]", f'dsn = "{pg.dsn}"', "[log]", f'path = "{tmp_path / "log"}"']
-    lines += ["[apply]", 'latency = "100ms"', "max_changes = 40"]
-    for t in tables:
-        lines.append(f'[tables."{t}"]')
-    for k, url in urls.items():
-        lines += [f"[targets.{k}]", f'url = "{url}"', f'mode = "{KINDS[k]}"']
-    (tmp_path / "m.toml").write_text("\n".join(lines) + "\n")
-    conf = cfg.load(tmp_path / "m.toml")
+    conf = configs.load(
+        tmp_path / "m.toml",
+        source=pg.dsn,
+        log=tmp_path / "log",
+        apply={"latency": "100ms", "max_changes": 40},
+        tables=tables,
+        targets={k: {"url": url, "mode": KINDS[k]} for k, url in urls.items()},
+    )
     Capture(conf, once=True).run()
     for k in KINDS:  # the tables are empty: loaded at once, everything else replicated
         snapshot_target(conf, k, options=Options(progress=False))

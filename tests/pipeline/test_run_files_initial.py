@@ -11,8 +11,8 @@ from typing import Any
 import oracle
 import pytest
 from snapshot_support import RunnerThread, Workload, create_items, target_urls, write_config
+from waiting import wait_until
 
-from mirrorline import config as C
 from mirrorline.cli.main import main
 from mirrorline.errors import MirrorlineError
 from mirrorline.log.reader import ChangeLog
@@ -25,10 +25,10 @@ from mirrorline.verify import verify
 pytestmark = [pytest.mark.pg, pytest.mark.spark]
 
 
-def _with_files(cfg: C.Config, name: str) -> C.Config:
-    text = cfg.file.read_text().replace(f"[targets.{name}]\n", f'[targets.{name}]\ninitial = "files"\n')
-    cfg.file.write_text(text)
-    return C.load(cfg.file)
+def _fail_on(errors: list[BaseException]) -> bool:
+    """False while the runner's thread raised nothing (a wait goes on); fails with what it raised."""
+    assert not errors, errors
+    return False
 
 
 def test_a_target_waits_for_files_and_joins_once_they_are_loaded(
@@ -36,9 +36,8 @@ def test_a_target_waits_for_files_and_joins_once_they_are_loaded(
 ) -> None:
     create_items(pg.dsn, rows=3000)
     urls = target_urls(tmp_path, pg.cluster, ["sqlite", "postgresql"], target_dbs)
-    cfg = _with_files(
-        write_config(tmp_path, pg.dsn, {"near": urls["postgresql"], "far": urls["sqlite"]}, {"public.items": {}}), "far"
-    )
+    targets = {"near": urls["postgresql"], "far": {"url": urls["sqlite"], "initial": "files"}}
+    cfg = write_config(tmp_path, pg.dsn, targets, {"public.items": {}})
     assert cfg.targets["far"].initial == "files" and cfg.targets["near"].initial == "wire"
     said: list[str] = []
     runner = Runner(cfg, on_message=said.append)
@@ -47,11 +46,11 @@ def test_a_target_waits_for_files_and_joins_once_they_are_loaded(
     thread.start()
     work = Workload(pg.dsn, max_id=3000).start()
     try:
-        deadline = time.monotonic() + 120
-        while "far" not in readers(ChangeLog(cfg.log.path)) or not runner.loaded.is_set():
-            assert not errors, errors
-            assert time.monotonic() < deadline
-            time.sleep(0.1)
+        wait_until(
+            lambda: ("far" in readers(ChangeLog(cfg.log.path)) and runner.loaded.is_set()) or _fail_on(errors),
+            timeout=120,
+            what="the log is kept for far and near is loaded",
+        )
         assert any("target far: waiting for files" in m for m in said)
         time.sleep(2)  # changes flow to near; far is not loaded over the wire
         st = status(cfg)
@@ -63,32 +62,37 @@ def test_a_target_waits_for_files_and_joins_once_they_are_loaded(
         (tmp_path / "out").mkdir()
         out = export_snapshot(cfg, tmp_path / "out", options=Options(progress=False))
         load_snapshot(cfg, "far", out.folder, options=Options(progress=False))
-        while not any("target far: loaded from files" in m for m in said):
-            assert not errors, errors
-            assert time.monotonic() < deadline + 60
-            time.sleep(0.1)
+        wait_until(
+            lambda: any("target far: loaded from files" in m for m in said) or _fail_on(errors),
+            timeout=180,
+            what="run says far is loaded from files",
+        )
         time.sleep(1)
     finally:
         work.stop()
     # a last change after the workload: once the log holds it, it holds everything the source did
     (end,) = pg.execute("SELECT pg_current_wal_lsn() - '0/0'::pg_lsn")[0]
     pg.execute("UPDATE public.items SET qty = qty + 1 WHERE id = 1")
-    try:
-        deadline = time.monotonic() + 120
-        while True:  # both reach the log's end, and the log the source's
-            log = ChangeLog(cfg.log.path)
-            ends = {n: r.applied for n, r in readers(log).items() if n in ("near", "far")}
-            durable = log.durable()
-            if (
-                durable is not None
-                and durable.lsn > int(end)
-                and len(ends) == 2
-                and all(p is not None and p >= durable for p in ends.values())
-            ):
-                break
-            assert not errors, errors
-            assert time.monotonic() < deadline, ends
-            time.sleep(0.2)
+
+    def at_the_end() -> bool:
+        log = ChangeLog(cfg.log.path)
+        ends = {n: r.applied for n, r in readers(log).items() if n in ("near", "far")}
+        durable = log.durable()
+        return (
+            durable is not None
+            and durable.lsn > int(end)
+            and len(ends) == 2
+            and all(p is not None and p >= durable for p in ends.values())
+        )
+
+    try:  # both reach the log's end, and the log the source's
+        wait_until(
+            lambda: at_the_end() or _fail_on(errors),
+            timeout=120,
+            interval=0.2,
+            what="both targets reach the log's end, and the log the source's",
+            context=lambda: {n: r.applied for n, r in readers(ChangeLog(cfg.log.path)).items()},
+        )
     finally:
         runner.stop()
         thread.join(60)
@@ -104,9 +108,8 @@ def test_run_with_every_target_waiting_for_files_says_what_to_do(
     pg: Any, spark: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     create_items(pg.dsn, rows=10)
-    cfg = _with_files(
-        write_config(tmp_path, pg.dsn, {"far": f"sqlite:///{tmp_path / 'far.db'}"}, {"public.items": {}}), "far"
-    )
+    far = {"url": f"sqlite:///{tmp_path / 'far.db'}", "initial": "files"}
+    cfg = write_config(tmp_path, pg.dsn, {"far": far}, {"public.items": {}})
     with pytest.raises(MirrorlineError, match="every target waits for files") as e:
         Runner(cfg).run()
     assert "snapshot load" in str(e.value)

@@ -14,6 +14,7 @@ from typing import Any
 import psycopg2
 import pytest
 from snapshot_support import RunnerThread, target_urls, write_config
+from waiting import wait_until
 
 from mirrorline.compile.warmup import warm_small
 from mirrorline.pipeline import Runner
@@ -104,14 +105,16 @@ def test_a_new_target_loads_while_the_live_one_keeps_its_lag(
         beats.join()
         # the new target catches up and equals the source; so does the live one
         want = _count(pg.dsn, "public.beat")
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
+
+        def caught_up() -> bool:
             with sqlite3.connect(new_db) as c:
                 new_n = c.execute("SELECT count(*) FROM beat").fetchone()[0]
             if new_n == want and _count(live, "public.beat") == want:
-                break
+                return True
             assert not errors, errors
-            time.sleep(0.2)
+            return False
+
+        wait_until(caught_up, timeout=120, interval=0.2, what="both targets hold every beat")
         with sqlite3.connect(new_db) as c:
             assert c.execute("SELECT count(*) FROM beat").fetchone()[0] == want
             assert c.execute("SELECT count(*) FROM big").fetchone()[0] == ROWS

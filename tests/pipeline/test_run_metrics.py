@@ -5,14 +5,15 @@ changes and rows applied, capture's counters and the slot's retained WAL, scrape
 from __future__ import annotations
 
 import sqlite3
-import time
 import urllib.request
 from pathlib import Path
 from typing import Any
 
+import configs
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from snapshot_support import RunnerThread, create_items, write_config
+from waiting import wait_until
 
 from mirrorline import config as C
 from mirrorline.pgcluster import free_port
@@ -31,31 +32,45 @@ def _scrape(address: tuple[str, int]) -> dict[tuple[str, tuple[tuple[str, str], 
     return out
 
 
+def _fail_on(errors: list[BaseException]) -> bool:
+    """False while the runner's thread raised nothing (a wait goes on); fails with what it raised."""
+    assert not errors, errors
+    return False
+
+
 def test_run_serves_its_metrics(pg: Any, spark: Any, tmp_path: Path) -> None:
     create_items(pg.dsn, rows=100)
-    cfg = write_config(tmp_path, pg.dsn, {"cache": f"sqlite:///{tmp_path / 'cache.db'}"}, {"public.items": {}})
     port = free_port()
-    cfg.file.write_text(cfg.file.read_text() + f'\n[metrics]\nlisten = "127.0.0.1:{port}"\n')
-    cfg = C.load(cfg.file)
+    cfg = write_config(
+        tmp_path,
+        pg.dsn,
+        {"cache": f"sqlite:///{tmp_path / 'cache.db'}"},
+        {"public.items": {}},
+        metrics={"listen": f"127.0.0.1:{port}"},
+    )
     assert cfg.metrics.listen == ("127.0.0.1", port)
     runner = Runner(cfg)
     thread = RunnerThread(runner)
     errors = thread.errors
     thread.start()
+
     try:
-        deadline = time.monotonic() + 120
-        while runner.metrics_address is None or not runner.loaded.is_set():
-            assert not errors, errors
-            assert time.monotonic() < deadline
-            time.sleep(0.1)
+        wait_until(
+            lambda: (runner.metrics_address is not None and runner.loaded.is_set()) or _fail_on(errors),
+            timeout=120,
+            what="run serves its metrics and has loaded its target",
+        )
+        address = runner.metrics_address
+        assert address is not None
         pg.execute("INSERT INTO public.items (id, name, qty) SELECT g, 'm' || g, g FROM generate_series(1001, 1050) g")
-        while True:
-            got = _scrape(runner.metrics_address)
-            if got.get(("mirrorline_changes_applied_total", (("target", "cache"),)), 0) >= 50:
-                break
-            assert not errors, errors
-            assert time.monotonic() < deadline, got
-            time.sleep(0.2)
+        applied = ("mirrorline_changes_applied_total", (("target", "cache"),))
+        got = wait_until(
+            lambda: ((m := _scrape(address)).get(applied, 0) >= 50 and m) or _fail_on(errors),
+            timeout=120,
+            interval=0.2,
+            what="50 changes are applied",
+            context=lambda: _scrape(address),
+        )
         assert got[("mirrorline_rows_applied_total", (("kind", "I"), ("target", "cache")))] >= 50
         assert got[("mirrorline_unit_apply_seconds_count", (("target", "cache"),))] >= 1
         assert got[("mirrorline_unit_compile_seconds_count", ())] >= 1
@@ -72,10 +87,13 @@ def test_run_serves_its_metrics(pg: Any, spark: Any, tmp_path: Path) -> None:
                 "BEGIN SELECT RAISE(ABORT, 'no'); END"
             )
         pg.execute("INSERT INTO public.items (id, name, qty) VALUES (2000, 'bad', 1)")
-        while _scrape(runner.metrics_address).get(stopped) != 1:
-            assert not errors, errors
-            assert time.monotonic() < deadline + 60
-            time.sleep(0.2)
+        wait_until(
+            lambda: _scrape(address).get(stopped) == 1 or _fail_on(errors),
+            timeout=180,
+            interval=0.2,
+            what="the metrics say the table is stopped",
+            context=lambda: _scrape(address),
+        )
     finally:
         runner.stop()
         thread.join(60)
@@ -100,8 +118,8 @@ def test_metrics_open_to_other_hosts_are_warned_about(tmp_path: Path, caplog: py
     assert loopback("127.0.0.1") and loopback("::1") and loopback("localhost")
     assert not loopback("0.0.0.0") and not loopback("10.1.2.3") and not loopback("db.example")
     for listen, warned in (("127.0.0.1", False), ("0.0.0.0", True)):
-        (tmp_path / "m.toml").write_text(f'[log]\npath = "log"\n[metrics]\nlisten = "{listen}:{free_port()}"\n')
-        m = RunMetrics(C.load(tmp_path / "m.toml"), dict, lambda: None)
+        conf = configs.load(tmp_path / "m.toml", log="log", metrics={"listen": f"{listen}:{free_port()}"})
+        m = RunMetrics(conf, dict, lambda: None)
         caplog.clear()
         with caplog.at_level(logging.WARNING, logger="mirrorline.metrics"):
             m.start()

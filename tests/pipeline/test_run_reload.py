@@ -10,13 +10,15 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
+import configs
 import oracle
 import pytest
 from crash_support import mirrorline_process
+from waiting import wait_until
 
 pytestmark = [pytest.mark.pg, pytest.mark.spark]
 
@@ -29,11 +31,7 @@ def _same(pg: Any, kind: str, url: str) -> bool:
     return True
 
 
-def _wait(what: str, cond: Callable[[], bool], timeout: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, f"timed out waiting until {what}"
-        time.sleep(0.3)
+_wait = partial(wait_until, timeout=120.0, interval=0.3)  # this module's waits
 
 
 def test_targets_added_and_removed_on_sighup(pg: Any, tmp_path: Path) -> None:
@@ -46,41 +44,49 @@ def test_targets_added_and_removed_on_sighup(pg: Any, tmp_path: Path) -> None:
     cfg = tmp_path / "m.toml"
 
     def write(names: list[str]) -> None:
-        body = f'[source]\ndsn = "{pg.dsn}"\n[log]\npath = "log"\n[apply]\nlatency = "100ms"\n[tables."public.items"]\n'
-        body += "".join(f'[targets.{n}]\nurl = "{urls[n]}"\n' for n in names)
-        cfg.write_text(body)
+        configs.write(
+            cfg,
+            source=pg.dsn,
+            log="log",
+            apply={"latency": "100ms"},
+            tables=["public.items"],
+            targets={n: urls[n] for n in names},
+        )
 
     write(["keep", "gone"])
     log = tmp_path / "run.log"
     proc = mirrorline_process("run", "-c", str(cfg), log_file=log)
     try:
         _wait(
-            "both targets are current", lambda: _same(pg, "sqlite", urls["keep"]) and _same(pg, "sqlite", urls["gone"])
+            lambda: _same(pg, "sqlite", urls["keep"]) and _same(pg, "sqlite", urls["gone"]),
+            what="both targets are current",
         )
         good = cfg.read_text()
         cfg.write_text(good + '[targets.bad]\nurl = "mysql://nowhere/x"\n')
         r = _cli("reload", "-c", str(cfg))
         assert r.returncode == 2 and "targets.bad.url" in r.stderr, r.stderr  # refused here: nothing sent
         proc.send_signal(signal.SIGHUP)  # and by run itself, which goes on as it was
-        _wait("run refuses the file", lambda: "configuration not reloaded (run goes on as it was)" in log.read_text())
+        _wait(
+            lambda: "configuration not reloaded (run goes on as it was)" in log.read_text(), what="run refuses the file"
+        )
         assert proc.poll() is None
         write(["keep", "late"])
         r = _cli("target", "drop", "-c", str(cfg), "gone")  # out of the file, but the live run still applies it
         assert r.returncode == 3 and f"still applied by the live `mirrorline run` (pid {proc.pid})" in r.stderr
         r = _cli("reload", "-c", str(cfg))
         assert r.returncode == 0 and f"pid {proc.pid}" in r.stdout, r.stderr
-        _wait("the removal is said", lambda: "target gone removed from the configuration" in log.read_text())
+        _wait(lambda: "target gone removed from the configuration" in log.read_text(), what="the removal is said")
         r = _cli("target", "drop", "-c", str(cfg), "gone")
         assert r.returncode == 0 and "target gone unregistered" in r.stderr, r.stderr
-        _wait("the failed load is said", lambda: "target late: loading failed" in log.read_text())
+        _wait(lambda: "target late: loading failed" in log.read_text(), what="the failed load is said")
         pg.execute("INSERT INTO public.items VALUES (2, 'b')")
-        _wait("the kept target is current", lambda: _same(pg, "sqlite", urls["keep"]))
+        _wait(lambda: _same(pg, "sqlite", urls["keep"]), what="the kept target is current")
         (tmp_path / "later").mkdir()
-        _wait("the added target is loaded and current", lambda: _same(pg, "sqlite", urls["late"]))
+        _wait(lambda: _same(pg, "sqlite", urls["late"]), what="the added target is loaded and current")
         pg.execute("UPDATE public.items SET v = 'c'")
         _wait(
-            "both configured targets are current",
             lambda: _same(pg, "sqlite", urls["keep"]) and _same(pg, "sqlite", urls["late"]),
+            what="both configured targets are current",
         )
         assert not _same(pg, "sqlite", urls["gone"])  # no longer applied
         assert proc.poll() is None, log.read_text()
@@ -110,10 +116,7 @@ def test_tables_added_and_removed_on_sighup(pg: Any, tmp_path: Path) -> None:
     odd = 'sales."Order Items"'
 
     def write(tables: list[str]) -> None:
-        body = f'[source]\ndsn = "{pg.dsn}"\n[log]\npath = "log"\n[apply]\nlatency = "100ms"\n'
-        body += "".join(f"[tables.'{t}']\n" for t in tables)
-        body += "".join(f'[targets.{k}]\nurl = "{u}"\n' for k, u in urls.items())
-        cfg.write_text(body)
+        configs.write(cfg, source=pg.dsn, log="log", apply={"latency": "100ms"}, tables=tables, targets=urls)
 
     def same(table: str) -> bool:
         try:
@@ -127,7 +130,7 @@ def test_tables_added_and_removed_on_sighup(pg: Any, tmp_path: Path) -> None:
     log = tmp_path / "run.log"
     proc = mirrorline_process("run", "-c", str(cfg), log_file=log)
     try:
-        _wait("the targets are current", lambda: same("public.items"), timeout=240)
+        _wait(lambda: same("public.items"), timeout=240, what="the targets are current")
         pg.execute(
             'CREATE SCHEMA sales; CREATE TABLE sales."Order Items" (n integer, "Qty" numeric(8,2), note text, '
             "PRIMARY KEY (note, n)); INSERT INTO sales.\"Order Items\" SELECT i, i / 4.0, 'x' || i "
@@ -135,27 +138,27 @@ def test_tables_added_and_removed_on_sighup(pg: Any, tmp_path: Path) -> None:
         )
         write(["public.items", "public.nowhere"])
         proc.send_signal(signal.SIGHUP)
-        _wait("run refuses the missing table", lambda: "no table public.nowhere" in log.read_text())
+        _wait(lambda: "no table public.nowhere" in log.read_text(), what="run refuses the missing table")
         assert "configuration not reloaded (run goes on as it was)" in log.read_text()
         pg.execute("UPDATE public.items SET v = 'still applied' WHERE id = 1")
-        _wait("the targets stay current", lambda: same("public.items"))
+        _wait(lambda: same("public.items"), what="the targets stay current")
         write(["public.items", odd])
         proc.send_signal(signal.SIGHUP)
-        _wait("the added table is said", lambda: "added sales.Order Items" in log.read_text())
+        _wait(lambda: "added sales.Order Items" in log.read_text(), what="the added table is said")
         pg.execute(
             'UPDATE sales."Order Items" SET "Qty" = -1 WHERE n % 7 = 0; DELETE FROM sales."Order Items" WHERE n < 20;'
             "INSERT INTO sales.\"Order Items\" VALUES (1000, 1.5, 'late'); INSERT INTO public.items VALUES (3, 'c')"
         )
-        _wait("the added table is loaded and current everywhere", lambda: same("sales.Order Items"), timeout=240)
-        _wait("the other table stays current", lambda: same("public.items"))
+        _wait(lambda: same("sales.Order Items"), timeout=240, what="the added table is loaded and current everywhere")
+        _wait(lambda: same("public.items"), what="the other table stays current")
         write([odd])
         proc.send_signal(signal.SIGHUP)
-        _wait("the removed table is said", lambda: "removed public.items" in log.read_text())
+        _wait(lambda: "removed public.items" in log.read_text(), what="the removed table is said")
         time.sleep(2)
         pg.execute(
             "INSERT INTO public.items VALUES (4, 'd'); UPDATE sales.\"Order Items\" SET note = 'after' WHERE n = 1000"
         )
-        _wait("the kept table is current", lambda: same("sales.Order Items"))
+        _wait(lambda: same("sales.Order Items"), what="the kept table is current")
         time.sleep(2)
         for kind, url in urls.items():  # no longer applied: the target keeps the rows it had
             got = oracle.read(kind, oracle.location(url), "public.items", ["id"])

@@ -8,13 +8,14 @@ message naming the table and the reload command; that command fixes it and repli
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any
 
+import configs
 import oracle
 import pytest
 from pipeline_support import target_url
+from waiting import wait_until
 
 from mirrorline import config as cfg
 from mirrorline import status as status_mod
@@ -35,13 +36,18 @@ DDL = (
 )
 
 
-def _config(pg: Any, tmp_path: Path, urls: dict[str, str], mode: str, table_opts: str = "") -> cfg.Config:
-    lines = ["[source]", f'dsn = "{pg.dsn}"', "[log]", f'path = "{tmp_path / "log"}"', "[apply]", 'latency = "100ms"']
-    lines += [f'[tables."{TABLE}"]', table_opts, f'[tables."{OTHER}"]']
-    for name, url in urls.items():
-        lines += [f"[targets.{name}]", f'url = "{url}"', f'mode = "{mode}"']
-    (tmp_path / "m.toml").write_text("\n".join(lines) + "\n")
-    return cfg.load(tmp_path / "m.toml")
+def _config(
+    pg: Any, tmp_path: Path, urls: dict[str, str], mode: str, tables: dict[str, dict[str, Any]] | None = None
+) -> cfg.Config:
+    """``tables``: the configured tables with their settings (default: TABLE and OTHER)."""
+    return configs.load(
+        tmp_path / "m.toml",
+        source=pg.dsn,
+        log=tmp_path / "log",
+        apply={"latency": "100ms"},
+        tables={TABLE: {}, OTHER: {}} if tables is None else tables,
+        targets={name: {"url": url, "mode": mode} for name, url in urls.items()},
+    )
 
 
 def _target_columns(kind: str, url: str, table: str) -> list[str]:
@@ -147,7 +153,7 @@ def test_source_schema_changes_are_followed(
 def test_narrowing_stops_and_reload_fixes(pg: Any, pg_cluster: Any, spark: Any, tmp_path: Path, kind: str) -> None:
     pg.execute(DDL)
     url = target_url(kind, tmp_path, pg_cluster, f"nr_{kind[:2]}_{pg.name[-6:]}")
-    conf = _config(pg, tmp_path, {"t": url}, "update", 'dropped_columns = "keep"')
+    conf = _config(pg, tmp_path, {"t": url}, "update", {TABLE: {"dropped_columns": "keep"}, OTHER: {}})
     Capture(conf, once=True).run()
     r = _Run(pg, conf, kind, url, spark)
     try:
@@ -185,7 +191,7 @@ def test_narrowing_stops_and_reload_fixes(pg: Any, pg_cluster: Any, spark: Any, 
 def test_on_schema_change_stop(pg: Any, pg_cluster: Any, spark: Any, tmp_path: Path) -> None:
     pg.execute(DDL)
     url = target_url("sqlite", tmp_path, pg_cluster, "st")
-    conf = _config(pg, tmp_path, {"t": url}, "update", 'on_schema_change = "stop"')
+    conf = _config(pg, tmp_path, {"t": url}, "update", {TABLE: {"on_schema_change": "stop"}, OTHER: {}})
     Capture(conf, once=True).run()
     r = _Run(pg, conf, "sqlite", url, spark)
     try:
@@ -281,7 +287,8 @@ def test_renamed_and_dropped_tables_stop_alone(pg: Any, pg_cluster: Any, spark: 
         "CREATE TABLE public.fourth (id integer PRIMARY KEY, v text)"
     )
     url = target_url("duckdb", tmp_path, pg_cluster, "gone")
-    conf = _config(pg, tmp_path, {"t": url}, "update", '[tables."public.third"]\n[tables."public.fourth"]')
+    tables: dict[str, dict[str, Any]] = {TABLE: {}, "public.third": {}, "public.fourth": {}, OTHER: {}}
+    conf = _config(pg, tmp_path, {"t": url}, "update", tables)
     Capture(conf, once=True).run()
     r = _Run(pg, conf, "duckdb", url, spark)
     try:
@@ -302,9 +309,9 @@ def test_renamed_and_dropped_tables_stop_alone(pg: Any, pg_cluster: Any, spark: 
             pg.execute("UPDATE public.sc_renamed SET a = 3 WHERE id = 1")
             # dropped while capture streams: found by its look at the catalog (pgoutput sends nothing for a DROP)
             pg.execute("INSERT INTO public.third VALUES (2, 'y'); DROP TABLE public.third;" + r.other())
-            deadline = time.monotonic() + 60
-            while len(cap.stats.gone) < 2 and time.monotonic() < deadline:
-                time.sleep(0.2)
+            wait_until(
+                lambda: len(cap.stats.gone) >= 2, timeout=60, interval=0.2, what="capture finds both tables gone"
+            )
         finally:
             cap.stop()
             th.join(30)
@@ -336,10 +343,7 @@ def test_renamed_and_dropped_tables_stop_alone(pg: Any, pg_cluster: Any, spark: 
     finally:
         r.applier.close()
     # reconciled by the configuration: the new name configured in place of the old one is loaded, then followed
-    text = (tmp_path / "m.toml").read_text().replace('[tables."public.sc"]', '[tables."public.sc_renamed"]')
-    text = text.replace('[tables."public.third"]\n', "").replace('[tables."public.fourth"]\n', "")
-    (tmp_path / "m.toml").write_text(text)
-    conf = cfg.load(tmp_path / "m.toml")
+    conf = _config(pg, tmp_path, {"t": url}, "update", {"public.sc_renamed": {}, OTHER: {}})
     Capture(conf, once=True).run()
     snapshot_target(conf, "t", tables=["public.sc_renamed"])
     pg.execute("UPDATE public.sc_renamed SET a = 4 WHERE id = 1")

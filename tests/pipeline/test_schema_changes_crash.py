@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import configs
 import oracle
 import pytest
 from crash_support import finish, mirrorline_process
@@ -38,12 +39,14 @@ def test_run_killed_around_schema_changes(pg: Any, pg_cluster: Any, tmp_path: Pa
     )
     kinds = {"lite": "sqlite", "duck": "duckdb", "pgt": "postgresql"}
     urls = {n: target_url(k, tmp_path, pg_cluster, f"scc_{n}_{pg.name[-6:]}") for n, k in kinds.items()}
-    lines = ["[source]", f'dsn = "{pg.dsn}"', "[log]", f'path = "{tmp_path / "log"}"', "[apply]", 'latency = "100ms"']
-    lines += ['[tables."public.sc"]', '[tables."public.other"]']
-    for n, url in urls.items():
-        lines += [f"[targets.{n}]", f'url = "{url}"']
-    conf_file = tmp_path / "m.toml"
-    conf_file.write_text("\n".join(lines) + "\n")
+    conf_file = configs.write(
+        tmp_path / "m.toml",
+        source=pg.dsn,
+        log=tmp_path / "log",
+        apply={"latency": "100ms"},
+        tables=["public.sc", "public.other"],
+        targets=urls,
+    )
     args = ["run", "-vv", "-c", str(conf_file)]
     log_file = tmp_path / "child.log"
     landed: list[str] = []

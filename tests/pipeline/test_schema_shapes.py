@@ -8,9 +8,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import configs
 import oracle
 import pytest
 from pipeline_support import capture_and_apply, target_url
+from waiting import wait_until
 
 from mirrorline import config as cfg
 from mirrorline.capture.session import Capture
@@ -59,12 +61,16 @@ INSERT INTO public.s_add VALUES (2, 'two', 2); UPDATE public.s_add SET v = 'uno'
 """
 
 
-def _config(pg: Any, tmp_path: Path, url: str) -> cfg.Config:
-    lines = ["[source]", f'dsn = "{pg.dsn}"', "[log]", f'path = "{tmp_path / "log"}"', "[apply]", 'latency = "100ms"']
-    lines += [f'[tables."public.{t}"]' for t in TABLES]
-    lines += ["[targets.t]", f'url = "{url}"']
-    (tmp_path / "m.toml").write_text("\n".join(lines) + "\n")
-    return cfg.load(tmp_path / "m.toml")
+def _config(pg: Any, tmp_path: Path, url: str, tables: list[str] | None = None) -> cfg.Config:
+    """One target ``t``; ``tables``: the configured ones (default: every table of DDL)."""
+    return configs.load(
+        tmp_path / "m.toml",
+        source=pg.dsn,
+        log=tmp_path / "log",
+        apply={"latency": "100ms"},
+        tables=[f"public.{t}" for t in TABLES] if tables is None else tables,
+        targets={"t": url},
+    )
 
 
 def _same(pg: Any, kind: str, url: str) -> None:
@@ -140,10 +146,7 @@ def test_a_keyless_table_of_a_type_without_a_btree_operator_class(
     url = target_url(kind, tmp_path, pg_cluster, f"odd_{kind[:2]}_{pg.name[-6:]}")
     if kind == "postgresql":
         pg_cluster.execute(MYVARCHAR, url.rsplit("/", 1)[1])  # a user type must exist at a PostgreSQL target
-    lines = ["[source]", f'dsn = "{pg.dsn}"', "[log]", f'path = "{tmp_path / "log"}"', "[apply]", 'latency = "100ms"']
-    lines += ['[tables."public.odd"]', "[targets.t]", f'url = "{url}"']
-    (tmp_path / "m.toml").write_text("\n".join(lines) + "\n")
-    conf = cfg.load(tmp_path / "m.toml")
+    conf = _config(pg, tmp_path, url, ["public.odd"])
     Capture(conf, once=True).run()
     snapshot_target(conf, "t")
     oracle.assert_same(pg.dsn, kind, url, "public.odd")
@@ -179,10 +182,7 @@ def test_a_schema_renamed_inside_a_transaction_is_never_followed_silently(
         "KEY, v text); INSERT INTO s1.t1 VALUES (0); INSERT INTO public.busy VALUES (1, 'b')"
     )
     url = target_url(kind, tmp_path, pg_cluster, f"sr_{pg.name[-6:]}")
-    lines = ["[source]", f'dsn = "{pg.dsn}"', "[log]", f'path = "{tmp_path / "log"}"', "[apply]", 'latency = "100ms"']
-    lines += ['[tables."s1.t1"]', '[tables."public.busy"]', "[targets.t]", f'url = "{url}"']
-    (tmp_path / "m.toml").write_text("\n".join(lines) + "\n")
-    conf = cfg.load(tmp_path / "m.toml")
+    conf = _config(pg, tmp_path, url, ["s1.t1", "public.busy"])
     Capture(conf, once=True).run()
     snapshot_target(conf, "t")
     ready = threading.Event()
@@ -197,9 +197,7 @@ def test_a_schema_renamed_inside_a_transaction_is_never_followed_silently(
             "INSERT INTO s2.t1 VALUES (1); INSERT INTO s1.t1 VALUES (2); INSERT INTO s2.t1 VALUES (3);"
             "UPDATE public.busy SET v = 'b2'; COMMIT"
         )
-        deadline = time.monotonic() + 60
-        while "s1.t1" not in cap.stats.gone and time.monotonic() < deadline:
-            time.sleep(0.2)
+        wait_until(lambda: "s1.t1" in cap.stats.gone, timeout=60, interval=0.2, what="capture finds s1.t1 gone")
         assert cap.stats.gone == ["s1.t1"]
         pg.execute("INSERT INTO s2.t1 VALUES (4); UPDATE public.busy SET v = 'b3'")
         time.sleep(2)
@@ -244,12 +242,13 @@ def test_names_with_spaces_quotes_and_mixed_case(pg: Any, pg_cluster: Any, spark
         'INSERT INTO "Sales"."Order Items" VALUES (1, 9.5); INSERT INTO public."with space" VALUES (1, \'a\')'
     )
     urls = {k: target_url(k, tmp_path, pg_cluster, f"nm_{k[:2]}_{pg.name[-6:]}") for k in KINDS}
-    lines = ["[source]", f'dsn = "{pg.dsn}"', "[log]", f'path = "{tmp_path / "log"}"']
-    lines += ['[tables.\'"Sales"."Order Items"\']', '[tables."public.with space"]']
-    for k, url in urls.items():
-        lines += [f"[targets.{k}]", f'url = "{url}"']
-    (tmp_path / "m.toml").write_text("\n".join(lines) + "\n")
-    conf = cfg.load(tmp_path / "m.toml")
+    conf = configs.load(
+        tmp_path / "m.toml",
+        source=pg.dsn,
+        log=tmp_path / "log",
+        tables=['"Sales"."Order Items"', "public.with space"],  # (the quoted SQL form, and a plain name with a space)
+        targets=urls,
+    )
     assert sorted(conf.tables) == ["Sales.Order Items", "public.with space"]
     Capture(conf, once=True).run()
     for k in urls:

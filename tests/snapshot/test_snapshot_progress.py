@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import configs
 import pytest
 
 from mirrorline.snapshot.progress import Progress
@@ -43,17 +44,18 @@ def test_a_bar_on_a_terminal() -> None:
 def test_catching_up_draws_a_bar_on_a_terminal(spark: Any, tmp_path: Path) -> None:
     """A real catch-up (a log of 3,000 inserts applied to a new SQLite target in units of 1,000) with a bar on a
     terminal; none when the stream is not one."""
-    from mirrorline import config as C
     from mirrorline.log import LogWriter
     from mirrorline.model import Change, Column, Op, TableSchema
     from mirrorline.pipeline import Applier
     from mirrorline.position import ZERO
 
-    (tmp_path / "m.toml").write_text(
-        '[log]\npath = "log"\n[apply]\nmax_changes = 1000\n[tables."public.t"]\n'
-        f'[targets.cache]\nurl = "sqlite:///{tmp_path / "c.db"}"\n'
+    cfg = configs.load(
+        tmp_path / "m.toml",
+        log="log",
+        apply={"max_changes": 1000},
+        tables=["public.t"],
+        targets={"cache": f"sqlite:///{tmp_path / 'c.db'}"},
     )
-    cfg = C.load(tmp_path / "m.toml")
     with LogWriter(cfg.log.path) as w:
         w.record_schema(TableSchema("public.t", (Column("id", "integer", nullable=False),), ("id",)))
         for i in range(1, 301):

@@ -101,6 +101,7 @@ def kill_while_copying(tmp_path: Path, pg: Any, table: str) -> None:
     import time
 
     import psycopg2
+    from waiting import wait_until
 
     script = tmp_path / "run.py"
     script.write_text(_KILLED_RUN)
@@ -118,12 +119,14 @@ def kill_while_copying(tmp_path: Path, pg: Any, table: str) -> None:
         )
         return bool(cur.fetchone()[0])
 
+    def run_copying() -> bool:
+        if copying():
+            return True
+        assert proc.poll() is None, "the run ended before its COPY was seen"
+        return False
+
     try:
-        deadline = time.monotonic() + 180
-        while not copying():
-            assert proc.poll() is None, "the run ended before its COPY was seen"
-            assert time.monotonic() < deadline, "no COPY seen"
-            time.sleep(0.005)
+        wait_until(run_copying, timeout=180, interval=0.005, what=f"the run copies rows into {table}")
         os.killpg(proc.pid, signal.SIGKILL)
     finally:
         proc.wait(60)

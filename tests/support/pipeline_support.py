@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import datetime as dt
 import decimal
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+
+import configs
 
 from mirrorline.apply import target_class
 from mirrorline.workload import COLUMNS, TABLES
@@ -16,31 +19,22 @@ BOOLEAN_COLUMNS = {("public.accounts", "active")}
 def config_text(
     source_dsn: str,
     log: Path,
-    targets: dict[str, tuple[str, str]],
+    targets: Mapping[str, tuple[str, str] | configs.Settings],
     *,
     max_changes: int = 1_000_000,
     latency: str = "100ms",
     threads: int = 1,
+    tables: Mapping[str, configs.Settings] | None = None,
 ) -> str:
-    """``targets``: name -> (url, mode)."""
-    lines = [
-        "[source]",
-        f'dsn = "{source_dsn}"',
-        'slot = "mirrorline"',
-        "[log]",
-        f'path = "{log}"',
-        "segment_changes = 500",
-        'segment_seconds = "200ms"',
-        "[apply]",
-        f'latency = "{latency}"',
-        f"max_changes = {max_changes}",
-        f"threads = {threads}",
-    ]
-    for t in TABLES:
-        lines += [f'[tables."{t}"]']
-    for name, (url, mode) in targets.items():
-        lines += [f"[targets.{name}]", f'url = "{url}"', f'mode = "{mode}"']
-    return "\n".join(lines) + "\n"
+    """The workload's configuration (every table of ``mirrorline.workload.TABLES``, or ``tables``: name ->
+    settings); ``targets``: name -> (url, mode), or the target's settings."""
+    return configs.text(
+        source={"dsn": source_dsn, "slot": "mirrorline"},
+        log={"path": log, "segment_changes": 500, "segment_seconds": "200ms"},
+        apply={"latency": latency, "max_changes": max_changes, "threads": threads},
+        tables={t: {} for t in TABLES} if tables is None else tables,
+        targets={n: {"url": t[0], "mode": t[1]} if isinstance(t, tuple) else t for n, t in targets.items()},
+    )
 
 
 def target_url(kind: str, tmp_path: Path, pg_cluster: Any, name: str) -> str:

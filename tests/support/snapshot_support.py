@@ -7,9 +7,11 @@ import random
 import threading
 import time
 import uuid
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import configs
 import psycopg2
 
 from mirrorline import config as C
@@ -53,34 +55,25 @@ def create_items(dsn: str, name: str = "public.items", rows: int = 2000, start: 
 def write_config(
     tmp_path: Path,
     source_dsn: str,
-    targets: dict[str, str],
-    tables: dict[str, dict[str, Any]],
+    targets: Mapping[str, str | configs.Settings],
+    tables: Mapping[str, configs.Settings],
     name: str = "mirrorline.toml",
     slot: str = "mirrorline",
+    log: configs.Settings | None = None,
+    **sections: Any,
 ) -> C.Config:
-    lines = [
-        "[source]",
-        f'dsn = "{source_dsn}"',
-        f'slot = "{slot}"',
-        "",
-        "[log]",
-        'path = "log"',
-        'segment_seconds = "0.2"',
-        "",
-        "[apply]",
-        'latency = "0.5s"',
-        "",
-    ]
-    for t, spec in tables.items():
-        lines.append(f'[tables."{t}"]')
-        for k, v in spec.items():
-            lines.append(f"{k} = {v!r}" if not isinstance(v, str) else f'{k} = "{v}"')
-        lines.append("")
-    for n, url in targets.items():
-        lines += [f"[targets.{n}]", f'url = "{url}"', ""]
-    p = tmp_path / name
-    p.write_text("\n".join(lines))
-    return C.load(p)
+    """The snapshot, status and verify tests' configuration at ``tmp_path / name``, loaded: the log in ``log``
+    beside it (with more settings ``log``), segments closed after 0.2 s, units after 0.5 s; ``targets``: name -> URL,
+    or the target's settings; ``sections``: more of :func:`configs.text`'s (``metrics``, ``spark``)."""
+    return configs.load(
+        tmp_path / name,
+        source={"dsn": source_dsn, "slot": slot},
+        log={"path": "log", "segment_seconds": "0.2", **(log or {})},
+        apply={"latency": "0.5s"},
+        tables=tables,
+        targets=targets,
+        **sections,
+    )
 
 
 def target_urls(tmp_path: Path, pg_cluster: Any, kinds: list[str], created: list[str]) -> dict[str, str]:

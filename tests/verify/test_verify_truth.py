@@ -9,6 +9,7 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
+import configs
 import oracle
 import psycopg2
 import pytest
@@ -51,12 +52,14 @@ EMPTY = {"text": "''", "varchar(5)": "''", "char(3)": "''", "bytea": "''", "inte
 
 
 def _config(pg: Any, tmp_path: Path, urls: dict[str, str]) -> cfg.Config:
-    lines = ["[source]", f'dsn = "{pg.dsn}"', "[log]", f'path = "{tmp_path / "log"}"', "[apply]", 'latency = "100ms"']
-    lines += ['[tables."public.nulls"]', '[tables."public.kept"]', 'actions = "I"']
-    for name, url in urls.items():
-        lines += [f"[targets.{name}]", f'url = "{url}"']
-    (tmp_path / "m.toml").write_text("\n".join(lines) + "\n")
-    return cfg.load(tmp_path / "m.toml")
+    return configs.load(
+        tmp_path / "m.toml",
+        source=pg.dsn,
+        log=tmp_path / "log",
+        apply={"latency": "100ms"},
+        tables={"public.nulls": {}, "public.kept": {"actions": "I"}},
+        targets=urls,
+    )
 
 
 def _oracle_same(pg: Any, kind: str, url: str, table: str) -> bool:
