@@ -141,16 +141,14 @@ class Roster:
     # -- phases ------------------------------------------------------------------------------------------------
 
     def phases(self) -> dict[str, Phase]:
-        """Each target's phase now, the requested ones included."""
-        out = {n: Phase.HELD if p is Phase.LIVE and self._holds(n) else p for n, p in self._phase.items()}
+        """Each target's phase now, the requested ones included (from any thread)."""
+        held = {k[0] for k in self.held}
+        out = {n: Phase.HELD if p is Phase.LIVE and n in held else p for n, p in dict(self._phase).items()}
         with self._requests:
             out.update({n: Phase.LOADING for n in self._loading})
             out.update({n: Phase.NEW for n in self._admitted})
             out.update({n: Phase.PAUSED for n, _ in self._paused})
         return out
-
-    def _holds(self, name: str) -> bool:
-        return any(k[0] == name for k in self.held)
 
     def joining(self) -> set[str]:
         return {n for n, p in self._phase.items() if p is Phase.JOINING}
