@@ -6,6 +6,7 @@ re-applied serially must leave the target as the bulk path would have."""
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -90,15 +91,11 @@ def _log(tmp_path: Path) -> None:
         )
 
 
-@pytest.mark.spark
-@pytest.mark.parametrize("kind", ["sqlite", "duckdb", "postgresql"])
-def test_a_unit_failing_in_bulk_is_re_applied_with_the_same_actions(
-    tmp_path: Path, spark: Any, kind: str, request: pytest.FixtureRequest
-) -> None:
-    _log(tmp_path)
+def _target(kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> tuple[str, Callable[[str], list[Any]]]:
+    """Target ``x``'s URL, its table ``t`` holding rows 1 and 2 and refusing ``v = 'bad'``, and a reader of its
+    rows (the test's own connection)."""
     rows = [(1, "a", "B1"), (2, "b", "B2")]
     if kind == "sqlite":
-        url = f"sqlite:///{tmp_path / 't.db'}"
         db = sqlite3.connect(tmp_path / "t.db")
         db.execute("CREATE TABLE t (id INTEGER PRIMARY KEY, v TEXT, big TEXT)")
         db.execute(
@@ -107,20 +104,37 @@ def test_a_unit_failing_in_bulk_is_re_applied_with_the_same_actions(
         db.executemany("INSERT INTO t VALUES (?, ?, ?)", rows)
         db.commit()
         db.close()
-    elif kind == "duckdb":
+
+        def read_sqlite(query: str) -> list[Any]:
+            db = sqlite3.connect(tmp_path / "t.db")
+            try:
+                return db.execute(query).fetchall()
+            finally:
+                db.close()
+
+        return f"sqlite:///{tmp_path / 't.db'}", read_sqlite
+    if kind == "duckdb":
         import duckdb
 
-        url = f"duckdb:///{tmp_path / 't.duckdb'}"
         dd = duckdb.connect(str(tmp_path / "t.duckdb"))
         dd.execute("CREATE TABLE t (id BIGINT PRIMARY KEY, v VARCHAR CHECK (v <> 'bad'), big VARCHAR)")
         dd.executemany("INSERT INTO t VALUES (?, ?, ?)", rows)
         dd.close()
-    else:
-        pg = request.getfixturevalue("pg")
-        url = pg.url
-        pg.execute("CREATE TABLE t (id bigint PRIMARY KEY, v text CHECK (v <> 'bad'), big text)")
-        pg.execute("INSERT INTO t VALUES (1, 'a', 'B1'), (2, 'b', 'B2')")
-    conf = parse(
+
+        def read_duckdb(query: str) -> list[Any]:
+            with duckdb.connect(str(tmp_path / "t.duckdb")) as dd:
+                return dd.execute(query).fetchall()
+
+        return f"duckdb:///{tmp_path / 't.duckdb'}", read_duckdb
+    pg = request.getfixturevalue("pg")
+    pg.execute("CREATE TABLE t (id bigint PRIMARY KEY, v text CHECK (v <> 'bad'), big text)")
+    pg.execute("INSERT INTO t VALUES (1, 'a', 'B1'), (2, 'b', 'B2')")
+    return pg.url, lambda query: [tuple(r) for r in pg.execute(query)]
+
+
+def _conf(tmp_path: Path, url: str) -> Any:
+    """Table T with ``actions = "IU"``, replicated to target ``x`` at ``url`` (changes that fail set aside)."""
+    return parse(
         {
             "source": {"dsn": "postgresql://nobody@127.0.0.1:1/x"},
             "log": {"path": str(tmp_path / "log")},
@@ -129,25 +143,23 @@ def test_a_unit_failing_in_bulk_is_re_applied_with_the_same_actions(
         },
         tmp_path / "m.toml",
     )
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize("kind", ["sqlite", "duckdb", "postgresql"])
+def test_a_unit_failing_in_bulk_is_re_applied_with_the_same_actions(
+    tmp_path: Path, spark: Any, kind: str, request: pytest.FixtureRequest
+) -> None:
+    _log(tmp_path)
+    url, read = _target(kind, tmp_path, request)
+    conf = _conf(tmp_path, url)
     a = Applier(conf, spark=spark)
     reports = a.catch_up()
     a.close()
     assert reports and reports[-1].results["x"].serial == [T] and reports[-1].results["x"].rejects == 1
     want = [(1, "a", "B1"), (2, "b", "B2"), (3, "c", "B3"), (10, "a2", "B1")]
-    query = "SELECT id, v, big FROM t ORDER BY id"
-    if kind == "sqlite":
-        db = sqlite3.connect(tmp_path / "t.db")
-        got = db.execute(query).fetchall()
-        rejected = db.execute("SELECT key FROM mirrorline_rejects").fetchall()
-        db.close()
-    elif kind == "duckdb":
-        dd = duckdb.connect(str(tmp_path / "t.duckdb"))
-        got = dd.execute(query).fetchall()
-        rejected = dd.execute("SELECT key FROM mirrorline_rejects").fetchall()
-        dd.close()
-    else:
-        got = pg.execute(query)
-        rejected = pg.execute("SELECT key FROM mirrorline_rejects")
+    got = read("SELECT id, v, big FROM t ORDER BY id")
+    rejected = read("SELECT key FROM mirrorline_rejects")
     assert got == want
     assert [r[0] for r in rejected] == ['["4"]']
 
@@ -216,54 +228,12 @@ def test_without_deletes_an_insert_replaces_a_kept_row_in_bulk(
                 Change(ZERO, 0, 1, T, Op.INSERT, ("6",), {"id": "6", "v": "bad", "big": "N6"}),  # rejected: serial
             ],
         )
-    rows = [(1, "a", "B1"), (2, "b", "B2")]
-    query = "SELECT id, v, big FROM t ORDER BY id"
-    if kind == "sqlite":
-        url = f"sqlite:///{tmp_path / 't.db'}"
-        db = sqlite3.connect(tmp_path / "t.db")
-        db.execute("CREATE TABLE t (id INTEGER PRIMARY KEY, v TEXT, big TEXT)")
-        db.execute(
-            "CREATE TRIGGER no_bad BEFORE INSERT ON t WHEN NEW.v = 'bad' BEGIN SELECT RAISE(ABORT, 'bad value'); END"
-        )
-        db.executemany("INSERT INTO t VALUES (?, ?, ?)", rows)
-        db.commit()
-        db.close()
+    url, read_rows = _target(kind, tmp_path, request)
+    conf = _conf(tmp_path, url)
 
-        def read() -> list[Any]:
-            with sqlite3.connect(tmp_path / "t.db") as db:
-                return db.execute(query).fetchall()
+    def read() -> list[Any]:
+        return read_rows("SELECT id, v, big FROM t ORDER BY id")
 
-    elif kind == "duckdb":
-        import duckdb
-
-        url = f"duckdb:///{tmp_path / 't.duckdb'}"
-        dd = duckdb.connect(str(tmp_path / "t.duckdb"))
-        dd.execute("CREATE TABLE t (id BIGINT PRIMARY KEY, v VARCHAR CHECK (v <> 'bad'), big VARCHAR)")
-        dd.executemany("INSERT INTO t VALUES (?, ?, ?)", rows)
-        dd.close()
-
-        def read() -> list[Any]:
-            with duckdb.connect(str(tmp_path / "t.duckdb")) as dd:
-                return dd.execute(query).fetchall()
-
-    else:
-        pg = request.getfixturevalue("pg")
-        url = pg.url
-        pg.execute("CREATE TABLE t (id bigint PRIMARY KEY, v text CHECK (v <> 'bad'), big text)")
-        pg.execute("INSERT INTO t VALUES (1, 'a', 'B1'), (2, 'b', 'B2')")
-
-        def read() -> list[Any]:
-            return [tuple(r) for r in pg.execute(query)]
-
-    conf = parse(
-        {
-            "source": {"dsn": "postgresql://nobody@127.0.0.1:1/x"},
-            "log": {"path": str(tmp_path / "log")},
-            "tables": {T: {"actions": "IU"}},
-            "targets": {"x": {"url": url, "on_error": "reject"}},
-        },
-        tmp_path / "m.toml",
-    )
     a = Applier(conf, spark=spark)
     first = a.catch_up(Position(200, 1))
     assert [r.results["x"].serial for r in first] == [[]]  # in bulk
