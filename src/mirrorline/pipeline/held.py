@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING
 from mirrorline.apply.reshape import ResyncStop
 from mirrorline.apply.target import TargetMoved
 from mirrorline.errors import MirrorlineError, Unverified
-from mirrorline.pipeline.backoff import Stop
 from mirrorline.pipeline.roster import Roster
 from mirrorline.pipeline.targets import loading
 from mirrorline.pipeline.units import UnitReport, Units
@@ -45,7 +44,7 @@ def due(roster: Roster, states: dict[str, AppliedState], retry: bool) -> list[tu
     out = []
     for n, st in states.items():
         for t in st.held:
-            f: Stop = roster.held.stopped((n, t), _stopped_before(n, t, st))
+            f = roster.held.get((n, t)) or roster.held.stopped((n, t), _stopped_before(n, t, st))
             if f.due(now, retry):
                 out.append((n, t))
     return out
