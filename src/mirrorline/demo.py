@@ -19,6 +19,8 @@ import time
 from pathlib import Path
 
 from mirrorline import config as cfg
+from mirrorline.apply import open_target
+from mirrorline.log.reader import ChangeLog
 from mirrorline.pgcluster import PgCluster
 from mirrorline.pipeline import Runner, UnitReport
 from mirrorline.workload import TABLES, Workload
@@ -128,8 +130,6 @@ def _wait_applied(
     config: cfg.Config, lsn: int, thread: threading.Thread, errors: list[BaseException], timeout: float = 900
 ) -> None:
     """Until the log holds the source's changes up to ``lsn`` and every target has applied the whole log."""
-    from mirrorline.apply import open_target
-    from mirrorline.log.reader import ChangeLog
 
     log = ChangeLog(config.log.path)
     deadline = time.monotonic() + timeout

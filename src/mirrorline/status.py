@@ -20,11 +20,19 @@ from typing import TYPE_CHECKING, Any
 import psycopg2
 
 from mirrorline import stopped
+from mirrorline.apply import open_target
+from mirrorline.apply.lock import TargetBusy
+from mirrorline.apply.state import AppliedState
+from mirrorline.capture.source import connect
 from mirrorline.config import Config, redact_dsn
 from mirrorline.errors import MirrorlineError, first_line
-from mirrorline.log.retention import tree_size
+from mirrorline.log.layout import write_atomic
+from mirrorline.log.reader import ChangeLog
+from mirrorline.log.retention import exports, needs_reload, readers, reload_reason, tree_size, unconfigured
 from mirrorline.model import quote_ident
 from mirrorline.position import Position, format_lsn, parse_lsn
+from mirrorline.snapshot import state as snapstate
+from mirrorline.snapshot.state import STATES, WAITING
 
 if TYPE_CHECKING:
     from mirrorline.apply.state import AppliedState
@@ -209,7 +217,6 @@ def _size(n: int) -> str:
 
 
 def _source(config: Config, st: Status) -> None:
-    from mirrorline.capture.source import connect
 
     src = config.source
     if src is None:
@@ -272,7 +279,6 @@ def _first_uncaptured(cur: Any, slot: str, publication: str) -> float | None:
 
 
 def _log(config: Config, st: Status) -> Any:
-    from mirrorline.log.reader import ChangeLog
 
     cl = ChangeLog(config.log.path)
     if not cl.layout.exists():
@@ -289,10 +295,6 @@ def _log(config: Config, st: Status) -> Any:
 
 
 def _target(config: Config, name: str, st: Status, cl: Any) -> TargetStatus:
-    from mirrorline.apply import open_target
-    from mirrorline.apply.lock import TargetBusy
-    from mirrorline.apply.state import AppliedState
-    from mirrorline.snapshot import state as snapstate
 
     tcfg = config.targets[name]
     ts = TargetStatus(name, tcfg.kind, snapstate.NEW, None)
@@ -354,8 +356,6 @@ def _target(config: Config, name: str, st: Status, cl: Any) -> TargetStatus:
     if busy:
         ts.state = snapstate.LIVE if log_has_all else snapstate.CATCHING_UP
     if cl is not None:
-        from mirrorline.log.retention import needs_reload, reload_reason
-
         record = needs_reload(cl).get(name)
         if record is not None:  # the log no longer holds what it needs: no lag to measure
             ts.state = snapstate.NEEDS_RELOAD
@@ -401,9 +401,6 @@ def _warn_readers(config: Config, st: Status, cl: Any, now: float | None = None)
     """Readers that hold the log and will not apply it: targets waiting for files, targets removed from the
     configuration; export folders not loaded, shortly before they expire."""
     import time
-
-    from mirrorline.log.retention import exports, readers, unconfigured
-    from mirrorline.snapshot.state import WAITING
 
     now = time.time() if now is None else now
     cap = config.log
@@ -495,7 +492,6 @@ def _esc(v: str) -> str:
 
 def render_prometheus(st: Status) -> str:
     """The status as Prometheus text exposition format (version 0.0.4)."""
-    from mirrorline.snapshot.state import STATES
 
     out: list[str] = []
 
@@ -569,6 +565,5 @@ def render_prometheus(st: Status) -> str:
 
 def write_prometheus(st: Status, path: str | Path) -> None:
     """Rewrite ``path`` atomically (for node_exporter's textfile collector, or any scraper of files)."""
-    from mirrorline.log.layout import write_atomic
 
     write_atomic(Path(path), render_prometheus(st).encode())

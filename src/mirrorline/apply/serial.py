@@ -23,7 +23,7 @@ from mirrorline.errors import ApplyError, TransientTargetError
 from mirrorline.model import Change, Op, TableSchema
 
 if TYPE_CHECKING:
-    from mirrorline.apply.engine import SqlTarget as Target
+    from mirrorline.apply.target import Target
     from mirrorline.apply.target import UnitWork as Unit
 
 _images = itertools.count(1)

@@ -18,9 +18,12 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
+from mirrorline.capture.source import connect
 from mirrorline.errors import SourceError
+from mirrorline.log.reader import ChangeLog
+from mirrorline.log.retention import EXPORT_PREFIX, mark_reload, readers
 from mirrorline.log.source import SourceIdentity, read, write
-from mirrorline.position import Position, format_lsn
+from mirrorline.position import Position, format_lsn, parse_lsn
 
 __all__ = ["SourceIdentity", "Verdict", "judge", "mark_lost", "query", "read", "write"]
 
@@ -73,8 +76,6 @@ def judge(
 def query(dsn: str, slot: str) -> tuple[SourceIdentity, int]:
     """The source's identity now, and its current WAL position (``IDENTIFY_SYSTEM`` on a replication connection,
     which a replication role may run)."""
-    from mirrorline.capture.source import connect
-    from mirrorline.position import parse_lsn
 
     conn = connect(dsn, replication=True)
     try:
@@ -89,8 +90,6 @@ def query(dsn: str, slot: str) -> tuple[SourceIdentity, int]:
 def mark_lost(log_root: Path, slot: str, durable: Position | None) -> list[str]:
     """The slot is gone: every registered target needs a reload (the changes since the slot was lost are in no
     log). Returns their names."""
-    from mirrorline.log.reader import ChangeLog
-    from mirrorline.log.retention import EXPORT_PREFIX, mark_reload, readers
 
     cl = ChangeLog(log_root)
     names = sorted(n for n in readers(cl) if not n.startswith(EXPORT_PREFIX))

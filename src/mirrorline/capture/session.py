@@ -27,6 +27,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from mirrorline import stopped
+from mirrorline.capture import identity
 from mirrorline.capture.batching import BatchAssembler
 from mirrorline.capture.events import (
     Committed,
@@ -40,7 +41,7 @@ from mirrorline.capture.events import (
 )
 from mirrorline.capture.partition_watch import PartitionWatch
 from mirrorline.capture.provision import PublicationReport, check_failover, ensure_slot, reconcile_publication
-from mirrorline.capture.selection import publication_specs
+from mirrorline.capture.selection import changed_parts, publication_specs, read_parts, write_parts
 from mirrorline.capture.source import (
     TypeNames,
     check_server,
@@ -53,6 +54,11 @@ from mirrorline.capture.source import (
 )
 from mirrorline.config import Config
 from mirrorline.errors import ConfigError, LogError, SourceError, TransientSourceError
+from mirrorline.log.interchange import imported_mark
+from mirrorline.log.layout import Layout
+from mirrorline.log.reader import ChangeLog
+from mirrorline.log.retention import readers
+from mirrorline.log.schemas import SchemaStore
 from mirrorline.log.stream import StreamSpill
 from mirrorline.log.writer import LogWriter
 from mirrorline.model import TableSchema
@@ -193,8 +199,6 @@ class Capture:
     def _check_not_imported(self) -> None:
         """A log holding changes imported from files is not one capture adds to (refused before the source is
         touched): their positions are not the source's."""
-        from mirrorline.log.interchange import imported_mark
-        from mirrorline.log.reader import ChangeLog
 
         root = self.config.log.path
         cl = ChangeLog(root)
@@ -209,9 +213,6 @@ class Capture:
     def _check_source(self, conn: Any) -> None:
         """The log knows its source (:mod:`mirrorline.capture.identity`): another system, WAL gone back, or the slot
         lost while the log holds positions is found here, before the slot is created."""
-        from mirrorline.capture import identity
-        from mirrorline.log.reader import ChangeLog
-        from mirrorline.log.retention import readers
 
         root = self.config.log.path
         now, current = identity.query(self.source.dsn, self.source.slot)
@@ -259,8 +260,6 @@ class Capture:
 
     def _replicated(self) -> dict[str, TableSchema]:
         """The tables the log holds changes of (it has their schemas), with their latest schema."""
-        from mirrorline.log.layout import Layout
-        from mirrorline.log.schemas import SchemaStore
 
         store = SchemaStore(Layout(self.config.log.path).schemas)
         store.refresh()
@@ -304,7 +303,6 @@ class Capture:
         """A table whose replicated part (``columns`` / ``exclude`` / ``where``) is not the one its logged changes
         were captured with: its rows at the targets are another part than the one configured now, so it is marked
         to be loaded again (:meth:`_resync`). The parts are kept in the log (``parts.json``) for the next start."""
-        from mirrorline.capture.selection import changed_parts, read_parts, write_parts
 
         assert self._writer is not None
         root = self.config.log.path

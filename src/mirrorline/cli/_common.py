@@ -7,6 +7,7 @@ import argparse
 import threading
 from typing import TYPE_CHECKING, NoReturn
 
+from mirrorline import config, sparkenv
 from mirrorline.config import Config
 
 if TYPE_CHECKING:
@@ -15,7 +16,6 @@ if TYPE_CHECKING:
 
 def load_config(args: argparse.Namespace) -> Config:
     """The configuration file, its ``[spark]`` section in force for the session this process makes."""
-    from mirrorline import config, sparkenv
 
     cfg = config.load(args.config)
     sparkenv.configure(cfg.spark)

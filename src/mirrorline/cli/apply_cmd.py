@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import argparse
 
+from mirrorline.cli._common import load_config, print_unit
 from mirrorline.cli.main import add_config_argument
+from mirrorline.errors import MirrorlineError
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -22,8 +24,6 @@ def run(args: argparse.Namespace) -> int:
     import sys
     import threading
 
-    from mirrorline.cli._common import load_config, print_unit
-    from mirrorline.errors import MirrorlineError
     from mirrorline.pipeline import Applier, UnitReport
     from mirrorline.snapshot import needs_load
 

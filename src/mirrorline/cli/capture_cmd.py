@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 
+from mirrorline.cli._common import load_config
 from mirrorline.cli.main import add_config_argument
+from mirrorline.position import format_lsn
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -19,8 +21,6 @@ def run(args: argparse.Namespace) -> int:
     import sys
 
     from mirrorline.capture.session import Capture, CaptureStats
-    from mirrorline.cli._common import load_config
-    from mirrorline.position import format_lsn
 
     config = load_config(args)
     capture = Capture(config, once=args.once)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 
+from mirrorline.cli._common import load_config
 from mirrorline.cli.main import add_config_argument
 
 
@@ -16,7 +17,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import sys
 
-    from mirrorline.cli._common import load_config
     from mirrorline.pipeline import Applier
 
     config = load_config(args)

@@ -17,6 +17,7 @@ import threading
 from collections.abc import Sequence
 
 from mirrorline import __version__
+from mirrorline.errors import MirrorlineError
 
 # (command, module, one-line help). Order is the order of `mirrorline --help`.
 COMMANDS: list[tuple[str, str, str]] = [
@@ -79,7 +80,6 @@ INTERNAL_ERROR = 4  # (see the module's docstring)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from mirrorline.errors import MirrorlineError
 
     parser = build_parser()
     try:

@@ -10,6 +10,8 @@ import json
 
 from mirrorline.cli._common import load_config
 from mirrorline.cli.main import add_config_argument
+from mirrorline.config.values import parse_duration
+from mirrorline.errors import ConfigError
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -27,8 +29,6 @@ def run(args: argparse.Namespace) -> int:
     import math
 
     from mirrorline.apply import open_target
-    from mirrorline.config.values import parse_duration
-    from mirrorline.errors import ConfigError
 
     config = load_config(args)
     from mirrorline.apply.kinds import KINDS

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from mirrorline.cli._common import load_config
 from mirrorline.cli.main import COMMANDS, add_config_argument
+from mirrorline.errors import MirrorlineError
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -36,7 +37,6 @@ def command_of(pid: int) -> tuple[str | None, str | None]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from mirrorline.errors import MirrorlineError
     from mirrorline.log.writer import writer_pid
 
     config = load_config(args)  # (an invalid file stops here: exit 2, nothing sent)

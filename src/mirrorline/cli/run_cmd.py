@@ -11,7 +11,8 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
-from mirrorline.cli.main import add_config_argument
+from mirrorline.cli._common import Interrupt, load_config, print_unit
+from mirrorline.cli.main import add_config_argument, mute_jvm
 
 if TYPE_CHECKING:
     from mirrorline.cli._common import Interrupt
@@ -32,9 +33,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import signal
     import sys
-
-    from mirrorline.cli._common import Interrupt, load_config, print_unit
-    from mirrorline.cli.main import mute_jvm
 
     runner: Runner | None = None
     interrupted: list[bool] = []

@@ -12,6 +12,8 @@ import sys
 
 from mirrorline.cli._common import load_config
 from mirrorline.cli.main import add_config_argument
+from mirrorline.config.values import parse_duration
+from mirrorline.errors import ConfigError
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -29,8 +31,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from mirrorline.config.values import parse_duration
-    from mirrorline.errors import ConfigError
     from mirrorline.status import render_prometheus, status, write_prometheus
 
     max_lag = None

@@ -9,8 +9,10 @@ import argparse
 import datetime as dt
 import sys
 
+from mirrorline import stopped
 from mirrorline.cli._common import load_config
 from mirrorline.cli.main import add_config_argument
+from mirrorline.errors import ConfigError, LogError, MirrorlineError
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -23,8 +25,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from mirrorline import stopped
-    from mirrorline.errors import ConfigError, LogError, MirrorlineError
     from mirrorline.log.reader import ChangeLog
     from mirrorline.log.retention import EXPORT_PREFIX, readers, unregister
     from mirrorline.log.writer import live_run

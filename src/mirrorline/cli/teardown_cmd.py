@@ -13,6 +13,7 @@ from pathlib import Path
 
 from mirrorline.cli._common import load_config
 from mirrorline.cli.main import add_config_argument
+from mirrorline.errors import ConfigError, MirrorlineError, UsageError
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -29,7 +30,6 @@ def _log_size(root: Path) -> int:
 def run(args: argparse.Namespace) -> int:
     from mirrorline.capture.provision import inspect_teardown, teardown
     from mirrorline.capture.source import connect
-    from mirrorline.errors import ConfigError, MirrorlineError, UsageError
     from mirrorline.log.writer import writer_pid
 
     config = load_config(args)

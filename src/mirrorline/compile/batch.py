@@ -48,9 +48,10 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import numpy as np
 import pyarrow as pa
 
-from mirrorline import limits
+from mirrorline import limits, scratch
 from mirrorline.errors import LogError
 from mirrorline.position import Position
+from mirrorline.sparkenv import get_spark
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -202,7 +203,6 @@ class _SpillFile:
     folder (removed with the feed, or by the next mirrorline process if this one is killed)."""
 
     def __init__(self) -> None:
-        from mirrorline import scratch
 
         self.folder = scratch.mkdtemp("feed-")
         self.path = os.path.join(self.folder, "chunks.arrows")
@@ -375,8 +375,6 @@ class NetBatch:
         """The net rows as a DataFrame (made from ``rows`` on first use when the unit came back to the driver)."""
         if self.net is None:
             if spark is None:
-                from mirrorline.sparkenv import get_spark
-
                 spark = get_spark()
             rows = self.arrow()
             assert rows is not None

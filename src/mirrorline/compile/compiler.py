@@ -44,8 +44,17 @@ import pyarrow as pa
 
 from mirrorline import limits
 from mirrorline.compile.batch import NetBatch
+from mirrorline.compile.distinct import compile_distinct
+from mirrorline.compile.driver import fold_unit
+from mirrorline.compile.inserts import compile_inserts
 from mirrorline.compile.reference import Actions, normalised
+from mirrorline.compile.small import shared, unit_rows
+from mirrorline.compile.spark import compile_changes
+from mirrorline.compile.updates import compile_updates
+from mirrorline.compile.warmup import WarmUp, warm_large, warm_small
 from mirrorline.errors import MirrorlineError, Unverified
+from mirrorline.log.segments import ROW_GROUP_ROWS
+from mirrorline.log.spark import read_spark
 from mirrorline.log.stats import Stats
 from mirrorline.model import TableSchema
 from mirrorline.position import Position
@@ -104,8 +113,6 @@ class Span:
         """The unit's changes as a DataFrame (the unit's rows only: no route filters them again)."""
         from pyspark.sql import functions as F
 
-        from mirrorline.log.spark import read_spark
-
         frame = read_spark(self.log, self.start, self.end, spark=self.spark)
         if self.tables:
             frame = frame.where(F.col("table").isin(list(self.tables)))
@@ -142,7 +149,6 @@ class OnDriver:
         return not span.warm and span.changes <= limits.FOLD_UNIT
 
     def compile(self, span: Span) -> NetBatch:
-        from mirrorline.compile.driver import fold_unit
 
         return fold_unit(span.log, span.start, span.end, span.tables, span.actions, span.bags, span.changes)
 
@@ -160,13 +166,11 @@ class Small:
         return qualifies(span.stats, span.small_unit)
 
     def compile(self, span: Span) -> NetBatch:
-        from mirrorline.compile.small import shared, unit_rows
 
         rows = unit_rows(span.tables, span.rows())
         return shared(span.spark, span.actions or None, span.bags).compile(rows, span.stats, span.start, span.end)
 
     def warm(self, spark: Any, actions: Actions, bags: Bags) -> float:
-        from mirrorline.compile.warmup import warm_small
 
         return warm_small(spark, actions or None, (False,), dict(bags) or None)
 
@@ -181,8 +185,6 @@ class InsertsOnly:
         return qualifies(span.stats, span.actions or None)
 
     def compile(self, span: Span) -> NetBatch:
-        from mirrorline.compile.inserts import compile_inserts
-        from mirrorline.log.segments import ROW_GROUP_ROWS
 
         return compile_inserts(
             span.frame,
@@ -213,7 +215,6 @@ class Distinct:
         )
 
     def compile(self, span: Span) -> NetBatch | None:
-        from mirrorline.compile.distinct import compile_distinct
 
         batch = compile_distinct(span.rows(), span.stats, span.start, span.end, span.tables)
         if batch is None:
@@ -234,7 +235,6 @@ class InsertsAndUpdates:
         return span.changes <= span.driver_unit and qualifies(span.stats, span.actions or None, span.bags)
 
     def compile(self, span: Span) -> NetBatch | None:
-        from mirrorline.compile.updates import compile_updates
 
         batch = compile_updates(
             span.frame,
@@ -254,7 +254,6 @@ class InsertsAndUpdates:
         return batch
 
     def warm(self, spark: Any, actions: Actions, bags: Bags) -> float:
-        from mirrorline.compile.warmup import warm_large
 
         return warm_large(spark)
 
@@ -267,7 +266,6 @@ class General:
         return True
 
     def compile(self, span: Span) -> NetBatch:
-        from mirrorline.compile.spark import compile_changes
 
         return compile_changes(
             span.frame,
@@ -417,7 +415,6 @@ def warm_up(
 ) -> WarmUp:
     """The small route of a pipeline with these ``actions`` and tables without a key warmed up in the background
     now, the session made by ``spark()`` there (:class:`~mirrorline.compile.warmup.WarmUp`)."""
-    from mirrorline.compile.warmup import WarmUp
 
     acts = normalised(actions)
     return WarmUp(spark, lambda session: SMALL.warm(session, acts, bags), on_ready=on_ready)

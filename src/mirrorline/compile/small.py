@@ -34,6 +34,7 @@ import pyarrow.compute as pc
 from mirrorline import limits, scratch
 from mirrorline.compile.batch import NET_ARROW, NetBatch
 from mirrorline.compile.reference import Actions, Bags
+from mirrorline.compile.spark import _acts, _meta_from_stats, _plan, _TableMeta, error_of
 from mirrorline.errors import InvalidSequenceError
 from mirrorline.log.rows import ARROW_SCHEMA, SPARK_DDL
 from mirrorline.log.stats import Stats
@@ -74,7 +75,6 @@ def qualifies(stats: Stats, max_changes: int = SMALL_UNIT) -> bool:
 
 def _earliest_error(rows: pa.Table) -> InvalidSequenceError:
     """The earliest of the unit's E rows, ordered as the general path orders them."""
-    from mirrorline.compile.spark import error_of
 
     return error_of(
         min(
@@ -106,7 +106,6 @@ class SmallUnits:
         return self._session
 
     def _plan(self, key_changes: bool) -> DataFrame:
-        from mirrorline.compile.spark import _plan, _TableMeta
 
         plan = self._plans.get(key_changes)
         if plan is None:
@@ -120,7 +119,6 @@ class SmallUnits:
         """Compile ``rows`` (the unit's changes, log layout, of the pipeline's tables) whose statistics are
         ``stats``; the unit is ``(start, end]``. Raises :class:`InvalidSequenceError` for the earliest invalid
         sequence, like the general path."""
-        from mirrorline.compile.spark import _acts, _meta_from_stats
 
         if any(s.truncates or s.moves for s in stats.values()):
             raise ValueError(

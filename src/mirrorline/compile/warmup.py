@@ -28,6 +28,13 @@ from typing import Any
 import pyarrow as pa
 
 from mirrorline import scratch
+from mirrorline.compile.small import shared
+from mirrorline.compile.spark import compile_changes
+from mirrorline.compile.updates import compile_updates, qualifies
+from mirrorline.log.rows import ARROW_SCHEMA, SPARK_DDL
+from mirrorline.log.segments import ROW_GROUP_ROWS, WRITE_OPTIONS
+from mirrorline.log.stats import table_stats
+from mirrorline.position import ZERO, Position
 
 log = logging.getLogger(__name__)
 
@@ -80,9 +87,6 @@ def warm_up(spark: Any, rows: int = WARM_UP_ROWS, large_keys: int = LARGE_WARM_U
     :func:`warm_large` with ``large_keys``; returns the seconds it took."""
     from pyspark.sql import functions as F
 
-    from mirrorline.compile.spark import compile_changes
-    from mirrorline.log.rows import SPARK_DDL
-
     t0 = time.monotonic()
     work = scratch.mkdtemp("warm-up-")
     expected = rows // 8  # per 8 ops: one key inserted then deleted (nothing), one inserted and updated (one I)
@@ -116,8 +120,6 @@ def large_unit(keys: int = LARGE_WARM_UP_KEYS) -> pa.Table:
     """A unit like a catch-up of updated rows, in the log layout: ``keys`` keys of one table inserted, then each
     updated once in another order, in transactions of 1,000 changes (positions as the log gives them)."""
     import numpy as np
-
-    from mirrorline.log.rows import ARROW_SCHEMA
 
     n = 2 * keys
     idx = np.arange(n, dtype=np.int64)
@@ -153,12 +155,6 @@ def warm_large(spark: Any, keys: int = LARGE_WARM_UP_KEYS) -> float:
     large unit after the warm-up."""
     import pyarrow.parquet as pq
 
-    from mirrorline.compile.updates import compile_updates, qualifies
-    from mirrorline.log.rows import SPARK_DDL
-    from mirrorline.log.segments import ROW_GROUP_ROWS, WRITE_OPTIONS
-    from mirrorline.log.stats import table_stats
-    from mirrorline.position import Position
-
     t0 = time.monotonic()
     work = scratch.mkdtemp("warm-up-large-")
     try:
@@ -190,7 +186,6 @@ SMALL_WARM_UP_ROWS = 4_000
 def synthetic_rows(rows: int = SMALL_WARM_UP_ROWS, key_changes: bool = False) -> pa.Table:
     """:func:`synthetic_unit`'s changes as Arrow on the driver (no Spark job), in the log layout; with
     ``key_changes`` the last change moves the last key to a new one."""
-    from mirrorline.log.rows import ARROW_SCHEMA
 
     out: list[dict[str, Any]] = []
     for i in range(rows):
@@ -235,9 +230,6 @@ def warm_small(spark: Any, actions: Any = None, shapes: tuple[bool, ...] = (Fals
     """Build and run the small-unit plans of this pipeline (``shapes``: without and with key changes) on synthetic
     units, so that the first real unit finds them planned, generated and with a Python worker started. Returns the
     seconds it took."""
-    from mirrorline.compile.small import shared
-    from mirrorline.log.stats import table_stats
-    from mirrorline.position import ZERO, Position
 
     t0 = time.monotonic()
     small = shared(spark, actions, bags)

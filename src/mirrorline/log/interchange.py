@@ -27,6 +27,7 @@ import pyarrow.compute as pc
 
 from mirrorline.config import TableConfig
 from mirrorline.errors import DecodeError, LogError
+from mirrorline.log import source
 from mirrorline.log.columns import transactions_to_arrow
 from mirrorline.log.daystream import Address, Decoder, Encoder, LineError, Transaction, parse_line
 from mirrorline.log.layout import SegmentInfo
@@ -153,7 +154,6 @@ def import_daystream(
     """Append daystream files to the log at ``root`` (atomically: all of them or nothing). A log that capture feeds
     is refused: imported transactions take positions after the log's last one, which the source's next commits may
     not be beyond (capture would then take them for changes it already holds)."""
-    from mirrorline.log import source
 
     fed = source.read(root)
     if fed is not None:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from mirrorline.errors import LogError
+from mirrorline.log.interchange import address_at
 from mirrorline.log.layout import read_json, write_json_atomic
 from mirrorline.log.reader import ChangeLog, read_retained
 from mirrorline.log.segments import remove_segment
@@ -205,7 +206,6 @@ def retain(
     doomed = segs[: max(cap, len(by_readers))]
     if not doomed:
         return []
-    from mirrorline.log.interchange import address_at
 
     max_ts = max([s.max_ts for s in doomed] + ([old.max_ts] if old else []))
     last = doomed[-1].last

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 from mirrorline.log.reader import ChangeLog
 from mirrorline.log.rows import ARROW_SCHEMA, SPARK_DDL
 from mirrorline.position import Position
+from mirrorline.sparkenv import get_spark
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
@@ -35,8 +36,6 @@ def read_spark(
     from pyspark.sql import functions as F
 
     if spark is None:
-        from mirrorline.sparkenv import get_spark
-
         spark = get_spark()
     segs = log.select(after, upto)  # checks retention and the segments' footers before Spark reads anything
     files = [str(s.path) for s in segs if not s.stream]

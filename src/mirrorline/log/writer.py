@@ -19,7 +19,7 @@ import pyarrow as pa
 
 from mirrorline.errors import LogError
 from mirrorline.log.columns import conform, lsn_span, transactions_to_arrow, ts_range
-from mirrorline.log.layout import Layout, SegmentInfo, parse_segment_name, read_json, segment_name
+from mirrorline.log.layout import Layout, SegmentInfo, parse_segment_name, read_json, segment_name, write_json_atomic
 from mirrorline.log.rows import ARROW_SCHEMA
 from mirrorline.log.schemas import SchemaStore
 from mirrorline.log.segments import read_info, remove_tree, write_segment, write_segment_stream
@@ -67,7 +67,6 @@ RUN_FILE = "run.json"  # the targets the live ``run`` applies to, with its pid (
 
 def announce_run(root: str | os.PathLike[str], targets: Iterable[str]) -> None:
     """Record, beside the log, the targets this process (a ``run``, which writes the log) applies to now."""
-    from mirrorline.log.layout import write_json_atomic
 
     write_json_atomic(Layout(root).root / RUN_FILE, {"pid": os.getpid(), "targets": sorted(targets)})
 

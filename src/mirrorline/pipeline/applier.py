@@ -22,14 +22,17 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from mirrorline import sparkenv, stopped
+from mirrorline.apply import open_target
+from mirrorline.apply.lock import TargetBusy
+from mirrorline.apply.target import TargetMoved
 from mirrorline.config import Config
 from mirrorline.errors import ConfigError, MirrorlineError, Unverified
 from mirrorline.log.reader import ChangeLog
-from mirrorline.log.retention import needs_reload, reload_reason
+from mirrorline.log.retention import expire_exports, needs_reload, readers, reload_reason, retain, set_applied
 from mirrorline.model import TableSchema
 from mirrorline.pipeline import held
 from mirrorline.pipeline.roster import Phase, Roster
-from mirrorline.pipeline.targets import Upkeep
+from mirrorline.pipeline.targets import Upkeep, schema_needs
 from mirrorline.pipeline.units import UnitReport, Units, known_bags
 from mirrorline.position import ZERO, Position
 
@@ -231,7 +234,6 @@ class Applier:
     def _states(self, names: list[str]) -> dict[str, AppliedState]:
         """The applied state of each of ``names`` that can be read; one that cannot is stopped, and one another
         process holds now (``verify`` reading it, :class:`~mirrorline.apply.lock.TargetBusy`) waits."""
-        from mirrorline.apply.lock import TargetBusy
 
         out = {}
         for n in names:
@@ -391,7 +393,6 @@ class Applier:
         changes = functools.partial(self.units.changes, batch.start, batch.end)
 
         def apply_one(n: str) -> None:
-            from mirrorline.apply.target import TargetMoved
 
             t0 = time.monotonic()
             spared: set[str] = set()
@@ -440,15 +441,12 @@ class Applier:
 
     def _open(self, name: str) -> Target:
         """Target ``name`` opened, given what following schema changes needs."""
-        from mirrorline.apply import open_target
-        from mirrorline.pipeline.targets import schema_needs
 
         return open_target(
             self.config.targets[name], threads=self.config.apply.threads, needs=schema_needs(self.config, self.log)
         )
 
     def _registered(self, name: str) -> None:
-        from mirrorline.log.retention import set_applied
 
         set_applied(self.log, name, self.targets[name].applied_positions().position)
 
@@ -457,7 +455,6 @@ class Applier:
         the log's ``export_expiry`` no longer count). Units: every configured target counts, those other processes
         apply (``apply --target``, or one this process waits for while ``verify`` holds it) by the position they
         registered, so that no unit another process is about to read is removed."""
-        from mirrorline.log.retention import expire_exports, readers, retain
 
         positions = list(self.positions().values())
         if positions:

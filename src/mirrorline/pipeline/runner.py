@@ -12,15 +12,22 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from mirrorline import config as config_mod
 from mirrorline import stopped
+from mirrorline.apply.reshape import ResyncStop
+from mirrorline.capture.source import connect, describe_tables
 from mirrorline.config import Config
 from mirrorline.errors import MirrorlineError, first_line
 from mirrorline.log.reader import ChangeLog
+from mirrorline.log.retention import needs_reload, readers, reload_reason, set_applied, unconfigured, unregister
 from mirrorline.log.writer import announce_run
+from mirrorline.metrics import RunMetrics
 from mirrorline.pipeline.applier import Applier
 from mirrorline.pipeline.backoff import Backoffs
 from mirrorline.pipeline.units import UnitReport, known_bags
 from mirrorline.position import Position
+from mirrorline.snapshot import needs_load, reconcile_targets, snapshot_target
+from mirrorline.sparkenv import get_spark
 
 if TYPE_CHECKING:
     from mirrorline.compile.warmup import WarmUp
@@ -100,8 +107,6 @@ class Runner:
         to take effect at the next start. A file that does not load, or tables the source does not have as
         configured, are reported and the running configuration kept."""
         import dataclasses
-
-        from mirrorline import config as config_mod
 
         self._reload.clear()
         try:
@@ -185,7 +190,6 @@ class Runner:
     def _known_bags(self) -> dict[str, tuple[str, ...]]:
         """The tables without a key the small units' plan is warmed up and built for: those the log knows, and
         those the source has that the log does not know yet (:func:`known_bags`)."""
-        from mirrorline.capture.source import connect
 
         assert self.config.source is not None
         try:
@@ -201,7 +205,6 @@ class Runner:
     def _check_tables(self, config: Config) -> BaseException | None:
         """The configured tables as the source has them now (each exists, is a table, has a key): the error, if
         not."""
-        from mirrorline.capture.source import connect, describe_tables
 
         assert config.source is not None
         replicated: set[str] = set()
@@ -232,7 +235,6 @@ class Runner:
         a thread of its own, while the target's other tables and the other targets go on (the pipeline does not try
         the table while its snapshot state is ``loading``; the load ends its hold). A load that fails is tried again
         after 2 s, doubling up to 60 s."""
-        from mirrorline.apply.reshape import ResyncStop
 
         for (n, t), err in applier.held().items():
             if not isinstance(err, ResyncStop) or not self._reloads.due((n, t)):
@@ -244,8 +246,6 @@ class Runner:
             threading.Thread(target=self._reload_table, args=(n, t), name="mirrorline-reload", daemon=True).start()
 
     def _reload_table(self, name: str, table: str) -> None:
-        from mirrorline.snapshot import snapshot_target
-        from mirrorline.sparkenv import get_spark
 
         try:
             get_spark().sparkContext.setLocalProperty("spark.scheduler.pool", "load")
@@ -332,7 +332,6 @@ class Runner:
     def _reconcile(self, names: list[str] | None = None) -> None:
         """Once capture streams with the current configuration: load new targets and tables added to the
         configuration (DESIGN §7)."""
-        from mirrorline.snapshot import reconcile_targets
 
         for r in reconcile_targets(self.config, names):
             self.on_message(r.summary())
@@ -395,7 +394,6 @@ class Runner:
         return None
 
     def _removed_targets(self) -> None:
-        from mirrorline.log.retention import unconfigured, unregister
 
         cl = self.log
         if not cl.layout.exists():
@@ -423,12 +421,9 @@ class Runner:
         the loads happen first."""
         loading: list[str] = []
         if self._capture_error is None and not self._stop.is_set():
-            from mirrorline.snapshot import needs_load
-
             loading = [n for n in sorted(self.config.targets) if needs_load(self.config, n)]
         waiting = [n for n in loading if self.config.targets[n].initial == "files"]
         loading = [n for n in loading if n not in waiting]
-        from mirrorline.log.retention import needs_reload, reload_reason
 
         reload = needs_reload(self.log)
         for n in sorted(reload):
@@ -488,7 +483,6 @@ class Runner:
     def _keep_log_for(self, names: list[str]) -> None:
         """Register targets waiting for files with the log at its end now (an export taken later starts after it),
         so that retention keeps what they will need."""
-        from mirrorline.log.retention import readers, set_applied
 
         cl = self.log
         have = readers(cl)
@@ -500,8 +494,6 @@ class Runner:
     def _watch_files(self, names: list[str], applier: Applier, every: float = 1.0) -> None:
         """Admit each waiting target once ``snapshot load`` has loaded it (which registers it with the log at the
         folder's position: only then is the target itself opened, and once)."""
-        from mirrorline.log.retention import readers
-        from mirrorline.snapshot import needs_load
 
         cl = self.log
         seen = {n: r.updated for n, r in readers(cl).items() if n in names}
@@ -524,8 +516,6 @@ class Runner:
         self._removed_targets()
         applier: Applier | None = None
         if self.config.metrics.listen is not None:
-            from mirrorline.metrics import RunMetrics
-
             self.metrics = RunMetrics(
                 self.config, lambda: dict(self._positions), lambda: self.capture.stats, self._stopped_now
             )

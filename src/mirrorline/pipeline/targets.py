@@ -14,8 +14,11 @@ import time
 from collections.abc import Hashable, Mapping
 from typing import TYPE_CHECKING, TypeVar
 
+from mirrorline.apply import Needs
+from mirrorline.apply.target import TargetMoved
 from mirrorline.compile.reference import actions_of
-from mirrorline.errors import MirrorlineError
+from mirrorline.errors import MirrorlineError, TransientTargetError
+from mirrorline.snapshot import state as snapstate
 
 if TYPE_CHECKING:
     from mirrorline.apply import Needs, Target
@@ -30,7 +33,6 @@ K = TypeVar("K", bound=Hashable)
 
 def schema_needs(config: Config, changelog: ChangeLog) -> Needs:
     """What following schema changes needs, for the targets of ``config``: the log's schemas, each table's policy."""
-    from mirrorline.apply import Needs
 
     def policy(table: str) -> tuple[bool, bool]:
         t = config.table(table)
@@ -46,8 +48,6 @@ def failing_table(target: TargetConfig, error: Exception, batch: NetBatch) -> st
     """The table ``error`` is about, when it stops that table alone at the target (a value, a row or a schema change
     the target refuses for that table); None when the whole target stops (its connection, its lock, an error not
     about one of the unit's tables, or ``all_or_nothing``)."""
-    from mirrorline.apply.target import TargetMoved
-    from mirrorline.errors import TransientTargetError
 
     if target.all_or_nothing or not isinstance(error, MirrorlineError):
         return None
@@ -103,7 +103,6 @@ def _maintain(name: str, target: Target, retention_hours: int) -> None:
 
 def loading(target: Target, table: str) -> bool:
     """Is a snapshot loading ``table`` into ``target`` now (its snapshot state ``loading``)?"""
-    from mirrorline.snapshot import state as snapstate
 
     s = target.session()
     try:

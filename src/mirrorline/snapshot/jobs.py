@@ -18,6 +18,7 @@ from mirrorline.errors import SnapshotError
 from mirrorline.snapshot.plan import Chunk, TableStat, chunk_header, copy_out_sql
 from mirrorline.snapshot.progress import Progress
 from mirrorline.snapshot.source import ConsistentPoint
+from mirrorline.sparkenv import get_spark
 
 log = logging.getLogger("mirrorline.snapshot")
 
@@ -30,7 +31,6 @@ def run_tasks(
     """One Spark job: a task per spec (one partition each, in order)."""
     if not specs:
         return []
-    from mirrorline.sparkenv import get_spark
 
     sc = get_spark().sparkContext
     sc.setJobGroup(group, what, interruptOnCancel=True)
@@ -47,7 +47,6 @@ def run_tasks(
 
 def spark_poll(group: str, total_rows: int, total_chunks: int) -> Callable[[Progress], None]:
     def poll(p: Progress) -> None:
-        from mirrorline.sparkenv import get_spark
 
         st = get_spark().sparkContext.statusTracker()
         done = 0
@@ -70,7 +69,6 @@ def chunk_blocks(mb: float) -> int:
 
 
 def parallelism() -> int:
-    from mirrorline.sparkenv import get_spark
 
     return max(int(get_spark().sparkContext.defaultParallelism), 1)
 

@@ -24,6 +24,8 @@ from mirrorline.capture.selection import publication_specs
 from mirrorline.capture.source import check_server, connect, describe_tables, source_error
 from mirrorline.config import Config
 from mirrorline.errors import ConfigError, SnapshotError, SourceError
+from mirrorline.log.layout import Layout
+from mirrorline.log.schemas import SchemaStore
 from mirrorline.position import Position, format_lsn, parse_lsn
 from mirrorline.snapshot.plan import TableStat, consistent_position, is_bag, table_key
 
@@ -111,8 +113,6 @@ def consistent_point(config: Config, *, reconcile: bool = True, create_main: boo
 
 
 def _resync_marks(config: Config) -> dict[str, str]:
-    from mirrorline.log.layout import Layout
-    from mirrorline.log.schemas import SchemaStore
 
     folder = Layout(config.log.path).schemas
     if not folder.is_dir():

@@ -24,6 +24,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from mirrorline.apply.chunks import open_sink
 from mirrorline.model import quote_table
 from mirrorline.snapshot.source import snapshot_connection
 
@@ -56,7 +57,6 @@ def file_sha256(path: str | os.PathLike[str]) -> str:
 def pipe_chunk(spec: dict[str, Any]) -> dict[str, Any]:
     """spec: source_dsn, snapshot, copy_out, table, chunk_id, sink ("module:function" of the target kind's
     :class:`~mirrorline.apply.chunks.ChunkSink`) and sink_spec (what it needs)."""
-    from mirrorline.apply.chunks import open_sink
 
     out = {"table": spec["table"], "chunk": spec["chunk_id"], "rows": 0, "again": False, "rewritten": False}
     src = snapshot_connection(spec["source_dsn"], spec["snapshot"])

@@ -23,14 +23,20 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from mirrorline.apply import open_target
+from mirrorline.apply import open_target, target_class
 from mirrorline.apply.canonical import MASK, Held, checksum, combine, held, select_text
+from mirrorline.apply.lock import TargetBusy
 from mirrorline.apply.target import Target
+from mirrorline.capture.source import connect
 from mirrorline.config import Config
 from mirrorline.errors import MirrorlineError
 from mirrorline.log.layout import Layout
+from mirrorline.log.reader import ChangeLog
 from mirrorline.model import TableSchema, quote_ident
-from mirrorline.position import ZERO, Position, format_lsn
+from mirrorline.pipeline import catch_up_target as catch_up
+from mirrorline.pipeline.targets import schema_needs
+from mirrorline.position import ZERO, Position, format_lsn, parse_lsn
+from mirrorline.snapshot import ATTEMPTS, Rewritten, check_rewritten, retrying, run_tasks, tables_at, target_config
 from mirrorline.snapshot import state as snapstate
 from mirrorline.snapshot.plan import TableStat, plan_chunks, select_sql
 from mirrorline.snapshot.source import consistent_point, require_source, snapshot_connection
@@ -105,7 +111,6 @@ def _source_specs(
 
 def target_views(config: Config, names: Iterable[str], stats: dict[str, TableStat]) -> dict[str, dict[str, Held]]:
     """Per target and table, how the target holds the source's rows (empty: as they are)."""
-    from mirrorline.apply import target_class
 
     out: dict[str, dict[str, Held]] = {}
     for name in names:
@@ -127,7 +132,6 @@ def source_checksums(
 ) -> tuple[dict[str, list[tuple[int, int]]], dict[str, list[Buckets]]]:
     """Per table (rows, checksum), and with ``buckets`` its sums per key bucket (``verify --diff``): first as the
     source holds its rows, then once for each of the table's ``views`` (how targets hold them)."""
-    from mirrorline.snapshot import check_rewritten, run_tasks
 
     views = views or {}
     specs = _source_specs(config, snapshot, stats, chunk_blocks)
@@ -153,7 +157,6 @@ def source_rows_in(
     config: Config, snapshot: str, stats: dict[str, TableStat], wanted: dict[str, set[int]], chunk_blocks: int = 16384
 ) -> dict[str, list[tuple[Any, ...]]]:
     """The source rows of ``wanted`` buckets per table, read under the same snapshot."""
-    from mirrorline.snapshot import run_tasks
 
     sub = {t: st for t, st in stats.items() if t in wanted}
     specs = _source_specs(config, snapshot, sub, chunk_blocks)
@@ -188,8 +191,6 @@ def _capture_running(config: Config) -> bool:
 
 
 def _confirmed(config: Config) -> int:
-    from mirrorline.capture.source import connect
-    from mirrorline.position import parse_lsn
 
     src = require_source(config)
     conn = connect(src.dsn)
@@ -204,7 +205,6 @@ def _confirmed(config: Config) -> int:
 
 def _nudge(config: Config) -> None:
     """A transaction of our own after the point, so that capture confirms past it even on an idle source."""
-    from mirrorline.capture.source import connect
 
     conn = connect(require_source(config).dsn)
     try:
@@ -301,7 +301,6 @@ def pick_buckets(src: Buckets, tgt: Buckets) -> tuple[set[int], bool]:
 def _wait_readable(target: Target, wait: float) -> None:
     """Open a session on ``target``, waiting up to ``wait`` seconds while another process holds the database (a
     live ``run`` lets go of a DuckDB file once verify holds the target's applier lock)."""
-    from mirrorline.apply.lock import TargetBusy
 
     deadline = time.monotonic() + wait
     while True:
@@ -333,10 +332,6 @@ def verify(
     """Compare the configured tables of each target (or of ``targets``) with the source at one position. ``diff``:
     for a table that differs, find its differing rows (up to that many reported) by key-bucket checksums; the
     source's snapshot is then held until they are read."""
-    from mirrorline.log.reader import ChangeLog
-    from mirrorline.pipeline import catch_up_target as catch_up
-    from mirrorline.pipeline.targets import schema_needs
-    from mirrorline.snapshot import ATTEMPTS, Rewritten, retrying, tables_at, target_config
 
     names = list(targets) if targets is not None else sorted(config.targets)
     for n in names:

@@ -16,7 +16,7 @@ from mirrorline.apply.session import Session
 from mirrorline.model import TableSchema, quote_ident
 
 if TYPE_CHECKING:
-    from mirrorline.apply.postgresql.target import PostgresTarget
+    from mirrorline.apply.engine import SqlTarget
 
 CHUNKS_TABLE = "mirrorline_snapshot_chunks"
 BUFFER = 1 << 20
@@ -31,7 +31,7 @@ def copy_in_sql(target_table: str, columns: Sequence[str], fmt: str = "text") ->
 class PgChunkLoader(ChunkLoader):
     sink = "mirrorline.apply.postgresql.load:PgChunkSink"
 
-    def __init__(self, target: PostgresTarget) -> None:
+    def __init__(self, target: SqlTarget) -> None:
         self.target = target
         self.chunks = target.dialect.own(CHUNKS_TABLE)
 
