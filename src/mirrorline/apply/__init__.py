@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from mirrorline.apply.kinds import KINDS, load
 from mirrorline.apply.state import AppliedState
 from mirrorline.apply.target import ApplyResult, Needs, Target, deal
 from mirrorline.config import TargetConfig
@@ -24,15 +25,10 @@ __all__ = ["AppliedState", "ApplyResult", "Needs", "Target", "deal", "open_targe
 
 def target_class(kind: str) -> type[Target]:
     """The Target class of ``kind`` (:data:`mirrorline.apply.kinds.KINDS`), its module imported now."""
-    import importlib
-
-    from mirrorline.apply.kinds import KINDS
-
     k = KINDS.get(kind)
     if k is None:
         raise ConfigError("targets", kind, f"no apply target for kind {kind!r} (built: {', '.join(KINDS)})")
-    module, name = k.target.split(":")
-    cls: type[Target] = getattr(importlib.import_module(module), name)
+    cls: type[Target] = load(k.target)
     return cls
 
 

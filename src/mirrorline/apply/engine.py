@@ -85,8 +85,6 @@ class _Mismatch(Exception):
 class SqlTarget(Target):
     """A target written by SQL transactions: worktables, set-based statements, lanes, the serial failure path."""
 
-    direct_inserts = False  # net inserts loaded straight into the table (Session.insert_rows), not via a worktable
-
     def check_types(self, session: Session, schemas: Iterable[TableSchema]) -> None:
         """Raise TargetError (table, column, type) for a column type the target cannot hold."""
         for s in schemas:
@@ -319,7 +317,7 @@ class SqlTarget(Target):
         # as the worktable's casts would; else, and when some must be completed from the target's rows, through a
         # worktable staged first: their moved_from rows are read before the deletes
         direct = None
-        if self.direct_inserts:
+        if self.spec.direct_inserts:  # net inserts straight into the table (Session.insert_rows)
             direct = stager.direct(ts)
         inserts = stager.stage(s, ts, "I") if direct is None else None
         t0 = result.timed("stage", t0)

@@ -9,7 +9,7 @@ A kind gives, as one folder under ``apply/`` and a row of :data:`mirrorline.appl
   in the same transaction, or after the tables' own commits that carry them);
 - :meth:`Target.follow_schema`, :meth:`Target.ensure_schema`, :meth:`Target.recreate`: the tables' shapes;
 - :meth:`Target.consistent_read`: its rows as of one moment, for ``verify``;
-- optional: :meth:`Target.chunk_loader` (a snapshot's chunks loaded from Spark tasks), :meth:`Target.maintain` and
+- optional: a loader of a snapshot's chunks from Spark tasks (named by the kind's row), :meth:`Target.maintain` and
   :meth:`Target.describe` (a kind with files to keep), :meth:`Target.lock_file` or the lock hooks (a server kind).
 
 What is the same for every kind lives here: the applier lock, the state store's sessions, the applied positions,
@@ -34,6 +34,8 @@ from mirrorline import limits
 from mirrorline.apply import lock
 from mirrorline.apply import state as applied
 from mirrorline.apply.chunks import ChunkLoader
+from mirrorline.apply.kinds import KINDS
+from mirrorline.apply.kinds import load as load_kind_class
 from mirrorline.apply.session import Session
 from mirrorline.apply.sql import STATE_TABLE, Dialect
 from mirrorline.apply.stage import ArrowStager, Stager
@@ -142,9 +144,8 @@ class TargetMoved(TargetError):
 class Target(ABC):
     """A target: the interface every kind implements (see the module's docstring) and what is the same for all."""
 
-    kind: str
+    kind: str  # its name in the registry of kinds (:data:`mirrorline.apply.kinds.KINDS`), which holds what it can do
     dialect: Dialect  # the kind's names for mirrorline's own tables, and how it holds each source type
-    open_wait = 0.0  # seconds a connection waits while another process holds the database (a DuckDB file)
 
     def __init__(
         self,
@@ -172,8 +173,9 @@ class Target(ABC):
         self._idle: list[Session] = []  # connections kept open between units (the page cache, no new backend)
         self._idle_lock = threading.Lock()
         self.needs = needs or Needs()
-        if open_wait is not None:  # (None: the kind's)
-            self.open_wait = open_wait
+        self.spec = KINDS[self.kind]  # what the kind can do
+        # seconds a connection waits while another process holds the database (None: the kind's)
+        self.open_wait = self.spec.open_wait if open_wait is None else open_wait
 
     # -- one applier at a time (mirrorline.apply.lock) ------------------------------------------------------------
     def exclusive(self, wait: float) -> contextlib.AbstractContextManager[None]:
@@ -317,9 +319,12 @@ class Target(ABC):
 
     def chunk_loader(self) -> ChunkLoader | None:
         """How a snapshot's chunks reach this target from the Spark tasks that read them, each task committing its
-        own (:class:`~mirrorline.apply.chunks.ChunkLoader`); None: the tasks stage chunk files and the driver loads
-        them in one transaction (:meth:`Session.load_chunk`)."""
-        return None
+        own (the kind's :attr:`~mirrorline.apply.kinds.Kind.chunk_loader`, made with this target); None: the tasks
+        stage chunk files and the driver loads them in one transaction (:meth:`Session.load_chunk`)."""
+        if not self.spec.chunk_loader:
+            return None
+        loader: ChunkLoader = load_kind_class(self.spec.chunk_loader)(self)
+        return loader
 
     def stager(self, batch: NetBatch, schemas: Mapping[str, TableSchema], tables: list[str]) -> Stager:
         """How this unit's worktables get loaded; engines with a parallel path override it for large units."""

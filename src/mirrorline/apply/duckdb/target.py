@@ -41,7 +41,6 @@ SET_MEMORY = f"SET memory_limit = '{limits.DUCKDB_MEMORY >> 20}MiB'"
 class DuckdbTarget(SqlTarget):
     kind = "duckdb"
     dialect = DUCKDB
-    direct_inserts = True  # each chunk as it comes, by the conversions of the worktables' insert-select
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -49,8 +48,6 @@ class DuckdbTarget(SqlTarget):
         self._lock = threading.Lock()
         self._users = 0  # sessions handed out and not closed, plus applies running: the file is held while > 0
         self._known: tuple[tuple[int, ...], AppliedState] | None = None  # the state read, and the file's stamp then
-
-    open_wait = 10.0  # seconds a connection waits for another process to close the database (a status, a reader)
 
     def _stamp(self) -> tuple[int, ...]:
         """The database file's (and its WAL's) identity, size and time: unchanged while nobody wrote it."""

@@ -25,10 +25,9 @@ import pyarrow.compute as pc
 from mirrorline import limits
 from mirrorline.apply import rows as work_rows
 from mirrorline.apply.canonical import SESSION_SETTINGS, select_text
-from mirrorline.apply.chunks import ChunkLoader
 from mirrorline.apply.engine import SqlTarget, check_unknown_types
+from mirrorline.apply.lock import holder_text
 from mirrorline.apply.postgresql.dialect import POSTGRESQL
-from mirrorline.apply.postgresql.load import PgChunkLoader
 from mirrorline.apply.postgresql.session import PgSession, connect, copy_in
 from mirrorline.apply.session import Session
 from mirrorline.apply.sql import STATE_TABLE
@@ -46,7 +45,6 @@ WORK_PREFIX = "mirrorline_w_"
 
 class PostgresTarget(SqlTarget):
     kind = "postgresql"
-    direct_inserts = True  # COPY parses text with the column's input function, exactly as CAST(text AS type)
     dialect = POSTGRESQL
 
     def __init__(self, *args: Any, parallel_rows: int = limits.PARALLEL_ROWS, **kwargs: Any) -> None:
@@ -62,7 +60,6 @@ class PostgresTarget(SqlTarget):
     LOCK_CLASS = 0x6D6C  # "ml"
 
     def try_lock(self) -> Any:
-        from mirrorline.apply.lock import holder_text
 
         for attempt in (1, 2):  # (a kept connection the server closed meanwhile: once more on a new one)
             conn = self._lock_conn
@@ -128,9 +125,6 @@ class PostgresTarget(SqlTarget):
             return session.query("SELECT to_regtype(%s) IS NOT NULL", (type_name,))[0][0] is True
 
         check_unknown_types(self.dialect, schemas, known)
-
-    def chunk_loader(self) -> ChunkLoader:
-        return PgChunkLoader(self)
 
     @contextlib.contextmanager
     def consistent_read(self) -> Iterator[TargetRead]:

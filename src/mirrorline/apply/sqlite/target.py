@@ -15,7 +15,6 @@ from mirrorline.apply.sqlite.session import SqliteSession
 class SqliteTarget(SqlTarget):
     kind = "sqlite"
     dialect = SQLITE
-    direct_inserts = True  # INSERTs of many rows of parameters, converted as by a worktable's insert-select
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
