@@ -109,13 +109,13 @@ def test_ctrl_c_while_run_starts_says_nothing_moved_in_one_line(
     than a second after the start) is the same one line, saying that nothing moved."""
     import argparse
 
-    from mirrorline.cli import _common, run_cmd
+    from mirrorline.cli import run_cmd
 
     def interrupted(_args: argparse.Namespace) -> Any:
         signal.raise_signal(signal.SIGINT)  # through run's own handler, as a Ctrl-C then
         raise AssertionError("the handler did not interrupt")
 
-    monkeypatch.setattr(_common, "load_config", interrupted)
+    monkeypatch.setattr(run_cmd, "load_config", interrupted)  # (run's own name for _common's)
     previous = signal.getsignal(signal.SIGINT)
     try:
         code = run_cmd.run(argparse.Namespace(config=str(tmp_path / "m.toml"), once=False, forget_removed=False))

@@ -8,6 +8,7 @@ import time
 
 import pytest
 from compile_support import collect_result
+from patching import patch_where_used
 from waiting import wait_until
 
 from mirrorline.compile import reference
@@ -241,7 +242,7 @@ def test_a_failing_idle_warm_up_only_logs(tmp_path, spark, caplog, monkeypatch):
         pools.append(spark_.sparkContext.getLocalProperty("spark.scheduler.pool"))
         raise RuntimeError("no room left in the scratch folder")
 
-    monkeypatch.setattr(warmup, "warm_large", failing)
+    patch_where_used(monkeypatch, warmup, "warm_large", failing)
     a = _idle_pipeline(tmp_path, spark)
     with caplog.at_level(logging.WARNING, logger="mirrorline.pipeline"):
         _follow_until(a, lambda: bool(pools), "the idle warm-up is tried")

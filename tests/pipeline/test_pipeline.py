@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from patching import patch_where_used
 from pipeline_support import assert_same, config_text, target_url
 
 from mirrorline import config as cfg
@@ -77,7 +78,7 @@ def test_large_units_replicate_exactly_with_net_rows_on_the_driver_or_through_pa
         seen.append((kwargs.get("to_driver", False), batch.on_driver))
         return batch
 
-    monkeypatch.setattr(compile_spark, "compile_changes", spy)
+    patch_where_used(monkeypatch, compile_spark, "compile_changes", spy)
     applier = Applier(conf, spark=spark)
     applier.small_unit, applier.catch_up_changes = 50, 100
     if where == "parquet":

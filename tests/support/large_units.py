@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from patching import patch_where_used
 
 from mirrorline.config import parse
 from mirrorline.model import Column, TableSchema
@@ -53,7 +54,7 @@ def spy_route(monkeypatch: pytest.MonkeyPatch, module: Any, name: str) -> list[b
         calls.append(out is not None)
         return out
 
-    monkeypatch.setattr(module, name, spy)
+    patch_where_used(monkeypatch, module, name, spy)
     return calls
 
 
