@@ -130,7 +130,6 @@ def _wait_applied(
     config: cfg.Config, lsn: int, thread: threading.Thread, errors: list[BaseException], timeout: float = 900
 ) -> None:
     """Until the log holds the source's changes up to ``lsn`` and every target has applied the whole log."""
-
     log = ChangeLog(config.log.path)
     deadline = time.monotonic() + timeout
     targets = {n: open_target(t) for n, t in config.targets.items()}

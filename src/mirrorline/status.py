@@ -15,7 +15,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import psycopg2
 
@@ -33,10 +33,6 @@ from mirrorline.model import quote_ident
 from mirrorline.position import Position, format_lsn, parse_lsn
 from mirrorline.snapshot import state as snapstate
 from mirrorline.snapshot.state import STATES, WAITING
-
-if TYPE_CHECKING:
-    from mirrorline.apply.state import AppliedState
-    from mirrorline.log.reader import ChangeLog
 
 STOPPED = "stopped"  # a target stopped by an error (its record under the log's stopped/)
 LAG_WARN_SECONDS = 300.0
@@ -492,7 +488,6 @@ def _esc(v: str) -> str:
 
 def render_prometheus(st: Status) -> str:
     """The status as Prometheus text exposition format (version 0.0.4)."""
-
     out: list[str] = []
 
     def metric(name: str, kind: str, help_text: str, samples: list[tuple[dict[str, str], float | int | None]]) -> None:
@@ -565,5 +560,4 @@ def render_prometheus(st: Status) -> str:
 
 def write_prometheus(st: Status, path: str | Path) -> None:
     """Rewrite ``path`` atomically (for node_exporter's textfile collector, or any scraper of files)."""
-
     write_atomic(Path(path), render_prometheus(st).encode())

@@ -260,7 +260,6 @@ class Capture:
 
     def _replicated(self) -> dict[str, TableSchema]:
         """The tables the log holds changes of (it has their schemas), with their latest schema."""
-
         store = SchemaStore(Layout(self.config.log.path).schemas)
         store.refresh()
         return {t: s for t in store.tables() if (s := store.latest(t)) is not None}

@@ -16,7 +16,6 @@ if TYPE_CHECKING:
 
 def load_config(args: argparse.Namespace) -> Config:
     """The configuration file, its ``[spark]`` section in force for the session this process makes."""
-
     cfg = config.load(args.config)
     sparkenv.configure(cfg.spark)
     return cfg

@@ -15,7 +15,6 @@ from mirrorline.cli._common import Interrupt, load_config, print_unit
 from mirrorline.cli.main import add_config_argument, mute_jvm
 
 if TYPE_CHECKING:
-    from mirrorline.cli._common import Interrupt
     from mirrorline.pipeline import Runner
 
 

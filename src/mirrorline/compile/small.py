@@ -75,7 +75,6 @@ def qualifies(stats: Stats, max_changes: int = SMALL_UNIT) -> bool:
 
 def _earliest_error(rows: pa.Table) -> InvalidSequenceError:
     """The earliest of the unit's E rows, ordered as the general path orders them."""
-
     return error_of(
         min(
             rows.to_pylist(),

@@ -67,7 +67,6 @@ RUN_FILE = "run.json"  # the targets the live ``run`` applies to, with its pid (
 
 def announce_run(root: str | os.PathLike[str], targets: Iterable[str]) -> None:
     """Record, beside the log, the targets this process (a ``run``, which writes the log) applies to now."""
-
     write_json_atomic(Layout(root).root / RUN_FILE, {"pid": os.getpid(), "targets": sorted(targets)})
 
 

@@ -441,7 +441,6 @@ class Applier:
 
     def _open(self, name: str) -> Target:
         """Target ``name`` opened, given what following schema changes needs."""
-
         return open_target(
             self.config.targets[name], threads=self.config.apply.threads, needs=schema_needs(self.config, self.log)
         )

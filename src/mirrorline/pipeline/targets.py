@@ -103,7 +103,6 @@ def _maintain(name: str, target: Target, retention_hours: int) -> None:
 
 def loading(target: Target, table: str) -> bool:
     """Is a snapshot loading ``table`` into ``target`` now (its snapshot state ``loading``)?"""
-
     s = target.session()
     try:
         r = snapstate.read(s).get(table)

@@ -111,7 +111,6 @@ def _source_specs(
 
 def target_views(config: Config, names: Iterable[str], stats: dict[str, TableStat]) -> dict[str, dict[str, Held]]:
     """Per target and table, how the target holds the source's rows (empty: as they are)."""
-
     out: dict[str, dict[str, Held]] = {}
     for name in names:
         dialect = target_class(config.targets[name].kind).dialect
@@ -157,7 +156,6 @@ def source_rows_in(
     config: Config, snapshot: str, stats: dict[str, TableStat], wanted: dict[str, set[int]], chunk_blocks: int = 16384
 ) -> dict[str, list[tuple[Any, ...]]]:
     """The source rows of ``wanted`` buckets per table, read under the same snapshot."""
-
     sub = {t: st for t, st in stats.items() if t in wanted}
     specs = _source_specs(config, snapshot, sub, chunk_blocks)
     for spec in specs:
@@ -205,7 +203,6 @@ def _confirmed(config: Config) -> int:
 
 def _nudge(config: Config) -> None:
     """A transaction of our own after the point, so that capture confirms past it even on an idle source."""
-
     conn = connect(require_source(config).dsn)
     try:
         with conn.cursor() as cur:
