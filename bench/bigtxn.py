@@ -56,8 +56,10 @@ from typing import Any
 
 import psycopg2
 
-from live import RssMeter, RunLog, compare_table, registry_lag, run_in_folder, start_run, stop_run
+from live import RssMeter, RunLog, compare_table, run_in_folder, start_run, stop_run
 from mirrorline.log.layout import parse_segment_name
+from mirrorline.log.reader import ChangeLog
+from mirrorline.log.retention import readers
 from mirrorline.pgcluster import PgCluster
 from mirrorline.position import parse_lsn
 
@@ -179,6 +181,14 @@ class Waiter:
             return max((last for _, last, _ in filter(None, names)), default=0)
         return 0
 
+    def _registry(self) -> dict[str, int]:
+        """Each target's applied LSN from the log's reader registry (its small files only: the poll must not take
+        the cores from the work it times)."""
+        try:
+            return {n: st.applied.lsn for n, st in readers(ChangeLog(str(self.log_path))).items() if st.applied}
+        except (OSError, ValueError):  # a file replaced while it was read: a missing sample
+            return {}
+
     def wait(self, before: int, probe: str, want: Any, t0: float, timeout: float) -> dict[str, float | None]:
         """Seconds from ``t0`` until each has the transaction whose commit record is at or after WAL position
         ``before`` (``probe`` gives ``want`` on the subscriber once it has it); None for what did not within
@@ -190,10 +200,11 @@ class Waiter:
             now = time.monotonic()
             if got["durable"] is None and self._durable_lsn() >= before:
                 got["durable"] = now - t0
-            for name in TARGETS:
-                if got[name] is None:
-                    applied, _ = registry_lag(self.log_path, name)
-                    if applied is not None and applied >= before:
+            if any(got[n] is None for n in TARGETS):
+                states = self._registry()
+                for name in TARGETS:
+                    applied = states.get(name)
+                    if got[name] is None and applied is not None and applied >= before:
                         got[name] = now - t0
             if got["subscriber"] is None:
                 with self.sub.cursor() as cur:
@@ -218,14 +229,21 @@ def wait_live(cluster: PgCluster, waiter: Waiter, timeout: float) -> float:
 
 
 def one(
-    cluster: PgCluster, waiter: Waiter, runlog: RunLog, table: str, shape: str, rows: int, timeout: float
+    cluster: PgCluster,
+    waiter: Waiter,
+    runlog: RunLog,
+    meter: RssMeter,
+    table: str,
+    shape: str,
+    rows: int,
+    timeout: float,
 ) -> dict[str, Any]:
     sql, probe, want = shape_sql(table, shape, rows)
-    rss = RssMeter(runlog.proc.pid)
+    meter.mark()
     say(f"{table} {shape}: one transaction of {rows:,} rows")
     before, t0, statement = commit(cluster, sql)
     got = waiter.wait(before, probe, want, t0, timeout)
-    peaks = rss.stop()
+    peaks = meter.since_mark()
     deadline = time.monotonic() + 60  # the unit's line follows every target's apply and the unit's release
     while True:
         time.sleep(0.5)
@@ -300,7 +318,7 @@ def bench(args: argparse.Namespace, work: Path, out: dict[str, Any]) -> None:
             for table in tables:
                 for shape in args.shapes.split(","):
                     out["results"][f"{table}_{shape}"] = one(
-                        cluster, waiter, runlog, table, shape, args.rows, args.timeout
+                        cluster, waiter, runlog, whole, table, shape, args.rows, args.timeout
                     )
             waiter.close()
             peaks = whole.stop()

@@ -247,27 +247,52 @@ def _tree_rss(root: int) -> dict[str, dict[str, int]]:
 class RssMeter:
     """The peak memory of ``mirrorline run``'s process tree (sampled every half second in a thread): resident
     (``rss``, shared pages counted in each process) and proportional (``pss``, shared pages divided among the
-    processes sharing them: what the tree takes from the machine)."""
+    processes sharing them: what the tree takes from the machine). Besides the whole run's peak, the peak since the
+    last :meth:`mark` (one sampler for both: reading every process's ``smaps_rollup`` takes CPU from the work
+    measured)."""
 
     def __init__(self, root: int) -> None:
         self.root = root
-        self.peak = {m: {"total": 0, "python": 0, "jvm": 0, "other": 0} for m in ("rss", "pss")}
+        self.peak = _no_peak()
+        self.window = _no_peak()
+        self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._main, name="rss-meter", daemon=True)
         self._thread.start()
 
     def _main(self) -> None:
         while not self._stop.wait(0.5):
-            for m, now in _tree_rss(self.root).items():
-                for k, v in now.items():
-                    self.peak[m][k] = max(self.peak[m][k], v)
-                self.peak[m]["total"] = max(self.peak[m]["total"], sum(now.values()))
+            sample = _tree_rss(self.root)
+            with self._lock:
+                for peak in (self.peak, self.window):
+                    for m, now in sample.items():
+                        for k, v in now.items():
+                            peak[m][k] = max(peak[m][k], v)
+                        peak[m]["total"] = max(peak[m]["total"], sum(now.values()))
+
+    def mark(self) -> None:
+        """Start a new window: :meth:`since_mark` gives the peaks from now on."""
+        with self._lock:
+            self.window = _no_peak()
+
+    def since_mark(self) -> dict[str, dict[str, float]]:
+        """The peaks in MB since the last :meth:`mark` (as :meth:`stop` gives them)."""
+        with self._lock:
+            return _mb(self.window)
 
     def stop(self) -> dict[str, dict[str, float]]:
         """The peaks in MB (``total`` the tree's at one moment; the others each kind's own peak)."""
         self._stop.set()
         self._thread.join(timeout=5)
-        return {m: {k: round(v / 2**20) for k, v in p.items()} for m, p in self.peak.items()}
+        return _mb(self.peak)
+
+
+def _no_peak() -> dict[str, dict[str, int]]:
+    return {m: {"total": 0, "python": 0, "jvm": 0, "other": 0} for m in ("rss", "pss")}
+
+
+def _mb(peak: dict[str, dict[str, int]]) -> dict[str, dict[str, float]]:
+    return {m: {k: round(v / 2**20) for k, v in p.items()} for m, p in peak.items()}
 
 
 UNIT_RE = re.compile(r"^unit (\S+)\.\.(\S+): (\d+) changes, (compiled|reused) in ([0-9.]+)s, applied: (.*)$")

@@ -8,9 +8,11 @@ in one unit of work; each says where it is used, and why (with the benchmark tha
   by the inserts route (``compile/inserts.py``); up to :data:`DRIVER_UNIT` changes the net rows come to the driver
   through Arrow in the fold's job, beyond it through Parquet (``compile/spark.py``).
 - The inserts route's rows on the driver (``compile/batch.py``): at most :data:`FEED_BYTES` in memory.
+- Slices of rows held at once (the driver's reads of the log, apply's loads of a worktable): at most
+  :data:`LOAD_ROWS` rows and about :data:`SLICE_BYTES` bytes (:func:`slice_rows`), whatever the rows' width.
 - Apply (``apply/engine.py``, ``apply/postgresql/target.py``): a unit of more than :data:`DRIVER_ROWS` changes is loaded
   table by table; a PostgreSQL target loads units of at least :data:`PARALLEL_ROWS` net rows into its worktables
-  from Spark tasks; a worktable is filled from the driver's rows :data:`LOAD_ROWS` rows at a time.
+  from Spark tasks.
 """
 
 from __future__ import annotations
@@ -44,11 +46,11 @@ PARALLEL_ROWS = 1_000_000
 # an inserts route's rows of one unit held in the driver's memory while targets read them, in bytes (split among the
 # unit's tables); past it the oldest are written to a scratch file that slower targets read back (compile/batch.py
 # Feed): 1M rows of 2 kB inserted in one transaction would otherwise hold 2 GB (bench/bigtxn --tables wide)
-FEED_BYTES = 256 << 20
+FEED_BYTES = 64 << 20
 
 # what a DuckDB target's database may hold in memory (its memory_limit, in bytes): DuckDB's default is 80% of the
 # machine's, in run's own process (apply/duckdb/target.py; bench/bigtxn --tables wide --shapes insert)
-DUCKDB_MEMORY = 512 << 20
+DUCKDB_MEMORY = 256 << 20
 
 # pages a SQLite target's WAL may hold before its next unit waits for the checkpoint that runs after each commit (off
 # the commit path: apply/sqlite/checkpoint.py), so that the WAL starts again from its beginning: 256 MB of 4 kB pages
@@ -57,3 +59,18 @@ SQLITE_WAL_PAGES = 65_536
 # a worktable is loaded from the driver's Arrow rows a slice of this many rows at a time (SQLite's Python values,
 # PostgreSQL's CSV text): what the load holds beside the rows is one slice's, whatever the unit's size
 LOAD_ROWS = 65_536
+
+# ... and of about this many bytes, whatever the rows' width (:func:`slice_rows`); so are the batches the driver
+# reads from the log: 65,536 rows of 2 kB were 128 MB a batch, of which the inserts route's read, its feed and each
+# target's load each held one or more (bench/bigtxn --tables wide --shapes insert: run's peak memory)
+SLICE_BYTES = 16 << 20
+
+
+def slice_rows(nbytes: int, rows: int, max_rows: int | None = None, max_bytes: int | None = None) -> int:
+    """How many rows of a table of ``rows`` rows and ``nbytes`` bytes one slice takes: at most ``max_rows``
+    (default :data:`LOAD_ROWS`), and about ``max_bytes`` (default :data:`SLICE_BYTES`); at least one row."""
+    max_rows = LOAD_ROWS if max_rows is None else max_rows
+    max_bytes = SLICE_BYTES if max_bytes is None else max_bytes
+    if rows <= 0 or nbytes <= max_bytes:
+        return max(1, min(max_rows, rows))
+    return max(1, min(max_rows, rows * max_bytes // nbytes))

@@ -403,18 +403,18 @@ def test_a_snapshot_chunk_loads_by_the_kinds_bulk_path_and_the_session_is_reset_
 
 
 @pytest.mark.parametrize("kind", SQL_KINDS)
+@pytest.mark.parametrize("bound", ["rows", "bytes"])
 def test_a_worktable_is_loaded_a_slice_at_a_time_whole(
-    kind: str, request: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    kind: str, bound: str, request: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The driver's rows go into a worktable ``LOAD_ROWS`` at a time (bounded memory, however large the unit): every
-    row arrives once, values that need quoting or are NULL as they were, across slice boundaries."""
+    """The driver's rows go into a worktable a slice at a time, of at most ``LOAD_ROWS`` rows and about
+    ``SLICE_BYTES`` bytes (bounded memory, however large the unit and wide its rows): every row arrives once, values
+    that need quoting or are NULL as they were, across slice boundaries."""
     import pyarrow as pa
 
-    from mirrorline.apply.postgresql import session as pg_session
-    from mirrorline.apply.sqlite import session as sqlite_session
+    from mirrorline import limits
 
-    monkeypatch.setattr(pg_session, "LOAD_ROWS", 10)
-    monkeypatch.setattr(sqlite_session, "LOAD_ROWS", 10)
+    monkeypatch.setattr(limits, "LOAD_ROWS" if bound == "rows" else "SLICE_BYTES", 10 if bound == "rows" else 200)
     values = [None if i % 7 == 3 else f'v{i}, "q"\n{i}' for i in range(25)]
     data = pa.table({"k": [str(i) for i in range(25)], "v": values})
     t = open_target(kind, request, tmp_path)

@@ -9,6 +9,7 @@ import pytest
 from changes import ch
 
 from mirrorline.errors import LogError
+from mirrorline.limits import SLICE_BYTES, slice_rows
 from mirrorline.log import ChangeLog, LogWriter, readers, retain, set_applied, unregister
 from mirrorline.log.retention import check_reader
 from mirrorline.position import ZERO, Position
@@ -88,6 +89,36 @@ def test_a_range_ending_inside_a_segment_reads_no_batch_after_its_end(log, monke
     whole = sum(s.count for s in log.select(ZERO, Position(1000, 2)))
     rows = sum(b.num_rows for b in log.read_arrow(ZERO, Position(100, 1), batch_rows=1))
     assert rows == 2 and sum(pulled) == 3 < whole
+
+
+def test_batches_of_wide_rows_are_bounded_in_bytes_as_well_as_rows(tmp_path):
+    """Rows of 20 kB: a batch of the 65,536 rows asked for would hold all 60 MB. Each batch holds about SLICE_BYTES
+    (less than twice: a stream's merge adds a part's slice to a batch until it passes the bound), from an ordinary
+    segment and from a stream's parts alike, and together they are every row in order."""
+    body = "x" * 20_000
+    rows = [ch(i, new={"id": str(i), "body": body}) for i in range(3_000)]
+    with LogWriter(tmp_path, segment_changes=10_000) as w:
+        w.add_transaction(100, S, rows)
+        w.flush()
+        s = w.open_stream(7)
+        for i in range(0, len(rows), 500):
+            s.add(7 if i % 1000 else 8, rows[i : i + 500])  # two (sub)transactions: two parts, merged by seq
+            s.end_block()
+        s.commit(200, 2 * S)
+    log = ChangeLog(tmp_path)
+    for upto in (Position(100, 2_999), Position(200, 2_999)):
+        after = None if upto.lsn == 100 else Position(100, 2_999)
+        batches = list(log.read_arrow(after, upto, batch_rows=65_536))
+        assert [p for b in batches for p in b.column("seq").to_pylist()] == list(range(3_000))
+        assert len(batches) >= 3
+        assert max(b.nbytes for b in batches) <= 2 * SLICE_BYTES
+
+
+def test_slice_rows_bounds_rows_and_bytes():
+    assert slice_rows(6 << 20, 65_536) == 65_536  # narrow rows: the row bound
+    assert slice_rows(128 << 20, 65_536) == 65_536 * SLICE_BYTES // (128 << 20)
+    assert slice_rows(1 << 40, 3) == 1  # one row wider than a slice: a slice of one row
+    assert slice_rows(0, 0) == 1
 
 
 def test_readers_each_at_their_own_position(log):

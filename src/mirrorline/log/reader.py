@@ -337,7 +337,8 @@ class ChangeLog:
     def read_arrow(
         self, after: Position | None = None, upto: Position | None = None, batch_rows: int = 8192
     ) -> Iterator[pa.Table]:
-        """The rows of ``(after, upto]`` in log order, in bounded batches, log layout."""
+        """The rows of ``(after, upto]`` in log order, log layout, in batches of at most ``batch_rows`` rows and
+        about :data:`~mirrorline.limits.SLICE_BYTES` bytes."""
         for s in self.select(after, upto):
             inner = (after is None or s.first > after) and (upto is None or s.last <= upto)
             for b in iter_batches(s, batch_rows):

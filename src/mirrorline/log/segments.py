@@ -17,7 +17,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from mirrorline import limits
 from mirrorline.errors import LogError
+from mirrorline.limits import slice_rows
 from mirrorline.log.columns import ts_range, with_constants
 from mirrorline.log.layout import (
     COMMIT_RECORD,
@@ -214,21 +216,27 @@ def stream_stats(folder: Path, parts: Iterable[str], lsn: int, batch_rows: int =
     return merge(found)
 
 
-def iter_batches(info: SegmentInfo, batch_rows: int = 8192) -> Iterator[pa.Table]:
-    """A segment's rows in log order, a bounded batch at a time (stream parts merged by seq)."""
+def iter_batches(info: SegmentInfo, batch_rows: int = 8192, batch_bytes: int | None = None) -> Iterator[pa.Table]:
+    """A segment's rows in log order, a bounded batch at a time: at most ``batch_rows`` rows and about
+    ``batch_bytes`` bytes (default :data:`~mirrorline.limits.SLICE_BYTES`; stream parts merged by seq)."""
+    batch_bytes = limits.SLICE_BYTES if batch_bytes is None else batch_bytes
     if not info.stream:
         try:
             f = pq.ParquetFile(str(info.path))
-            for b in f.iter_batches(batch_size=batch_rows):
+            md = f.metadata
+            groups = [md.row_group(i) for i in range(md.num_row_groups)]
+            width = max((g.total_byte_size / g.num_rows for g in groups if g.num_rows), default=0.0)
+            size = slice_rows(int(width * batch_rows), batch_rows, batch_rows, batch_bytes)
+            for b in f.iter_batches(batch_size=size):
                 yield pa.Table.from_batches([b]).cast(ARROW_SCHEMA)
         except (OSError, pa.ArrowException) as e:
             raise damaged(info.path, e) from None
         return
     # A stream's parts each hold increasing seq; merging them by seq keeps memory to one batch per part.
-    yield from _merge_parts(info, batch_rows)
+    yield from _merge_parts(info, batch_rows, batch_bytes)
 
 
-def _part_batches(info: SegmentInfo, part: str, batch_rows: int) -> Iterator[pa.Table]:
+def _part_batches(info: SegmentInfo, part: str, batch_rows: int, batch_bytes: int) -> Iterator[pa.Table]:
     """A part's rows a row group at a time, the file open only while a row group is read (a stream may have many
     parts: the merge must not hold a file handle per part)."""
     path = info.path / part
@@ -243,13 +251,14 @@ def _part_batches(info: SegmentInfo, part: str, batch_rows: int) -> Iterator[pa.
             raise damaged(path, e) from None
         group += 1
         t = with_constants(t.cast(ARROW_SCHEMA), lsn=info.first.lsn, ts=info.min_ts)
-        for off in range(0, t.num_rows, batch_rows):
-            yield t.slice(off, batch_rows)
+        step = slice_rows(t.nbytes, t.num_rows, batch_rows, batch_bytes)
+        for off in range(0, t.num_rows, step):
+            yield t.slice(off, step)
 
 
-def _merge_parts(info: SegmentInfo, batch_rows: int) -> Iterator[pa.Table]:
+def _merge_parts(info: SegmentInfo, batch_rows: int, batch_bytes: int) -> Iterator[pa.Table]:
     """Merge the parts by seq: each part's seqs increase, so a heap of the parts' current heads gives log order."""
-    iters = [_part_batches(info, p, batch_rows) for p in info.parts]
+    iters = [_part_batches(info, p, batch_rows, batch_bytes) for p in info.parts]
     heads: list[tuple[int, int, pa.Table, int]] = []  # (seq of the head row, part index, batch, head row)
     for i, it in enumerate(iters):
         b = next(it, None)
@@ -257,7 +266,7 @@ def _merge_parts(info: SegmentInfo, batch_rows: int) -> Iterator[pa.Table]:
             heads.append((b.column("seq")[0].as_py(), i, b, 0))
     heapq.heapify(heads)
     out: list[pa.Table] = []
-    size = 0
+    size = nbytes = 0
     while heads:
         _, i, b, r = heapq.heappop(heads)
         seqs = b.column("seq").to_numpy()
@@ -266,15 +275,16 @@ def _merge_parts(info: SegmentInfo, batch_rows: int) -> Iterator[pa.Table]:
         end = max(end, r + 1)
         out.append(b.slice(r, end - r))
         size += end - r
+        nbytes += out[-1].nbytes
         if end < b.num_rows:
             heapq.heappush(heads, (int(seqs[end]), i, b, end))
         else:
             nb = next(iters[i], None)
             if nb is not None and nb.num_rows:
                 heapq.heappush(heads, (nb.column("seq")[0].as_py(), i, nb, 0))
-        if size >= batch_rows:
+        if size >= batch_rows or nbytes >= batch_bytes:
             yield pa.concat_tables(out)
-            out, size = [], 0
+            out, size, nbytes = [], 0, 0
     if out:
         yield pa.concat_tables(out)
 

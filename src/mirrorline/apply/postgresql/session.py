@@ -17,7 +17,7 @@ from mirrorline.apply.session import Session
 from mirrorline.apply.sql import OWN_INDEX
 from mirrorline.config import redact_dsn
 from mirrorline.errors import TransientTargetError
-from mirrorline.limits import LOAD_ROWS
+from mirrorline.limits import slice_rows
 from mirrorline.model import TableSchema, quote_ident
 
 if TYPE_CHECKING:
@@ -86,7 +86,7 @@ def copy_csv_sql(name: str, columns: Sequence[str]) -> str:
 
 def copy_in(cur: Any, name: str, columns: Sequence[str], data: pa.Table) -> None:
     """One COPY of ``data`` into ``name``, its CSV made a slice at a time as COPY reads it."""
-    stream = _CsvChunks(data.to_batches(max_chunksize=LOAD_ROWS))
+    stream = _CsvChunks(data.to_batches(max_chunksize=slice_rows(data.nbytes, data.num_rows)))
     try:
         cur.copy_expert(copy_csv_sql(name, columns), stream, size=1 << 20)
     except psycopg2.Error:

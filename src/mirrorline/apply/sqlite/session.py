@@ -24,7 +24,7 @@ from mirrorline.apply.sql import OWN_INDEX, Dialect
 from mirrorline.apply.sqlite.checkpoint import Checkpointer
 from mirrorline.apply.sqlite.dialect import SQLITE, values_list
 from mirrorline.errors import TargetError
-from mirrorline.limits import LOAD_ROWS
+from mirrorline.limits import slice_rows
 from mirrorline.model import TableSchema, quote_ident
 
 _UDF_FAILED = "user-defined function raised exception"
@@ -141,7 +141,7 @@ class SqliteSession(Session):
 
     def load(self, name: str, columns: Sequence[str], data: pa.Table) -> None:
         self.execute(self.dialect.create_worktable(name, columns))
-        for part in data.to_batches(max_chunksize=LOAD_ROWS):  # Python objects of one slice at a time
+        for part in data.to_batches(max_chunksize=slice_rows(data.nbytes, data.num_rows)):  # one slice's Python objects
             self.insert_many(lambda r: f"INSERT INTO {name} {values_list(len(columns), r)}", _values(part.columns))
 
     def insert_rows(self, ts: TableSchema, data: Iterable[pa.Table]) -> int:
@@ -149,7 +149,7 @@ class SqliteSession(Session):
         rows would be (:meth:`SqliteDialect.insert_values`): one pass over the table's own columns."""
         n = 0
         for chunk in data:
-            for part in chunk.to_batches(max_chunksize=LOAD_ROWS):  # Python objects of one slice at a time
+            for part in chunk.to_batches(max_chunksize=slice_rows(chunk.nbytes, chunk.num_rows)):  # one slice's objects
                 cols = [part.column(part.schema.get_field_index(c)) for c in ts.column_names]
                 n += self.insert_many(lambda r: self.dialect.insert_values(ts, r), _values(cols))
         return n
