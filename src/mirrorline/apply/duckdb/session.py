@@ -96,8 +96,13 @@ class DuckdbSession(Session):
             d.conv(f"v.c{i}", d.type_info(ts.table, c), ts.table, c.name) for i, c in enumerate(ts.columns)
         )
         view = f"mirrorline_view_{next(_views)}"
-        # a worktable: a failed INSERT aborts the transaction (no unregister then), whose rollback lets go of it
-        self.load(view, [f"c{i}" for i in range(len(ts.columns))], rows)
+        # registered as a stream read once, not as the table: DuckDB holds a registered table's Arrow buffers until
+        # the transaction ends, unregistered or not (a unit of 500 MB of inserts held 500 MB in run's process:
+        # tests/apply/test_apply_targets.py); a worktable: a failed INSERT aborts the transaction (no unregister
+        # then), whose rollback lets go of it
+        renamed = rows.rename_columns([f"c{i}" for i in range(len(ts.columns))])
+        self.cur.register(view, pa.RecordBatchReader.from_batches(renamed.schema, renamed.to_batches()))
+        self._worktables.add(view)
         n = self.dml(f"INSERT INTO {d.table(ts.table)} ({cols}) SELECT {exprs} FROM {view} AS v")
         self.drop_worktable(view)
         return n
