@@ -187,3 +187,30 @@ def test_given_targets_are_not_closed(tmp_path: Path) -> None:
     r.remove("g")
     r.close()
     assert not given.closed
+
+
+def test_a_held_table_this_process_loads_again_is_not_tried_meanwhile(tmp_path: Path) -> None:
+    """While ``run`` loads a held table again at a target (its reload holds the table's lock from before it empties
+    the table to the load's end), the held table's own units do not look at it: a unit applied into the emptied
+    table would put rows there that the load brings too (a duplicate key in the load's COPY). Once the load lets
+    go, the table is tried again."""
+    from mirrorline.apply.state import AppliedState
+    from mirrorline.pipeline import held
+
+    class Untouched:
+        """Units that must not be asked while the load runs."""
+
+        def __getattr__(self, name: str) -> Any:
+            raise AssertionError(f"the held table was tried while its load ran ({name})")
+
+    roster, _ = _roster(tmp_path, ["a"])
+    state = AppliedState(
+        unit_end=Position(9, 0), tables={"public.t": Position(5, 0)}, held={"public.t": Position(5, 0)}
+    )
+    roster.held.stopped(("a", "public.t"), MirrorlineError("rows changed with nothing logged"))
+    guard = roster.table_lock(("a", "public.t"))
+    assert roster.table_lock(("a", "public.t")) is guard and roster.table_lock(("a", "public.u")) is not guard
+    with guard:  # run's reload of the table
+        assert held.unit(roster, Untouched(), {"a": state}, Position(9, 0), True) is None  # type: ignore[arg-type]
+    with pytest.raises(AttributeError, match="session"):  # free: it goes on to read the table's snapshot state
+        held.unit(roster, Untouched(), {"a": state}, Position(9, 0), True)  # type: ignore[arg-type]

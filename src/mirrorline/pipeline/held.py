@@ -63,65 +63,71 @@ def unit(
     ``limit``); the table's hold ends once it reaches them. None: no held table is due, none had anything to apply,
     or the unit failed (the table stays held, or its target stopped: :meth:`Roster.failure`)."""
     for n, t in due(roster, states, retry):
-        st = states[n]
-        start, end_cap = st.table(t), min(st.live, limit)
-        target = roster.targets[n]
-        f = roster.held.get((n, t))
-        if f is None:
+        guard = roster.table_lock((n, t))
+        if not guard.acquire(blocking=False):  # this process loads it again now (run's reload): the load ends the hold
             continue
-        if loading(target, t):  # a snapshot loads it now (snapshot --table, or run's reload): it ends the hold
-            roster.held.later((n, t), roster.held.first)
-            continue
-        if start >= st.live:  # nothing left to catch up
-            try:
-                with target.exclusive(roster.lock_wait):
-                    target.release(t)
-            except Exception as e:
-                roster.fail(n, e, None)
-                return None
-            roster.held.pop((n, t))
-            log.info("target %s: table %s applies again", n, t)
-            continue
-        if start >= end_cap:
-            continue
-        u = units.next_unit(start, end_cap)
-        n_changes = u.changes
-        end = u.end if u.end is not None and not u.empty and n_changes > 0 else end_cap
-        if not f.trying:
-            log.info("target %s: trying table %s again, from %s", n, t, start)
-            f.trying = True
-        batch, compiled, seconds = units.compile(start, end, False, empty=n_changes == 0)
-        report = UnitReport(
-            start, end, batch.changes if n_changes < 0 else n_changes, [n], compiled, seconds, {}, table=t
-        )
-        schemas = units.unit_schemas(batch)
-        t0 = time.monotonic()
         try:
+            st = states[n]
+            start, end_cap = st.table(t), min(st.live, limit)
+            target = roster.targets[n]
+            f = roster.held.get((n, t))
+            if f is None:
+                continue
+            if loading(target, t):  # a snapshot loads it now (snapshot --table, or run's reload): it ends the hold
+                roster.held.later((n, t), roster.held.first)
+                continue
+            if start >= st.live:  # nothing left to catch up
+                try:
+                    with target.exclusive(roster.lock_wait):
+                        target.release(t)
+                except Exception as e:
+                    roster.fail(n, e, None)
+                    return None
+                roster.held.pop((n, t))
+                log.info("target %s: table %s applies again", n, t)
+                continue
+            if start >= end_cap:
+                continue
+            u = units.next_unit(start, end_cap)
+            n_changes = u.changes
+            end = u.end if u.end is not None and not u.empty and n_changes > 0 else end_cap
+            if not f.trying:
+                log.info("target %s: trying table %s again, from %s", n, t, start)
+                f.trying = True
+            batch, compiled, seconds = units.compile(start, end, False, empty=n_changes == 0)
+            report = UnitReport(
+                start, end, batch.changes if n_changes < 0 else n_changes, [n], compiled, seconds, {}, table=t
+            )
+            schemas = units.unit_schemas(batch)
+            t0 = time.monotonic()
             try:
-                with target.exclusive(roster.lock_wait):
-                    report.results[n] = target.apply(
-                        batch, schemas, functools.partial(units.changes, start, end), table=t
-                    )
-            except Unverified as e:
-                batch = units.compiler.again(batch, e)
-                with target.exclusive(roster.lock_wait):
-                    report.results[n] = target.apply(
-                        batch, schemas, functools.partial(units.changes, start, end), table=t
-                    )
-            report.apply_seconds[n] = time.monotonic() - t0
-        except TargetMoved as e:  # another process moved the table meanwhile: formed again at the next step
-            log.info("%s", e)
-            return None
-        except Exception as e:
-            roster.failure(n, e, batch, spared=set(), only=t)
-            return None
+                try:
+                    with target.exclusive(roster.lock_wait):
+                        report.results[n] = target.apply(
+                            batch, schemas, functools.partial(units.changes, start, end), table=t
+                        )
+                except Unverified as e:
+                    batch = units.compiler.again(batch, e)
+                    with target.exclusive(roster.lock_wait):
+                        report.results[n] = target.apply(
+                            batch, schemas, functools.partial(units.changes, start, end), table=t
+                        )
+                report.apply_seconds[n] = time.monotonic() - t0
+            except TargetMoved as e:  # another process moved the table meanwhile: formed again at the next step
+                log.info("%s", e)
+                return None
+            except Exception as e:
+                roster.failure(n, e, batch, spared=set(), only=t)
+                return None
+            finally:
+                batch.release()
+            roster.held.again_now((n, t))  # it applies: due again at once, taking turns with the live units
+            if end >= st.live:
+                roster.held.pop((n, t))
+                log.info("target %s: table %s caught up with the other tables: it applies again", n, t)
+            else:
+                log.info("unit %s..%s (%d changes) applied to table %s at %s", start, end, report.changes, t, n)
+            return report
         finally:
-            batch.release()
-        roster.held.again_now((n, t))  # it applies: due again at once, taking turns with the live units
-        if end >= st.live:
-            roster.held.pop((n, t))
-            log.info("target %s: table %s caught up with the other tables: it applies again", n, t)
-        else:
-            log.info("unit %s..%s (%d changes) applied to table %s at %s", start, end, report.changes, t, n)
-        return report
+            guard.release()
     return None

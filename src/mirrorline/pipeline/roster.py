@@ -67,8 +67,17 @@ class Roster:
         self._recorded: set[str] = set()  # targets with a stop record (for ``status``) to clear once they apply
         self._requests = threading.Lock()
         self._loading: set[str] = set()
+        self._table_locks: dict[tuple[str, str], threading.Lock] = {}
         self._admitted: list[str] = []
         self._paused: list[tuple[str, threading.Event]] = []
+
+    def table_lock(self, key: tuple[str, str]) -> threading.Lock:
+        """The lock of one table at one target (``(target, table)``) that this process's load of it holds from
+        before it empties the table to its end, and a unit of the table held there holds from its look at the
+        table's snapshot state to its commit: the unit never applies rows into a table the load has emptied and is
+        filling (the load's rows would then hold them twice)."""
+        with self._requests:
+            return self._table_locks.setdefault(key, threading.Lock())
 
     # -- membership --------------------------------------------------------------------------------------------
 

@@ -243,16 +243,20 @@ class Runner:
                 if (n, t) in self._reloading:
                     continue
                 self._reloading.add((n, t))
-            threading.Thread(target=self._reload_table, args=(n, t), name="mirrorline-reload", daemon=True).start()
+            guard = applier.roster.table_lock((n, t))
+            threading.Thread(
+                target=self._reload_table, args=(n, t, guard), name="mirrorline-reload", daemon=True
+            ).start()
 
-    def _reload_table(self, name: str, table: str) -> None:
+    def _reload_table(self, name: str, table: str, guard: threading.Lock) -> None:
 
         try:
             get_spark().sparkContext.setLocalProperty("spark.scheduler.pool", "load")
             self.on_message(
                 f"target {name}: loading table {table} again (its rows changed at the source with nothing logged)"
             )
-            r = snapshot_target(self.config, name, tables=[table])
+            with guard:  # (a unit of the held table under way commits first; none starts until the load ends)
+                r = snapshot_target(self.config, name, tables=[table])
             # (until the pipeline's next step sees the hold ended, it still lists the table as held)
             self._reloads.wait((name, table), 10.0, MirrorlineError(f"table {table} at target {name} just loaded"))
             self.on_message(
