@@ -61,8 +61,8 @@ SQLITE_WAL_PAGES = 65_536
 LOAD_ROWS = 65_536
 
 # ... and of about this many bytes, whatever the rows' width (:func:`slice_rows`); so are the batches the driver
-# reads from the log: 65,536 rows of 2 kB were 128 MB a batch, of which the inserts route's read, its feed and each
-# target's load each held one or more (bench/bigtxn --tables wide --shapes insert: run's peak memory)
+# reads from the log: 65,536 rows of 2 kB would be 128 MB a batch, and the inserts route's read, its feed and each
+# target's load each hold one or more (bench/bigtxn --tables wide --shapes insert: run's peak memory)
 SLICE_BYTES = 16 << 20
 
 

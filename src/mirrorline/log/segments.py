@@ -19,7 +19,6 @@ import pyarrow.parquet as pq
 
 from mirrorline import limits
 from mirrorline.errors import LogError
-from mirrorline.limits import slice_rows
 from mirrorline.log.columns import ts_range, with_constants
 from mirrorline.log.layout import (
     COMMIT_RECORD,
@@ -226,7 +225,7 @@ def iter_batches(info: SegmentInfo, batch_rows: int = 8192, batch_bytes: int | N
             md = f.metadata
             groups = [md.row_group(i) for i in range(md.num_row_groups)]
             width = max((g.total_byte_size / g.num_rows for g in groups if g.num_rows), default=0.0)
-            size = slice_rows(int(width * batch_rows), batch_rows, batch_rows, batch_bytes)
+            size = limits.slice_rows(int(width * batch_rows), batch_rows, batch_rows, batch_bytes)
             for b in f.iter_batches(batch_size=size):
                 yield pa.Table.from_batches([b]).cast(ARROW_SCHEMA)
         except (OSError, pa.ArrowException) as e:
@@ -251,7 +250,7 @@ def _part_batches(info: SegmentInfo, part: str, batch_rows: int, batch_bytes: in
             raise damaged(path, e) from None
         group += 1
         t = with_constants(t.cast(ARROW_SCHEMA), lsn=info.first.lsn, ts=info.min_ts)
-        step = slice_rows(t.nbytes, t.num_rows, batch_rows, batch_bytes)
+        step = limits.slice_rows(t.nbytes, t.num_rows, batch_rows, batch_bytes)
         for off in range(0, t.num_rows, step):
             yield t.slice(off, step)
 

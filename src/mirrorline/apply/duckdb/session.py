@@ -97,9 +97,9 @@ class DuckdbSession(Session):
         )
         view = f"mirrorline_view_{next(_views)}"
         # registered as a stream read once, not as the table: DuckDB holds a registered table's Arrow buffers until
-        # the transaction ends, unregistered or not (a unit of 500 MB of inserts held 500 MB in run's process:
-        # tests/apply/test_apply_targets.py); a worktable: a failed INSERT aborts the transaction (no unregister
-        # then), whose rollback lets go of it
+        # the transaction ends, unregistered or not, so a unit's inserts would all stay in run's process until its
+        # commit (tests/apply/test_apply_targets.py); a worktable: a failed INSERT aborts the transaction (no
+        # unregister then), whose rollback lets go of it
         renamed = rows.rename_columns([f"c{i}" for i in range(len(ts.columns))])
         self.cur.register(view, pa.RecordBatchReader.from_batches(renamed.schema, renamed.to_batches()))
         self._worktables.add(view)
