@@ -41,13 +41,16 @@ from mirrorline.apply.state import ensure as ensure_state
 from mirrorline.apply.state import read as read_state
 from mirrorline.apply.state import write as write_state
 from mirrorline.apply.state import write_missing as write_missing_state
-from mirrorline.apply.target import Target, TargetRead, UnitWork, deal
+from mirrorline.apply.target import Ahead, ApplyResult, NotAhead, Target, TargetRead, UnitWork, deal
 from mirrorline.apply.types import cannot_hold
 from mirrorline.errors import ApplyError, TransientTargetError, first_line
 from mirrorline.model import TableSchema, quote_ident
+from mirrorline.position import Position
 
 if TYPE_CHECKING:
     import pyarrow as pa
+
+    from mirrorline.compile.batch import NetBatch
 
 _images = itertools.count(1)
 
@@ -146,60 +149,66 @@ class SqlTarget(Target):
         schema from the version it followed (:mod:`mirrorline.apply.reshape`), recording the version, in one
         transaction. A change it does not follow raises :class:`~mirrorline.apply.reshape.SchemaChangeStop` with
         nothing changed. Returns what was done, one line each."""
-        done: list[str] = []
-        changed: list[str] = []
-        rebuilt: dict[str, list[tuple[str, str]]] = {}  # tables built again: the indexes others had made on them
         with self.transaction() as s:
-            self.check_types(s, schemas)
-            for ts in schemas:
-                have = s.table_columns(ts.table)
-                recorded = state.shapes.get(ts.table)
-                if have is None:
-                    for stmt in self.dialect.create_table(ts):
-                        s.execute(stmt)
-                    done.append(f"created {ts.table}")
-                    self._lossy_note(ts)
-                else:
-                    old = self._followed(ts.table, recorded, state)
-                    keep, follow = self.needs.table_policy(ts.table)
-                    steps = plan(
-                        old,
-                        ts,
-                        have,
-                        target=self.name,
-                        keep_dropped=keep,
-                        follow=follow,
-                        rebuild=self.dialect.rebuilds_to_alter,
-                    )
-                    made = [self.dialect.reshape(ts.table, step, ts) for step in steps]
-                    if old is not None and any(m is None for m in made):  # (a type this kind alters only so)
-                        steps = [as_rebuild(old, ts, steps, have)]
-                        made = [self.dialect.reshape(ts.table, steps[0], ts)]
-                    if any(st.kind in ("rebuild", "rekey") for st in steps):
-                        rebuilt[ts.table] = s.user_indexes(ts.table)
-                    for step, stmts in zip(steps, made, strict=True):
-                        if stmts is None:
-                            raise stop(
-                                ts, self.name, f"{step.describe()}, which a {self.kind} target cannot make in place"
-                            )
-                        log.debug("target %s: schema change open: %s: %s", self.name, ts.table, step.describe())
-                        try:
-                            for stmt in stmts:
-                                s.execute(stmt)
-                        except Exception as e:
-                            if not s.is_data_error(e):
-                                raise
-                            what = f"{step.describe()}, and the target's rows do not fit it: {s.error_text(e)}"
-                            raise stop(ts, self.name, what) from e
-                        done.append(f"{ts.table}: {step.describe()}")
-                        changed.append(done[-1])
-                if recorded != ts.version or not _same_shape(state.shape_docs.get(ts.table), ts):
-                    ensure_state(s)  # (the state table exists after the first unit: not asked every unit)
-                    write_shape(s, ts, ts.version)
+            done, changed, rebuilt = self._follow(s, schemas, state)
         for line in changed:
             log.info("target %s: schema change committed: %s", self.name, line)
         self._index_again(rebuilt)
         return done
+
+    def _follow(
+        self, s: Session, schemas: Sequence[TableSchema], state: AppliedState
+    ) -> tuple[list[str], list[str], dict[str, list[tuple[str, str]]]]:
+        """:meth:`follow_schema` inside the caller's transaction: what was done, the schema changes among it, and
+        the tables built again with the indexes others had made on them (to make again once it commits)."""
+        done: list[str] = []
+        changed: list[str] = []
+        rebuilt: dict[str, list[tuple[str, str]]] = {}
+        self.check_types(s, schemas)
+        for ts in schemas:
+            have = s.table_columns(ts.table)
+            recorded = state.shapes.get(ts.table)
+            if have is None:
+                for stmt in self.dialect.create_table(ts):
+                    s.execute(stmt)
+                done.append(f"created {ts.table}")
+                self._lossy_note(ts)
+            else:
+                old = self._followed(ts.table, recorded, state)
+                keep, follow = self.needs.table_policy(ts.table)
+                steps = plan(
+                    old,
+                    ts,
+                    have,
+                    target=self.name,
+                    keep_dropped=keep,
+                    follow=follow,
+                    rebuild=self.dialect.rebuilds_to_alter,
+                )
+                made = [self.dialect.reshape(ts.table, step, ts) for step in steps]
+                if old is not None and any(m is None for m in made):  # (a type this kind alters only so)
+                    steps = [as_rebuild(old, ts, steps, have)]
+                    made = [self.dialect.reshape(ts.table, steps[0], ts)]
+                if any(st.kind in ("rebuild", "rekey") for st in steps):
+                    rebuilt[ts.table] = s.user_indexes(ts.table)
+                for step, stmts in zip(steps, made, strict=True):
+                    if stmts is None:
+                        raise stop(ts, self.name, f"{step.describe()}, which a {self.kind} target cannot make in place")
+                    log.debug("target %s: schema change open: %s: %s", self.name, ts.table, step.describe())
+                    try:
+                        for stmt in stmts:
+                            s.execute(stmt)
+                    except Exception as e:
+                        if not s.is_data_error(e):
+                            raise
+                        what = f"{step.describe()}, and the target's rows do not fit it: {s.error_text(e)}"
+                        raise stop(ts, self.name, what) from e
+                    done.append(f"{ts.table}: {step.describe()}")
+                    changed.append(done[-1])
+            if recorded != ts.version or not _same_shape(state.shape_docs.get(ts.table), ts):
+                ensure_state(s)  # (the state table exists after the first unit: not asked every unit)
+                write_shape(s, ts, ts.version)
+        return done, changed, rebuilt
 
     def _index_again(self, rebuilt: Mapping[str, Sequence[tuple[str, str]]]) -> None:
         """Make again, each in a transaction of its own, the indexes others had made on tables a schema change
@@ -218,6 +227,12 @@ class SqlTarget(Target):
                         name,
                         first_line(e),
                     )
+
+    # -- ahead of the commit ---------------------------------------------------------------------------------------
+    def ahead(self, start: Position, wait: float) -> Ahead:
+        """A streamed transaction applied ahead of its commit in one of this target's transactions
+        (:class:`~mirrorline.apply.target.Ahead`)."""
+        return _SqlAhead(self, start, wait)
 
     # -- apply -----------------------------------------------------------------------------------------------------
     def write_unit(self, u: UnitWork, tables: list[str], todo: list[str], by_lanes: bool = True) -> None:
@@ -471,3 +486,89 @@ def check_unknown_types(dialect: Dialect, schemas: Iterable[TableSchema], known:
         for c in s.columns:
             if dialect.type_info(s.table, c).conv == "cast" and not known(c.type_name):
                 raise cannot_hold(dialect.name, s.table, c.name, c.type_name)
+
+
+class _SqlAhead(Ahead):
+    """:class:`~mirrorline.apply.target.Ahead` for the SQL kinds: one session, one transaction from the first part to
+    :meth:`finish`; each part's tables followed (created, their logged version recorded) and written by the unit's
+    own set-based statements inside it. What the unit's failure path would do (a row that does not fit) ends it
+    instead: the transaction is then applied after its commit, where that path runs."""
+
+    def __init__(self, target: SqlTarget, start: Position, wait: float) -> None:
+        self.target = target
+        self._stack = contextlib.ExitStack()
+        self._stack.enter_context(target.exclusive(wait))
+        self._session: Session | None = None
+        try:
+            state = target.applied_positions()
+            if state.held or state.live != start or any(p > start for p in state.tables.values()):
+                raise NotAhead(f"target {target.name} is not at {start} with every table (a table held or loaded)")
+            self.state = state
+            self.tables: list[str] = []
+            self.result = ApplyResult(target.name, start, start)
+            s = self._session = target.session()
+            target._prepare(s)
+            s.begin()
+        except BaseException:
+            self.abandon()
+            raise
+
+    def part(self, batch: NetBatch, schemas: Mapping[str, TableSchema]) -> None:
+        s = self._session
+        if s is None:
+            raise NotAhead(f"target {self.target.name}: the transaction applied ahead was abandoned")
+        target, result = self.target, self.result
+        tables = list(batch.tables) + [t for t in batch.truncated if t not in batch.tables]
+        try:
+            new = [schemas[t] for t in tables if t not in self.tables]
+            if new:
+                done, changed, rebuilt = target._follow(s, new, self.state)
+                if changed or rebuilt:
+                    raise NotAhead(f"target {target.name}: {changed[0] if changed else 'a table built again'}")
+                for line in done:
+                    log.info("target %s: %s (ahead of the commit)", target.name, line)
+                self.tables += [ts.table for ts in new]
+            u = UnitWork(batch, schemas, None, self.state, target.stager(batch, schemas, tables), result)
+            try:
+                for t in tables:
+                    counts = target._bulk_table(s, u, schemas[t])
+                    have = result.rows.setdefault(t, {"D": 0, "U": 0, "I": 0})
+                    for k, n in counts.items():
+                        have[k] += n
+            finally:
+                u.stager.close()
+            batch.verify()
+        except NotAhead:
+            self.abandon()
+            raise
+        except Exception as e:
+            self.abandon()
+            raise NotAhead(f"target {target.name}: {first_line(e)}") from e
+        log.debug("target %s: a part of %d changes applied ahead of its commit", target.name, batch.changes)
+
+    def finish(self, end: Position) -> ApplyResult:
+        s = self._session
+        if s is None:
+            raise NotAhead(f"target {self.target.name}: the transaction applied ahead was abandoned")
+        try:
+            write_state(s, self.tables, end, unit=True)
+            t0 = time.monotonic()
+            s.commit()
+            self.result.timed("commit", t0)
+        except Exception as e:
+            self.abandon()
+            raise NotAhead(f"target {self.target.name}: committing failed: {first_line(e)}") from e
+        self._session = None
+        s.close()
+        self._stack.close()
+        self.result.end = end
+        self.result.applied = list(self.tables)
+        return self.result
+
+    def abandon(self) -> None:
+        s, self._session = self._session, None
+        if s is not None:
+            with contextlib.suppress(Exception):
+                s.rollback()
+            s.close()
+        self._stack.close()

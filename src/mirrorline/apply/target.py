@@ -136,6 +136,33 @@ def deal(tables: Sequence[str], threads: int) -> list[list[str]]:
     return lanes
 
 
+class NotAhead(Exception):
+    """A streamed transaction cannot be applied ahead of its commit (the reason is the text): what was applied of it
+    is rolled back, and the transaction is applied after its commit as any other."""
+
+
+class Ahead(ABC):
+    """One streamed transaction applied to one target before the source commits it: a target transaction kept open
+    across the transaction's parts, each part's net changes applied in turn (the folds of consecutive parts applied
+    in order are the fold of the whole applied), committed with the transaction's end as the target's position
+    once the source commits it. The target's applier lock is held from :meth:`Target.ahead` to :meth:`finish` or
+    :meth:`abandon`. Any method may raise :class:`NotAhead`, everything of it rolled back by then."""
+
+    @abstractmethod
+    def part(self, batch: NetBatch, schemas: Mapping[str, TableSchema]) -> None:
+        """Apply the next part's net changes (``schemas``: its tables' logged schemas), uncommitted."""
+
+    @abstractmethod
+    def finish(self, end: Position) -> ApplyResult:
+        """Commit what the parts applied, with ``end`` (the transaction's last change) as the position of the target
+        and of every table it changed."""
+
+    @abstractmethod
+    def abandon(self) -> None:
+        """Roll back what the parts applied and let go of the target (the transaction aborted, or is applied after
+        its commit instead)."""
+
+
 class TargetMoved(TargetError):
     """The target moved past a unit's start (another process applied) before the unit: nothing applied; the unit is
     formed again from where the target is."""
@@ -289,6 +316,13 @@ class Target(ABC):
         """End ``table``'s hold: it has nothing left to catch up (or was loaded again)."""
         with self.transaction() as s:
             applied.release(s, table)
+
+    def ahead(self, start: Position, wait: float) -> Ahead | None:
+        """A streamed transaction applied ahead of its commit from ``start``, the target's applied position (see
+        :class:`Ahead`), the applier lock waited for up to ``wait`` seconds; None where the kind applies a
+        transaction only after its commit. Raises :class:`NotAhead` where the target is not at ``start`` with
+        every table (a table held or loaded beside)."""
+        return None
 
     # -- the kind's own --------------------------------------------------------------------------------------------
     @abstractmethod
