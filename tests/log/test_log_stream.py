@@ -153,3 +153,68 @@ def test_memory_and_files_stay_bounded(tmp_path, monkeypatch):
     assert log.count(Position(10, 10), Position(10, 17)) == 5
     assert log.advance(Position(10, 10), 3) == (seg.last, len(expect) - 9)  # one transaction: the rest, whole
     assert log.after_time(1) is None and log.after_time(2) == seg.last
+
+
+class Watcher:
+    def __init__(self, cut_rows: int) -> None:
+        self.cut_rows = cut_rows
+        self.events: list[tuple] = []
+
+    def cut(self, cut: stream.StreamCut) -> None:
+        self.events.append(("cut", cut))
+
+    def committed(self, xid: int, info) -> None:
+        self.events.append(("committed", xid, info.path))
+
+    def aborted(self, xid: int, subxid: int) -> None:
+        self.events.append(("aborted", xid, subxid))
+
+
+def test_a_watcher_reads_each_cut_whole_while_the_transaction_is_open(tmp_path):
+    """``run`` applying ahead of the commit: at a block's end past ``cut_rows`` rows, every open part is closed and
+    the rows since the last cut are readable in order, of every subtransaction; a subtransaction's abort and the
+    commit are told; what a commit publishes is every row, at its position."""
+    watcher = Watcher(cut_rows=3)
+    with LogWriter(tmp_path) as w:
+        w.stream_watcher = watcher
+        s = w.open_stream(500)
+        s.add(500, [ch(1), ch(2)])
+        s.end_block()  # 2 rows: no cut yet
+        assert watcher.events == []
+        s.add(501, [ch(3)])
+        s.add(500, [ch(4)])
+        s.end_block()
+        ((_, first),) = watcher.events
+        assert (first.first_seq, first.last_seq) == (0, 3)
+        assert [int(k[0]) for k in stream.read_cut(first)["key"].to_pylist()] == [1, 2, 3, 4]
+        assert stream.read_cut(first)["seq"].to_pylist() == [0, 1, 2, 3]
+        s.add(502, [ch(5), ch(6), ch(7)])
+        s.add(500, [ch(8)])
+        s.abort_subxact(502)  # before the cut: its rows are in none
+        s.end_block()
+        second = watcher.events[-1][1]
+        assert watcher.events[1] == ("aborted", 500, 502)
+        assert (second.first_seq, second.last_seq) == (4, 7)
+        assert [int(k[0]) for k in stream.read_cut(second)["key"].to_pylist()] == [8]
+        s.add(500, [ch(9), ch(10)])
+        s.end_block()  # 2 rows since the cut: none
+        s.add(500, [ch(11)])
+        s.commit(40, 4_000)
+        assert watcher.events[-1][:2] == ("committed", 500)
+        published = watcher.events[-1][2]
+        with pytest.raises(FileNotFoundError):
+            stream.read_cut(second)
+        assert [int(k[0]) for k in stream.read_cut(second, published)["key"].to_pylist()] == [8]
+    assert keys(ChangeLog(tmp_path)) == [1, 2, 3, 4, 8, 9, 10, 11]
+    assert keys(ChangeLog(tmp_path), Position(40, second.last_seq)) == [9, 10, 11]  # the rest, after the last cut
+
+
+def test_a_whole_abort_is_told_to_the_watcher(tmp_path):
+    watcher = Watcher(cut_rows=1)
+    with LogWriter(tmp_path) as w:
+        w.stream_watcher = watcher
+        s = w.open_stream(9)
+        s.add(9, [ch(1)])
+        s.end_block()
+        s.abort()
+    assert [e[0] for e in watcher.events] == ["cut", "aborted"] and watcher.events[-1] == ("aborted", 9, 9)

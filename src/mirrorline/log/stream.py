@@ -7,6 +7,11 @@ stream blocks of a few hundred rows), so the number of parts follows subtransact
 ``MAX_OPEN_PARTS`` are open at once (the least recently used is closed; its subtransaction then starts a new part).
 Rows carry ``seq`` in arrival order, ``lsn = ts = 0`` (not known yet). Memory stays bounded: at most ``SPILL_ROWS``
 rows buffered per open part and ``MAX_BUFFERED_ROWS`` in all before they go to disk as row groups.
+
+A :class:`StreamWatcher` given to the writer (``run`` applying ahead of the commit, pipeline/ahead.py) is told of each
+cut: at the end of a stream block, once at least ``cut_rows`` rows came since the last cut, every open part is
+closed, so that the rows since then are whole Parquet files (:class:`StreamCut`), readable while the transaction is
+still open; then of the transaction's commit or abort. Without one, parts stay open across blocks.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -36,6 +41,41 @@ MAX_BUFFERED_ROWS = 65_536
 MAX_OPEN_PARTS = 64
 
 
+@dataclass(frozen=True)
+class StreamCut:
+    """The rows ``first_seq..last_seq`` of open streamed transaction ``xid``: every row of it in that range, in the
+    closed part files ``parts`` (of one subtransaction each) of ``folder``, until the transaction commits (then in
+    its segment's folder) or aborts."""
+
+    xid: int
+    folder: Path
+    parts: tuple[str, ...]
+    first_seq: int
+    last_seq: int  # (the seqs of a subtransaction aborted meanwhile are in the range, its rows in no part)
+
+
+def read_cut(cut: StreamCut, folder: Path | None = None) -> pa.Table:
+    """A cut's rows in arrival order (the log layout; ``lsn`` 0). ``folder``: where its parts are now, if not where
+    the cut found them (the transaction's segment, once committed). Raises FileNotFoundError where they are gone."""
+    where = cut.folder if folder is None else folder
+    parts = [pq.read_table(where / name) for name in cut.parts]
+    rows = pa.concat_tables(parts, promote_options="default") if len(parts) > 1 else parts[0]
+    return rows.sort_by("seq") if len(parts) > 1 else rows
+
+
+class StreamWatcher(Protocol):
+    """Told, in the capture thread, of streamed transactions' cuts and ends (it must not block)."""
+
+    cut_rows: int  # a stream block's end cuts once at least this many rows came since the last cut
+
+    def cut(self, cut: StreamCut) -> None: ...
+
+    def committed(self, xid: int, info: SegmentInfo) -> None: ...
+
+    def aborted(self, xid: int, subxid: int) -> None:
+        """Subtransaction ``subxid`` of ``xid`` aborted (``subxid == xid``: the whole transaction)."""
+
+
 @dataclass
 class _Part:
     subxid: int
@@ -51,8 +91,11 @@ class _Part:
 class StreamSpill:
     """One streamed transaction in progress. Get it from :meth:`LogWriter.open_stream`."""
 
-    def __init__(self, writer: LogWriter, xid: int, folder: Path) -> None:
+    def __init__(self, writer: LogWriter, xid: int, folder: Path, watcher: StreamWatcher | None = None) -> None:
         self._writer = writer
+        self._watcher = watcher
+        self._cut_seq = 0  # the first row after the last cut
+        self._closed: list[_Part] = []  # parts closed since the last cut
         self.xid = xid
         self.folder = folder
         self.block = 0
@@ -126,12 +169,24 @@ class StreamSpill:
         if part.writer is not None:
             part.writer.close()
             part.writer = None
+        if part.rows:
+            self._closed.append(part)
 
     def end_block(self) -> None:
         """The end of a stream block (STREAM STOP). Nothing needs to be on disk yet: after a crash PostgreSQL sends
         the whole transaction again."""
         self._check()
         self.block += 1
+        w = self._watcher
+        if w is not None and self._next_seq - self._cut_seq >= max(w.cut_rows, 1):
+            for p in self._open.values():
+                self._close(p)
+            self._open.clear()
+            cut = StreamCut(
+                self.xid, self.folder, tuple(p.name for p in self._closed), self._cut_seq, self._next_seq - 1
+            )
+            self._closed, self._cut_seq = [], self._next_seq
+            w.cut(cut)
 
     def abort_subxact(self, subxid: int) -> None:
         """Discard exactly the changes of one aborted subtransaction (the whole stream if it is the top xid)."""
@@ -140,7 +195,11 @@ class StreamSpill:
             self.abort()
             return
         self._open.pop(subxid, None)
-        for p in self._parts.pop(subxid, []):
+        gone = self._parts.pop(subxid, [])
+        self._closed = [p for p in self._closed if p not in gone]
+        if self._watcher is not None:
+            self._watcher.aborted(self.xid, subxid)
+        for p in gone:
             if p.writer is not None:
                 p.writer.close()
                 p.writer = None
@@ -159,6 +218,8 @@ class StreamSpill:
         remove_tree(self.folder)
         self._done = True
         self._writer.stream_closed(self.xid)
+        if self._watcher is not None:
+            self._watcher.aborted(self.xid, self.xid)
 
     def commit(self, commit_lsn: int, commit_ts: int) -> Position:
         """Make the spilled rows log content at ``commit_lsn``: buffered transactions before it are flushed first,
@@ -197,4 +258,6 @@ class StreamSpill:
         self._done = True
         w.stream_closed(self.xid)
         w.segment_appended(info)
+        if self._watcher is not None:
+            self._watcher.committed(self.xid, info)
         return info.last

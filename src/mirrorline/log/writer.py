@@ -24,7 +24,7 @@ from mirrorline.log.rows import ARROW_SCHEMA
 from mirrorline.log.schemas import SchemaStore
 from mirrorline.log.segments import read_info, remove_tree, write_segment, write_segment_stream
 from mirrorline.log.stats import table_stats
-from mirrorline.log.stream import StreamSpill
+from mirrorline.log.stream import StreamSpill, StreamWatcher
 from mirrorline.model import Change, TableSchema
 from mirrorline.position import Position, format_lsn
 
@@ -129,6 +129,7 @@ class LogWriter:
             self._failed: BaseException | None = None
             self._executor = ThreadPoolExecutor(1, thread_name_prefix="mirrorline-log") if background else None
             self._streams: dict[int, StreamSpill] = {}
+            self.stream_watcher: StreamWatcher | None = None  # told of streams' cuts and ends (log/stream.py)
             self.discard_incomplete_streams()
         except BaseException:
             os.close(self._lock_fd)
@@ -393,7 +394,7 @@ class LogWriter:
         """The spill of streamed transaction ``xid`` (the same object for every block until commit or abort)."""
         s = self._streams.get(xid)
         if s is None:
-            s = self._streams[xid] = StreamSpill(self, xid, self.layout.spill / str(xid))
+            s = self._streams[xid] = StreamSpill(self, xid, self.layout.spill / str(xid), self.stream_watcher)
         return s
 
     def stream_closed(self, xid: int) -> None:
