@@ -65,6 +65,12 @@ LOAD_ROWS = 65_536
 # target's load each hold one or more (bench/bigtxn --tables wide --shapes insert: run's peak memory)
 SLICE_BYTES = 16 << 20
 
+# a streamed transaction applied ahead of its commit (pipeline/ahead.py) is cut into parts at the end of a stream
+# block once this many rows came since the last cut: each part is compiled once and applied by the unit's set-based
+# statements at every target, so fewer, larger parts cost less; PostgreSQL sends a block each time the transaction's
+# decoded changes pass logical_decoding_work_mem (64 MB by default), often more rows than this
+AHEAD_ROWS = 50_000
+
 
 def slice_rows(nbytes: int, rows: int, max_rows: int | None = None, max_bytes: int | None = None) -> int:
     """How many rows of a table of ``rows`` rows and ``nbytes`` bytes one slice takes: at most ``max_rows``

@@ -59,7 +59,7 @@ from mirrorline.log.layout import Layout
 from mirrorline.log.reader import ChangeLog
 from mirrorline.log.retention import readers
 from mirrorline.log.schemas import SchemaStore
-from mirrorline.log.stream import StreamSpill
+from mirrorline.log.stream import StreamSpill, StreamWatcher
 from mirrorline.log.writer import LogWriter
 from mirrorline.model import TableSchema
 from mirrorline.position import Position, format_lsn
@@ -128,6 +128,7 @@ class Capture:
         self.stats = CaptureStats()
         self._stop = False
         self._writer: LogWriter | None = None
+        self.stream_watcher: StreamWatcher | None = None  # told of streamed transactions' cuts (log/stream.py)
         self._types: TypeNames | None = None
         self._spills: dict[int, StreamSpill] = {}
         self._ends: deque[tuple[int, int, int]] = deque()  # (commit_lsn, end_lsn, rows) not reported flushed yet
@@ -238,6 +239,7 @@ class Capture:
         tables = self.prepare()
         lcfg = self.config.log
         self._writer = writer = LogWriter(lcfg.path, lcfg.segment_changes, lcfg.segment_seconds)
+        writer.stream_watcher = self.stream_watcher
         try:
             assert self._types is not None
             asm = BatchAssembler(

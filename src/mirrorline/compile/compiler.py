@@ -43,11 +43,11 @@ from typing import TYPE_CHECKING, Any, Protocol
 import pyarrow as pa
 
 from mirrorline import limits
-from mirrorline.compile.batch import NetBatch
+from mirrorline.compile.batch import NET_ARROW, NetBatch
 from mirrorline.compile.distinct import compile_distinct
 from mirrorline.compile.driver import fold_unit
 from mirrorline.compile.inserts import compile_inserts
-from mirrorline.compile.reference import Actions, normalised
+from mirrorline.compile.reference import ALL_ACTIONS, Actions, actions_of, normalised
 from mirrorline.compile.small import shared, unit_rows
 from mirrorline.compile.spark import compile_changes
 from mirrorline.compile.updates import compile_updates
@@ -55,7 +55,7 @@ from mirrorline.compile.warmup import WarmUp, warm_large, warm_small
 from mirrorline.errors import MirrorlineError, Unverified
 from mirrorline.log.segments import ROW_GROUP_ROWS
 from mirrorline.log.spark import read_spark
-from mirrorline.log.stats import Stats
+from mirrorline.log.stats import Stats, table_stats
 from mirrorline.model import TableSchema
 from mirrorline.position import Position
 
@@ -369,6 +369,30 @@ class Compiler:
                     self.last_route = route.name
                     return batch
         raise MirrorlineError(f"unit {start}..{end}: no compile route took it", start=str(start), end=str(end))
+
+    def compile_part(self, rows: pa.Table, start: Position, end: Position) -> NetBatch | None:
+        """A part of a streamed transaction not yet committed (``rows``: its changes in log order, the log layout),
+        compiled to apply ahead of its commit: by the distinct route where no key repeats, else by the small route's
+        plan (on Spark, whatever its size); None where neither takes it (a TRUNCATE, a key change leaving columns
+        unsent, a table replicating some kinds of change only where a key repeats). ``start``/``end``: the part's
+        bounds as apply reports them."""
+        rows = unit_rows(self.tables, [rows])
+        stats = table_stats(rows)
+        if not stats:
+            return NetBatch(start=start, end=end, tables=[], rows=NET_ARROW.empty_table(), changes=0)
+        acts = self.actions
+        if all(
+            not st.truncates and not st.key_changes and t not in self._bags and actions_of(acts, t) == ALL_ACTIONS
+            for t, st in stats.items()
+        ):
+            batch = compile_distinct([rows], stats, start, end, self.tables)
+            if batch is not None:
+                self.last_route = DISTINCT.name
+                return batch
+        if any(st.truncates or st.moves for st in stats.values()):
+            return None
+        self.last_route = SMALL.name
+        return shared(self._spark(), self.actions or None, self._bags).compile(rows, stats, start, end)
 
     def again(self, batch: NetBatch, why: Unverified) -> NetBatch:
         """The unit of ``batch``, whose route's check failed (``why``), compiled the general way; ``batch``

@@ -40,6 +40,7 @@ if TYPE_CHECKING:
     from mirrorline.apply import AppliedState, Target
     from mirrorline.compile.batch import NetBatch
     from mirrorline.compile.warmup import WarmUp
+    from mirrorline.pipeline.ahead import AheadApplier
 
 log = logging.getLogger(__name__)
 
@@ -124,6 +125,7 @@ class Applier:
         self._turn = False
         self.on_message: Callable[[str], None] = lambda m: log.info("%s", m)  # what run prints (runner sets it)
         self._held_turn = False  # a held table's unit was the last step: a live unit goes first now
+        self.ahead: AheadApplier | None = None  # streamed transactions applied ahead of their commit (run)
 
     @property
     def targets(self) -> dict[str, Target]:
@@ -264,6 +266,10 @@ class Applier:
         if self.roster.requested():
             self.roster.take_requests(self._open)
         durable = self.log.durable()
+        if self.ahead is not None and durable is not None:
+            report = self.ahead.settle(durable)  # a transaction applied ahead: committed, or rolled back
+            if report is not None:
+                return report
         if covered and upto is not None:
             limit = upto
         elif durable is None:
@@ -277,7 +283,7 @@ class Applier:
         if not (self._held_turn and behind) and any(st.held for st in states.values()):
             report = held.unit(self.roster, self.units, states, limit, self.retry)
             if report is not None:
-                self._registered(report.targets[0])
+                self.registered(report.targets[0])
                 self._held_turn = True
                 return report
         self._held_turn = False
@@ -401,7 +407,7 @@ class Applier:
                     with self.targets[n].exclusive(self.lock_wait):  # one applier per target (apply/lock.py)
                         report.results[n] = self.targets[n].apply(batch, schemas, changes)
                     report.apply_seconds[n] = time.monotonic() - t0
-                    self._registered(n)
+                    self.registered(n)
                 except TargetMoved as e:  # another process applied meanwhile: the next step forms the unit again
                     log.info("%s", e)
                     return
@@ -445,7 +451,8 @@ class Applier:
             self.config.targets[name], threads=self.config.apply.threads, needs=schema_needs(self.config, self.log)
         )
 
-    def _registered(self, name: str) -> None:
+    def registered(self, name: str) -> None:
+        """Tell the log's reader registry where ``name`` has applied up to (retention keeps what it needs)."""
 
         set_applied(self.log, name, self.targets[name].applied_positions().position)
 

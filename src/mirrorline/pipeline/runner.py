@@ -22,6 +22,7 @@ from mirrorline.log.reader import ChangeLog
 from mirrorline.log.retention import needs_reload, readers, reload_reason, set_applied, unconfigured, unregister
 from mirrorline.log.writer import announce_run
 from mirrorline.metrics import RunMetrics
+from mirrorline.pipeline.ahead import AheadApplier
 from mirrorline.pipeline.applier import Applier
 from mirrorline.pipeline.backoff import Backoffs
 from mirrorline.pipeline.units import UnitReport, known_bags
@@ -70,6 +71,8 @@ class Runner:
         self.on_message = on_message or (lambda m: log.info("%s", m))
         self._ready = threading.Event()
         self.capture = Capture(config, once=once, on_ready=lambda _stats: self._ready.set())
+        self._ahead = AheadApplier()  # streamed transactions applied ahead of their commit (pipeline/ahead.py)
+        self.capture.stream_watcher = self._ahead
         self._capture_thread: threading.Thread | None = None
         self._restarting = False  # capture is being started again with a reloaded configuration
         self.result = RunResult()
@@ -306,6 +309,7 @@ class Runner:
         self._restarting = True
         try:
             self.capture = Capture(config, once=self.once, on_ready=lambda _stats: self._ready.set())
+            self.capture.stream_watcher = self._ahead
             self._start_capture()
             while not (self._ready.wait(0.1) or self._capture_done.is_set()):
                 pass
@@ -537,6 +541,8 @@ class Runner:
             if self._ready.is_set():  # (capture holds the log now: target drop asks this file)
                 announce_run(self.config.log.path, self.config.targets)
             applier = self._applier = self._start_targets(warm)
+            applier.ahead = self._ahead
+            self._ahead.start(applier)
             self._positions.update(applier.positions())
             self._say_behind(applier)
             applier.follow(
@@ -555,6 +561,7 @@ class Runner:
             raise
         finally:
             self._stop_capture()
+            self._ahead.close()
             if applier is not None:
                 applier.close()
             if self.metrics is not None:

@@ -1,0 +1,370 @@
+"""A streamed transaction applied ahead of its commit (``run``): a big transaction's rows reach ``run`` while the
+source's statement runs (pgoutput streams it in blocks), so the targets apply them meanwhile, each in one target
+transaction kept open (:class:`~mirrorline.apply.target.Ahead`), and at the commit only the rest is left to apply
+before that transaction commits with the transaction's end as the target's position.
+
+Capture tells this watcher (in its own thread, :class:`~mirrorline.log.stream.StreamWatcher`) of each cut of the
+stream (the rows since the last cut, whole in closed part files) and of the transaction's commit or abort. A thread of
+its own compiles each cut once (:meth:`~mirrorline.compile.compiler.Compiler.compile_part`) and applies it to every
+target that takes part. The first cut starts the transaction ahead at the targets that are live and have applied
+the whole log (its end then is the transaction's start): a target behind, held or loading applies the transaction
+after its commit, as any other unit.
+
+The applier's loop asks :meth:`AheadApplier.settle` before each step: while the log's end is the transaction's start,
+nothing else is to be applied to its targets; once something is committed after the start, either it is the
+transaction (its segment comes first: the rest is applied and each target commits it) or another transaction
+committed first (every target's transaction is rolled back, and the units apply both after their commits). Anything
+that stands in the way (a whole or subtransaction abort of rows applied, a schema change, a part no route takes, a
+target's error, a stop) rolls back what was applied ahead; nothing of it is ever committed before the source's
+commit, so a kill at any moment leaves each target at the position it had, and a restart applies the transaction
+from the log.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from mirrorline import limits
+from mirrorline.apply.target import NotAhead
+from mirrorline.errors import first_line
+from mirrorline.log.stream import StreamCut, read_cut
+from mirrorline.pipeline.roster import Phase
+from mirrorline.pipeline.units import UnitReport
+from mirrorline.position import Position
+
+if TYPE_CHECKING:
+    from mirrorline.apply.target import Ahead, ApplyResult, Target
+    from mirrorline.compile.batch import NetBatch
+    from mirrorline.compile.compiler import Compiler
+    from mirrorline.config import Config
+    from mirrorline.log.layout import SegmentInfo
+    from mirrorline.log.reader import ChangeLog
+    from mirrorline.model import TableSchema
+
+log = logging.getLogger(__name__)
+
+
+class Applier(Protocol):
+    """What this needs of the pipeline's :class:`~mirrorline.pipeline.applier.Applier`."""
+
+    log: ChangeLog
+    config: Config
+    compiler: Compiler
+
+    @property
+    def targets(self) -> dict[str, Target]: ...
+
+    @property
+    def lock_wait(self) -> float: ...
+
+    def phases(self) -> dict[str, Phase]: ...
+
+    def registered(self, name: str) -> None: ...
+
+
+def _subxid(part: str) -> int:
+    """The subtransaction of a part file (``part-<n>-<subxid>.parquet``)."""
+    return int(part.rsplit("-", 1)[1].split(".", 1)[0])
+
+
+@dataclass
+class _Txn:
+    """One streamed transaction being applied ahead."""
+
+    xid: int
+    start: Position  # the log's end when it started: every target of it had applied the log up to there
+    targets: dict[str, Ahead]
+    last_seq: int = -1  # the last row of the cuts applied
+    subxids: set[int] = field(default_factory=set)  # (sub)transactions with rows applied
+    changes: int = 0
+    compile_seconds: float = 0.0
+    apply_seconds: dict[str, float] = field(default_factory=dict)
+    results: dict[str, ApplyResult] = field(default_factory=dict)
+    cancel: bool = False  # the applier's loop asked for it to be abandoned
+    done: threading.Event = field(default_factory=threading.Event)
+    report: UnitReport | None = None
+
+
+class AheadApplier:
+    """Applies streamed transactions ahead of their commit for one :class:`Applier` (see the module's docstring).
+    Attach it to capture's log writer (``stream_watcher``); :meth:`start` once the applier exists."""
+
+    def __init__(self, cut_rows: int | None = None) -> None:
+        self.cut_rows = limits.AHEAD_ROWS if cut_rows is None else cut_rows
+        self._events: queue.Queue[tuple[Any, ...]] = queue.Queue()
+        self._applier: Applier | None = None
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._tx: _Txn | None = None  # the transaction being applied ahead (its targets may be none)
+        self._skip: set[int] = set()  # transactions not applied ahead (their later cuts are passed over)
+        self._guard = threading.Lock()
+        self.parts = 0  # parts applied ahead, transactions committed ahead, and given up (for tests and logs)
+        self.finished = 0
+        self.abandoned = 0
+
+    # -- capture's thread ------------------------------------------------------------------------------------------
+    def cut(self, cut: StreamCut) -> None:
+        if self._applier is not None:
+            self._events.put(("cut", cut))
+
+    def committed(self, xid: int, info: SegmentInfo) -> None:
+        if self._applier is not None:
+            self._events.put(("commit", xid, info))
+
+    def aborted(self, xid: int, subxid: int) -> None:
+        if self._applier is not None:
+            self._events.put(("abort", xid, subxid))
+
+    # -- life ------------------------------------------------------------------------------------------------------
+    def start(self, applier: Applier) -> None:
+        self._applier = applier
+        self._thread = threading.Thread(target=self._main, name="mirrorline-ahead", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        """Stop: a transaction being applied ahead is rolled back at every target."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        tx = self._tx
+        if tx is not None:
+            self._abandon(tx, "run stops")
+        self._applier = None
+
+    # -- the applier's loop ----------------------------------------------------------------------------------------
+    def settle(self, durable: Position) -> UnitReport | None:
+        """Before a step, the log's end being ``durable``: a transaction applied ahead whose start the log has
+        passed is committed at its targets if it is what follows the start (returns its report), else rolled
+        back."""
+        tx = self._tx
+        if tx is None or durable <= tx.start:
+            return None
+        assert self._applier is not None
+        following = self._applier.log.select(tx.start, durable)
+        if not (following and following[0].stream and following[0].xid == tx.xid and following[0].prev == tx.start):
+            tx.cancel = True
+        # (capture tells the commit after publishing it: the thread finishes the transaction, or gives it up)
+        while not tx.done.wait(0.2):
+            if self._stop.is_set() or self._thread is None or not self._thread.is_alive():
+                self._abandon(tx, "run stops")
+        return tx.report
+
+    # -- the thread ------------------------------------------------------------------------------------------------
+    def _main(self) -> None:
+        while not self._stop.is_set():
+            try:
+                event = self._events.get(timeout=0.2)
+            except queue.Empty:
+                tx = self._tx
+                if tx is not None and tx.cancel:
+                    self._abandon(tx, "another transaction committed before it")
+                continue
+            try:
+                self._event(event)
+            except Exception as e:  # (a bug: nothing is committed ahead, so the units apply it after its commit)
+                log.exception("applying ahead of the commit failed: %s", e)
+                tx = self._tx
+                if tx is not None:
+                    self._abandon(tx, first_line(e))
+
+    def _event(self, event: tuple[Any, ...]) -> None:
+        what, xid = event[0], event[1].xid if event[0] == "cut" else event[1]
+        tx = self._tx
+        if tx is not None and tx.cancel:
+            self._abandon(tx, "another transaction committed before it")
+            tx = None
+        if what == "cut":
+            if xid in self._skip:
+                return
+            if tx is None:
+                tx = self._begin(xid)
+                if tx is None:
+                    return
+            elif tx.xid != xid:
+                self._skip.add(xid)  # one transaction at a time
+                return
+            self._part(tx, event[1])
+        elif what == "commit":
+            self._skip.discard(xid)
+            if tx is not None and tx.xid == xid:
+                self._finish(tx, event[2])
+        elif what == "abort":
+            subxid = event[2]
+            if subxid == xid:
+                self._skip.discard(xid)
+            if tx is not None and tx.xid == xid and (subxid == xid or subxid in tx.subxids):
+                self._abandon(tx, "the transaction aborted" if subxid == xid else "a subtransaction aborted")
+
+    def _begin(self, xid: int) -> _Txn | None:
+        """The transaction ahead at every live target that has applied the whole log; None where none has."""
+        applier = self._applier
+        assert applier is not None
+        start = applier.log.durable()
+        if start is None:
+            self._skip.add(xid)
+            return None
+        phases = applier.phases()
+        targets: dict[str, Ahead] = {}
+        for n, t in list(applier.targets.items()):
+            if phases.get(n) is not Phase.LIVE:
+                continue
+            try:
+                ahead = t.ahead(start, applier.lock_wait)
+            except NotAhead as e:
+                log.debug("%s: the transaction %d is applied after its commit", e, xid)
+                continue
+            except Exception as e:  # (the unit's path meets it again and stops the target)
+                log.debug("target %s: not applied ahead: %s", n, first_line(e))
+                continue
+            if ahead is not None:
+                targets[n] = ahead
+        if not targets:
+            self._skip.add(xid)
+            return None
+        tx = self._tx = _Txn(xid, start, targets)
+        log.info(
+            "transaction %d is being streamed: applying it ahead of its commit at %s", xid, ", ".join(sorted(targets))
+        )
+        return tx
+
+    def _schemas(self, rows: pa.Table) -> dict[str, TableSchema]:
+        """The schema each table's rows carry; NotAhead where one table's rows carry two."""
+        assert self._applier is not None
+        out = {}
+        pairs = pa.table({"table": rows["table"], "v": rows["schema_version"]})
+        versions = pairs.group_by(["table", "v"]).aggregate([])
+        for table, v in zip(versions["table"].to_pylist(), versions["v"].to_pylist(), strict=True):
+            if table in out:
+                raise NotAhead(f"the schema of {table} changed inside the transaction")
+            out[table] = self._applier.log.schemas.get(table, v)
+        return out
+
+    def _compile(self, tx: _Txn, rows: pa.Table, end: Position) -> tuple[NetBatch, dict[str, TableSchema]]:
+        assert self._applier is not None
+        t0 = time.monotonic()
+        if self._applier.config.tables:
+            rows = rows.filter(pc.is_in(rows["table"], pa.array(list(self._applier.config.tables))))
+        schemas = self._schemas(rows)
+        batch = self._applier.compiler.compile_part(rows, tx.start, end)
+        if batch is None:
+            raise NotAhead("a part that only the general route compiles (a TRUNCATE, a key change of unsent columns)")
+        tx.compile_seconds += time.monotonic() - t0
+        tx.changes += batch.changes
+        return batch, schemas
+
+    def _apply(self, tx: _Txn, batch: NetBatch, schemas: dict[str, TableSchema]) -> None:
+        """One part at every target of ``tx``, side by side; a target that fails leaves it (rolled back)."""
+
+        def one(n: str) -> None:
+            t0 = time.monotonic()
+            try:
+                tx.targets[n].part(batch, schemas)
+            except NotAhead as e:
+                log.info("%s: transaction %d is applied after its commit", e, tx.xid)
+                del tx.targets[n]
+            tx.apply_seconds[n] = tx.apply_seconds.get(n, 0.0) + time.monotonic() - t0
+
+        try:
+            names = list(tx.targets)
+            if len(names) == 1:
+                one(names[0])
+            else:
+                with ThreadPoolExecutor(len(names), thread_name_prefix="mirrorline-ahead") as pool:
+                    for f in [pool.submit(one, n) for n in names]:
+                        f.result()
+        finally:
+            batch.release()
+
+    def _part(self, tx: _Txn, cut: StreamCut) -> None:
+        try:
+            rows = read_cut(cut)
+        except FileNotFoundError:
+            return  # committed or aborted meanwhile: its rows are read from the log at the commit
+        try:
+            batch, schemas = self._compile(tx, rows, tx.start)
+        except NotAhead as e:
+            self._abandon(tx, str(e))
+            return
+        del rows
+        self._apply(tx, batch, schemas)
+        tx.last_seq = cut.last_seq
+        self.parts += 1
+        tx.subxids.update(_subxid(p) for p in cut.parts)
+        if not tx.targets:
+            self._abandon(tx, "no target took its part")
+
+    def _finish(self, tx: _Txn, info: SegmentInfo) -> None:
+        """The transaction committed: its rows after the last cut applied, then each target's transaction
+        committed with the transaction's end."""
+        if tx.cancel or info.prev != tx.start:
+            self._abandon(tx, "another transaction committed before it")
+            return
+        assert self._applier is not None
+        after = Position(info.first.lsn, tx.last_seq) if tx.last_seq >= 0 else tx.start
+        if after < info.last:
+            parts = list(self._applier.log.read_arrow(after, info.last))
+            rows = pa.concat_tables(parts) if parts else None
+            if rows is not None and rows.num_rows:
+                try:
+                    batch, schemas = self._compile(tx, rows, info.last)
+                except NotAhead as e:
+                    self._abandon(tx, str(e))
+                    return
+                del rows, parts
+                self._apply(tx, batch, schemas)
+        done = []
+        for n, ahead in list(tx.targets.items()):
+            t0 = time.monotonic()
+            try:
+                tx.results[n] = ahead.finish(info.last)
+            except NotAhead as e:
+                log.info("%s: transaction %d is applied after its commit", e, tx.xid)
+                continue
+            tx.apply_seconds[n] = tx.apply_seconds.get(n, 0.0) + time.monotonic() - t0
+            done.append(n)
+            self._applier.registered(n)
+        tx.targets.clear()
+        if done:
+            tx.report = UnitReport(
+                tx.start,
+                info.last,
+                info.count,
+                done,
+                True,
+                tx.compile_seconds,
+                {n: tx.apply_seconds[n] for n in done},
+                {n: tx.results[n] for n in done},
+            )
+            self.finished += 1
+            log.info(
+                "transaction %d (%d changes) applied ahead of its commit, committed at %s",
+                tx.xid,
+                info.count,
+                ", ".join(done),
+            )
+        self._tx = None
+        tx.done.set()
+
+    def _abandon(self, tx: _Txn, why: str) -> None:
+        with self._guard:
+            if tx.done.is_set():
+                return
+            for ahead in tx.targets.values():
+                ahead.abandon()
+            if tx.targets:
+                log.info("transaction %d: what was applied of it ahead of its commit is rolled back (%s)", tx.xid, why)
+            tx.targets.clear()
+            self._skip.add(tx.xid)
+            self.abandoned += 1
+            if self._tx is tx:
+                self._tx = None
+            tx.done.set()
