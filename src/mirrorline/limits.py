@@ -71,6 +71,11 @@ SLICE_BYTES = 16 << 20
 # decoded changes pass logical_decoding_work_mem (64 MB by default), often more rows than this
 AHEAD_ROWS = 50_000
 
+# capture's walsender streams a large transaction in blocks of about this many bytes of decoded changes (its
+# ``logical_decoding_work_mem``, lowered to this where the server's is larger): the first block of a big
+# transaction comes after this much rather than after the server's default 64 MB
+DECODING_MEMORY = 16 << 20
+
 
 def slice_rows(nbytes: int, rows: int, max_rows: int | None = None, max_bytes: int | None = None) -> int:
     """How many rows of a table of ``rows`` rows and ``nbytes`` bytes one slice takes: at most ``max_rows``

@@ -26,7 +26,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from mirrorline import stopped
+from mirrorline import limits, stopped
 from mirrorline.capture import identity
 from mirrorline.capture.batching import BatchAssembler
 from mirrorline.capture.events import (
@@ -404,6 +404,14 @@ class Capture:
         try:
             cur = conn.cursor()
             try:
+                # this walsender streams a large transaction once its decoded changes pass this much (never raised
+                # above the server's setting): blocks come sooner, so run applies them ahead of the commit sooner
+                cur.execute(
+                    "SELECT set_config('logical_decoding_work_mem', CASE WHEN "
+                    "pg_size_bytes(current_setting('logical_decoding_work_mem')) > %s THEN %s "
+                    "ELSE current_setting('logical_decoding_work_mem') END, false)",
+                    (limits.DECODING_MEMORY, f"{limits.DECODING_MEMORY >> 10}kB"),
+                )
                 cur.start_replication(
                     slot_name=self.source.slot,
                     decode=False,

@@ -22,11 +22,13 @@ from the log.
 
 from __future__ import annotations
 
+import functools
 import logging
 import queue
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -40,6 +42,8 @@ from mirrorline.log.stream import StreamCut, read_cut
 from mirrorline.pipeline.roster import Phase
 from mirrorline.pipeline.units import UnitReport
 from mirrorline.position import Position
+
+LANE_PARTS = 2  # parts compiled and waiting in a target's lane at most (each holds its net rows until applied)
 
 if TYPE_CHECKING:
     from mirrorline.apply.target import Ahead, ApplyResult, Target
@@ -92,6 +96,33 @@ class _Txn:
     cancel: bool = False  # the applier's loop asked for it to be abandoned
     done: threading.Event = field(default_factory=threading.Event)
     report: UnitReport | None = None
+    # each target's lane: its parts applied in order, in a thread of its own, not waiting for the other targets
+    lanes: dict[str, ThreadPoolExecutor] = field(default_factory=dict)
+    queued: dict[str, list[Future[None]]] = field(default_factory=dict)
+    given_up: bool = False  # abandoned: a lane's part still queued does nothing
+
+    def lane(self, n: str, job: Callable[[], None]) -> None:
+        if n not in self.lanes:
+            self.lanes[n] = ThreadPoolExecutor(1, thread_name_prefix=f"mirrorline-ahead-{n}")
+        q = self.queued.setdefault(n, [])
+        q[:] = [f for f in q if not f.done()]
+        q.append(self.lanes[n].submit(job))
+
+    def wait(self, most: int = 0) -> None:
+        """Until each lane has at most ``most`` parts queued or running."""
+        for q in self.queued.values():
+            while len(q) > most:
+                q.pop(0).result()
+
+    def close(self) -> None:
+        """Every lane's parts done (what one raised is the caller's to have seen), its thread ended."""
+        for q in self.queued.values():
+            for f in q:
+                f.exception()
+            q.clear()
+        for pool in self.lanes.values():
+            pool.shutdown()
+        self.lanes.clear()
 
 
 class AheadApplier:
@@ -214,19 +245,22 @@ class AheadApplier:
             return None
         phases = applier.phases()
         targets: dict[str, Ahead] = {}
+        why: list[str] = []
         for n, t in list(applier.targets.items()):
             if phases.get(n) is not Phase.LIVE:
+                why.append(f"target {n} is {phases.get(n, Phase.REMOVED).value}")
                 continue
             try:
                 ahead = t.ahead(start, applier.lock_wait)
-            except NotAhead as e:
-                log.debug("%s: the transaction %d is applied after its commit", e, xid)
+            except Exception as e:  # NotAhead; else the unit's path meets it again and stops the target
+                why.append(first_line(e))
                 continue
-            except Exception as e:  # (the unit's path meets it again and stops the target)
-                log.debug("target %s: not applied ahead: %s", n, first_line(e))
-                continue
-            if ahead is not None:
+            if ahead is None:
+                why.append(f"target {n} is a {t.kind} target")
+            else:
                 targets[n] = ahead
+        if why:
+            log.info("transaction %d is being streamed; applied after its commit where %s", xid, "; ".join(why))
         if not targets:
             self._skip.add(xid)
             return None
@@ -262,27 +296,35 @@ class AheadApplier:
         return batch, schemas
 
     def _apply(self, tx: _Txn, batch: NetBatch, schemas: dict[str, TableSchema]) -> None:
-        """One part at every target of ``tx``, side by side; a target that fails leaves it (rolled back)."""
+        """One part queued in every target's lane (each applies its parts in order, side by side with the others);
+        a target that fails leaves the transaction (rolled back). At most ``LANE_PARTS`` parts wait in a lane: the
+        next part is compiled once the slowest target has room for it."""
+        names = list(tx.targets)
+        left = [len(names)]
+        guard = threading.Lock()
 
         def one(n: str) -> None:
-            t0 = time.monotonic()
             try:
-                tx.targets[n].part(batch, schemas)
-            except NotAhead as e:
-                log.info("%s: transaction %d is applied after its commit", e, tx.xid)
-                del tx.targets[n]
-            tx.apply_seconds[n] = tx.apply_seconds.get(n, 0.0) + time.monotonic() - t0
+                ahead = tx.targets.get(n)
+                if ahead is None or tx.given_up:
+                    return
+                t0 = time.monotonic()
+                try:
+                    ahead.part(batch, schemas)
+                except NotAhead as e:
+                    log.info("%s: transaction %d is applied after its commit", e, tx.xid)
+                    tx.targets.pop(n, None)
+                tx.apply_seconds[n] = tx.apply_seconds.get(n, 0.0) + time.monotonic() - t0
+            finally:
+                with guard:
+                    left[0] -= 1
+                    last = left[0] == 0
+                if last:
+                    batch.release()
 
-        try:
-            names = list(tx.targets)
-            if len(names) == 1:
-                one(names[0])
-            else:
-                with ThreadPoolExecutor(len(names), thread_name_prefix="mirrorline-ahead") as pool:
-                    for f in [pool.submit(one, n) for n in names]:
-                        f.result()
-        finally:
-            batch.release()
+        for n in names:
+            tx.lane(n, functools.partial(one, n))
+        tx.wait(LANE_PARTS)
 
     def _part(self, tx: _Txn, cut: StreamCut) -> None:
         try:
@@ -321,17 +363,27 @@ class AheadApplier:
                     return
                 del rows, parts
                 self._apply(tx, batch, schemas)
-        done = []
-        for n, ahead in list(tx.targets.items()):
+        done: list[str] = []
+
+        def commit(n: str) -> None:
+            ahead = tx.targets.get(n)
+            if ahead is None or tx.given_up:
+                return
             t0 = time.monotonic()
             try:
                 tx.results[n] = ahead.finish(info.last)
             except NotAhead as e:
                 log.info("%s: transaction %d is applied after its commit", e, tx.xid)
-                continue
+                tx.targets.pop(n, None)
+                return
             tx.apply_seconds[n] = tx.apply_seconds.get(n, 0.0) + time.monotonic() - t0
             done.append(n)
+            assert self._applier is not None
             self._applier.registered(n)
+
+        for n in list(tx.targets):  # each target commits once its own parts are in
+            tx.lane(n, functools.partial(commit, n))
+        tx.close()
         tx.targets.clear()
         if done:
             tx.report = UnitReport(
@@ -358,6 +410,8 @@ class AheadApplier:
         with self._guard:
             if tx.done.is_set():
                 return
+            tx.given_up = True
+            tx.close()  # (the parts queued do nothing now; one being applied ends first)
             for ahead in tx.targets.values():
                 ahead.abandon()
             if tx.targets:
