@@ -70,6 +70,8 @@ SLICE_BYTES = 16 << 20
 # statements at every target, so fewer, larger parts cost less; PostgreSQL sends a block each time the transaction's
 # decoded changes pass logical_decoding_work_mem (64 MB by default), often more rows than this
 AHEAD_ROWS = 50_000
+# ... or once this many bytes of rows did (wide rows: a part's net rows are held until every target applied them)
+AHEAD_BYTES = 16 << 20
 
 # capture's walsender streams a large transaction in blocks of about this many bytes of decoded changes (its
 # ``logical_decoding_work_mem``, lowered to this where the server's is larger): the first block of a big

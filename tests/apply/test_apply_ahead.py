@@ -128,10 +128,13 @@ def test_a_part_that_does_not_fit_ends_it_with_nothing_applied(kind: str, reques
 
 
 @pytest.mark.parametrize("kind", SQL_KINDS)
-def test_a_target_not_at_the_start_is_not_applied_ahead(kind: str, request: Any, tmp_path: Path) -> None:
+def test_a_target_behind_the_log_or_holding_a_table_is_not_applied_ahead(
+    kind: str, request: Any, tmp_path: Path
+) -> None:
     t = seeded(kind, request, tmp_path)
-    with pytest.raises(NotAhead, match="not at"):
-        t.ahead(P(0x80), 5.0)
+    with pytest.raises(NotAhead, match="has not applied the log up to"):
+        t.ahead(P(0x180), 5.0)
+    t.ahead(P(0x80), 5.0).abandon()  # a snapshot left it beyond the log's end: the transaction comes after
     t.hold("public.items", RuntimeError("held for the test"))
     with pytest.raises(NotAhead, match="held"):
         t.ahead(P(0x100), 5.0)

@@ -156,8 +156,8 @@ def test_memory_and_files_stay_bounded(tmp_path, monkeypatch):
 
 
 class Watcher:
-    def __init__(self, cut_rows: int) -> None:
-        self.cut_rows = cut_rows
+    def __init__(self, cut_rows: int, cut_bytes: int = 1 << 40) -> None:
+        self.cut_rows, self.cut_bytes = cut_rows, cut_bytes
         self.events: list[tuple] = []
 
     def cut(self, cut: stream.StreamCut) -> None:
@@ -218,3 +218,16 @@ def test_a_whole_abort_is_told_to_the_watcher(tmp_path):
         s.end_block()
         s.abort()
     assert [e[0] for e in watcher.events] == ["cut", "aborted"] and watcher.events[-1] == ("aborted", 9, 9)
+
+
+def test_wide_rows_are_cut_by_bytes(tmp_path):
+    watcher = Watcher(cut_rows=1_000, cut_bytes=30_000)
+    with LogWriter(tmp_path) as w:
+        w.stream_watcher = watcher
+        s = w.open_stream(9)
+        for k in range(10):
+            s.add(9, [ch(k, new={"id": str(k), "v": "x" * 10_000})])
+            s.end_block()
+        s.commit(10, 1)
+    cuts = [e[1] for e in watcher.events if e[0] == "cut"]
+    assert [(c.first_seq, c.last_seq) for c in cuts] == [(0, 2), (3, 5), (6, 8)]

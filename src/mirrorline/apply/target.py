@@ -318,10 +318,10 @@ class Target(ABC):
             applied.release(s, table)
 
     def ahead(self, start: Position, wait: float) -> Ahead | None:
-        """A streamed transaction applied ahead of its commit from ``start``, the target's applied position (see
-        :class:`Ahead`), the applier lock waited for up to ``wait`` seconds; None where the kind applies a
-        transaction only after its commit. Raises :class:`NotAhead` where the target is not at ``start`` with
-        every table (a table held or loaded beside)."""
+        """A streamed transaction applied ahead of its commit, the log's end being ``start`` (see :class:`Ahead`),
+        the applier lock waited for up to ``wait`` seconds; None where the kind applies a transaction only after its
+        commit. Raises :class:`NotAhead` where the target has not applied the log up to ``start`` (a snapshot may
+        have left it beyond: a position the transaction, not committed yet, comes after), or holds a table."""
         return None
 
     # -- the kind's own --------------------------------------------------------------------------------------------

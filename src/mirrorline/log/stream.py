@@ -9,9 +9,9 @@ Rows carry ``seq`` in arrival order, ``lsn = ts = 0`` (not known yet). Memory st
 rows buffered per open part and ``MAX_BUFFERED_ROWS`` in all before they go to disk as row groups.
 
 A :class:`StreamWatcher` given to the writer (``run`` applying ahead of the commit, pipeline/ahead.py) is told of each
-cut: at the end of a stream block, once at least ``cut_rows`` rows came since the last cut, every open part is
-closed, so that the rows since then are whole Parquet files (:class:`StreamCut`), readable while the transaction is
-still open; then of the transaction's commit or abort. Without one, parts stay open across blocks.
+cut: at the end of a stream block, once ``cut_rows`` rows or ``cut_bytes`` bytes came since the last cut, every open
+part is closed, so that the rows since then are whole Parquet files (:class:`StreamCut`), readable while the
+transaction is still open; then of the transaction's commit or abort. Without one, parts stay open across blocks.
 """
 
 from __future__ import annotations
@@ -66,7 +66,8 @@ def read_cut(cut: StreamCut, folder: Path | None = None) -> pa.Table:
 class StreamWatcher(Protocol):
     """Told, in the capture thread, of streamed transactions' cuts and ends (it must not block)."""
 
-    cut_rows: int  # a stream block's end cuts once at least this many rows came since the last cut
+    cut_rows: int  # a stream block's end cuts once at least this many rows came since the last cut ...
+    cut_bytes: int  # ... or this many bytes of them (Arrow's size)
 
     def cut(self, cut: StreamCut) -> None: ...
 
@@ -95,6 +96,7 @@ class StreamSpill:
         self._writer = writer
         self._watcher = watcher
         self._cut_seq = 0  # the first row after the last cut
+        self._cut_bytes = 0  # bytes of the rows since the last cut
         self._closed: list[_Part] = []  # parts closed since the last cut
         self.xid = xid
         self.folder = folder
@@ -136,6 +138,8 @@ class StreamSpill:
         self._next_seq += n
         part.last_seq = self._next_seq - 1
         part.buffered.append(t)
+        if self._watcher is not None:
+            self._cut_bytes += t.nbytes
         part.buffered_rows += n
         part.rows += n
         self._buffered_rows += n
@@ -178,14 +182,14 @@ class StreamSpill:
         self._check()
         self.block += 1
         w = self._watcher
-        if w is not None and self._next_seq - self._cut_seq >= max(w.cut_rows, 1):
+        if w is not None and (self._next_seq - self._cut_seq >= max(w.cut_rows, 1) or self._cut_bytes >= w.cut_bytes):
             for p in self._open.values():
                 self._close(p)
             self._open.clear()
             cut = StreamCut(
                 self.xid, self.folder, tuple(p.name for p in self._closed), self._cut_seq, self._next_seq - 1
             )
-            self._closed, self._cut_seq = [], self._next_seq
+            self._closed, self._cut_seq, self._cut_bytes = [], self._next_seq, 0
             w.cut(cut)
 
     def abort_subxact(self, subxid: int) -> None:

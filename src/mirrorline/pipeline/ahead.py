@@ -22,8 +22,10 @@ from the log.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
+import os
 import queue
 import threading
 import time
@@ -33,17 +35,18 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from mirrorline import limits
 from mirrorline.apply.target import NotAhead
+from mirrorline.compile.small import unit_rows
 from mirrorline.errors import first_line
 from mirrorline.log.stream import StreamCut, read_cut
 from mirrorline.pipeline.roster import Phase
 from mirrorline.pipeline.units import UnitReport
-from mirrorline.position import Position
+from mirrorline.position import ZERO, Position
 
-LANE_PARTS = 2  # parts compiled and waiting in a target's lane at most (each holds its net rows until applied)
+LANE_NICE = 10  # a lane thread's nice value
+LANE_PARTS = 1  # parts compiled and waiting in a target's lane at most (each holds its net rows until applied)
 
 if TYPE_CHECKING:
     from mirrorline.apply.target import Ahead, ApplyResult, Target
@@ -75,6 +78,13 @@ class Applier(Protocol):
     def registered(self, name: str) -> None: ...
 
 
+def _yielding() -> None:
+    """A lane's thread gives way to capture's: the transaction's rows arriving sooner is what its commit waits for,
+    and the lanes catch up (Linux: a thread's own nice value)."""
+    with contextlib.suppress(OSError):
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), LANE_NICE)
+
+
 def _subxid(part: str) -> int:
     """The subtransaction of a part file (``part-<n>-<subxid>.parquet``)."""
     return int(part.rsplit("-", 1)[1].split(".", 1)[0])
@@ -103,7 +113,7 @@ class _Txn:
 
     def lane(self, n: str, job: Callable[[], None]) -> None:
         if n not in self.lanes:
-            self.lanes[n] = ThreadPoolExecutor(1, thread_name_prefix=f"mirrorline-ahead-{n}")
+            self.lanes[n] = ThreadPoolExecutor(1, thread_name_prefix=f"mirrorline-ahead-{n}", initializer=_yielding)
         q = self.queued.setdefault(n, [])
         q[:] = [f for f in q if not f.done()]
         q.append(self.lanes[n].submit(job))
@@ -131,6 +141,7 @@ class AheadApplier:
 
     def __init__(self, cut_rows: int | None = None) -> None:
         self.cut_rows = limits.AHEAD_ROWS if cut_rows is None else cut_rows
+        self.cut_bytes = limits.AHEAD_BYTES
         self._events: queue.Queue[tuple[Any, ...]] = queue.Queue()
         self._applier: Applier | None = None
         self._thread: threading.Thread | None = None
@@ -181,7 +192,9 @@ class AheadApplier:
             return None
         assert self._applier is not None
         following = self._applier.log.select(tx.start, durable)
-        if not (following and following[0].stream and following[0].xid == tx.xid and following[0].prev == tx.start):
+        if not (
+            following and following[0].stream and following[0].xid == tx.xid and (following[0].prev or ZERO) == tx.start
+        ):
             tx.cancel = True
         # (capture tells the commit after publishing it: the thread finishes the transaction, or gives it up)
         while not tx.done.wait(0.2):
@@ -217,6 +230,9 @@ class AheadApplier:
             if xid in self._skip:
                 return
             if tx is None:
+                if event[1].first_seq != 0:  # its first rows came before this applier was there: after its commit
+                    self._skip.add(xid)
+                    return
                 tx = self._begin(xid)
                 if tx is None:
                     return
@@ -239,10 +255,7 @@ class AheadApplier:
         """The transaction ahead at every live target that has applied the whole log; None where none has."""
         applier = self._applier
         assert applier is not None
-        start = applier.log.durable()
-        if start is None:
-            self._skip.add(xid)
-            return None
+        start = applier.log.durable() or ZERO
         phases = applier.phases()
         targets: dict[str, Ahead] = {}
         why: list[str] = []
@@ -285,8 +298,7 @@ class AheadApplier:
     def _compile(self, tx: _Txn, rows: pa.Table, end: Position) -> tuple[NetBatch, dict[str, TableSchema]]:
         assert self._applier is not None
         t0 = time.monotonic()
-        if self._applier.config.tables:
-            rows = rows.filter(pc.is_in(rows["table"], pa.array(list(self._applier.config.tables))))
+        rows = unit_rows(list(self._applier.config.tables), [rows])  # (copied only where other tables' rows are)
         schemas = self._schemas(rows)
         batch = self._applier.compiler.compile_part(rows, tx.start, end)
         if batch is None:
@@ -327,6 +339,8 @@ class AheadApplier:
         tx.wait(LANE_PARTS)
 
     def _part(self, tx: _Txn, cut: StreamCut) -> None:
+        if cut.first_seq != tx.last_seq + 1:  # a cut not read (moved by the commit): the rest is read at the commit
+            return
         try:
             rows = read_cut(cut)
         except FileNotFoundError:
@@ -347,22 +361,22 @@ class AheadApplier:
     def _finish(self, tx: _Txn, info: SegmentInfo) -> None:
         """The transaction committed: its rows after the last cut applied, then each target's transaction
         committed with the transaction's end."""
-        if tx.cancel or info.prev != tx.start:
+        if tx.cancel or (info.prev or ZERO) != tx.start:
             self._abandon(tx, "another transaction committed before it")
             return
         assert self._applier is not None
         after = Position(info.first.lsn, tx.last_seq) if tx.last_seq >= 0 else tx.start
-        if after < info.last:
-            parts = list(self._applier.log.read_arrow(after, info.last))
-            rows = pa.concat_tables(parts) if parts else None
-            if rows is not None and rows.num_rows:
-                try:
-                    batch, schemas = self._compile(tx, rows, info.last)
-                except NotAhead as e:
-                    self._abandon(tx, str(e))
-                    return
-                del rows, parts
-                self._apply(tx, batch, schemas)
+        # the rows after the last cut applied (those of cuts not read before the commit moved them too), a slice
+        # of about limits.SLICE_BYTES at a time, each a part of its own
+        changes = self._applier.log
+        for rows in changes.read_arrow(after, info.last, batch_rows=limits.AHEAD_ROWS) if after < info.last else ():
+            try:
+                batch, schemas = self._compile(tx, rows, info.last)
+            except NotAhead as e:
+                self._abandon(tx, str(e))
+                return
+            del rows
+            self._apply(tx, batch, schemas)
         done: list[str] = []
 
         def commit(n: str) -> None:
