@@ -99,7 +99,6 @@ class _Txn:
     targets: dict[str, Ahead]
     last_seq: int = -1  # the last row of the cuts applied
     subxids: set[int] = field(default_factory=set)  # (sub)transactions with rows applied
-    changes: int = 0
     compile_seconds: float = 0.0
     apply_seconds: dict[str, float] = field(default_factory=dict)
     results: dict[str, ApplyResult] = field(default_factory=dict)
@@ -304,7 +303,6 @@ class AheadApplier:
         if batch is None:
             raise NotAhead("a part that only the general route compiles (a TRUNCATE, a key change of unsent columns)")
         tx.compile_seconds += time.monotonic() - t0
-        tx.changes += batch.changes
         return batch, schemas
 
     def _apply(self, tx: _Txn, batch: NetBatch, schemas: dict[str, TableSchema]) -> None:
@@ -338,6 +336,16 @@ class AheadApplier:
             tx.lane(n, functools.partial(one, n))
         tx.wait(LANE_PARTS)
 
+    def _compile_apply(self, tx: _Txn, rows: pa.Table, end: Position) -> bool:
+        """``rows`` compiled and queued at every target; False where no route takes them (``tx`` abandoned)."""
+        try:
+            batch, schemas = self._compile(tx, rows, end)
+        except NotAhead as e:
+            self._abandon(tx, str(e))
+            return False
+        self._apply(tx, batch, schemas)
+        return True
+
     def _part(self, tx: _Txn, cut: StreamCut) -> None:
         if cut.first_seq != tx.last_seq + 1:  # a cut not read (moved by the commit): the rest is read at the commit
             return
@@ -345,13 +353,8 @@ class AheadApplier:
             rows = read_cut(cut)
         except FileNotFoundError:
             return  # committed or aborted meanwhile: its rows are read from the log at the commit
-        try:
-            batch, schemas = self._compile(tx, rows, tx.start)
-        except NotAhead as e:
-            self._abandon(tx, str(e))
+        if not self._compile_apply(tx, rows, tx.start):
             return
-        del rows
-        self._apply(tx, batch, schemas)
         tx.last_seq = cut.last_seq
         self.parts += 1
         tx.subxids.update(_subxid(p) for p in cut.parts)
@@ -370,13 +373,8 @@ class AheadApplier:
         # of about limits.SLICE_BYTES at a time, each a part of its own
         changes = self._applier.log
         for rows in changes.read_arrow(after, info.last, batch_rows=limits.AHEAD_ROWS) if after < info.last else ():
-            try:
-                batch, schemas = self._compile(tx, rows, info.last)
-            except NotAhead as e:
-                self._abandon(tx, str(e))
+            if not self._compile_apply(tx, rows, info.last):
                 return
-            del rows
-            self._apply(tx, batch, schemas)
         done: list[str] = []
 
         def commit(n: str) -> None:

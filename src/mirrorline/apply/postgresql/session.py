@@ -105,8 +105,8 @@ class PgSession(Session):
         self.cur.execute("SET jit = off")  # apply's joins gain nothing from JIT and would pay its compile per unit
         # the target's rows are in memory while a unit applies: an index probe per worktable row costs about what a
         # page read in order does, so a worktable much smaller than its table is joined through the key's index, not
-        # by a scan of the whole table (a transaction applied ahead in parts of 83k rows, 1M-row table: 6.7 s for
-        # the 12 parts' updates, 11.9 s at the default 4.0; a unit of the whole table still hashes)
+        # by a scan of the whole table per part of a transaction applied ahead (bench/bigtxn --tables narrow --shapes
+        # update); a unit of the whole table still hashes
         self.cur.execute("SET random_page_cost = 1.1")
         self.conn.commit()
 
