@@ -102,7 +102,7 @@ class _Txn:
     compile_seconds: float = 0.0
     apply_seconds: dict[str, float] = field(default_factory=dict)
     results: dict[str, ApplyResult] = field(default_factory=dict)
-    cancel: bool = False  # the applier's loop asked for it to be abandoned
+    cancel: str | None = None  # the applier's loop asked for it to be abandoned, for this reason
     done: threading.Event = field(default_factory=threading.Event)
     report: UnitReport | None = None
     # each target's lane: its parts applied in order, in a thread of its own, not waiting for the other targets
@@ -148,6 +148,7 @@ class AheadApplier:
         self._tx: _Txn | None = None  # the transaction being applied ahead (its targets may be none)
         self._skip: set[int] = set()  # transactions not applied ahead (their later cuts are passed over)
         self._guard = threading.Lock()
+        self._settled: UnitReport | None = None  # committed ahead while :meth:`leave` waited: for the next settle
         self.parts = 0  # parts applied ahead, transactions committed ahead, and given up (for tests and logs)
         self.finished = 0
         self.abandoned = 0
@@ -186,6 +187,9 @@ class AheadApplier:
         """Before a step, the log's end being ``durable``: a transaction applied ahead whose start the log has
         passed is committed at its targets if it is what follows the start (returns its report), else rolled
         back."""
+        report, self._settled = self._settled, None
+        if report is not None:
+            return report
         tx = self._tx
         if tx is None or durable <= tx.start:
             return None
@@ -194,8 +198,21 @@ class AheadApplier:
         if not (
             following and following[0].stream and following[0].xid == tx.xid and (following[0].prev or ZERO) == tx.start
         ):
-            tx.cancel = True
+            tx.cancel = "another transaction committed before it"
         # (capture tells the commit after publishing it: the thread finishes the transaction, or gives it up)
+        return self._wait(tx)
+
+    def leave(self, why: str) -> None:
+        """The applier's targets or tables change (``why``: a reload of the configuration, a target paused to load
+        tables or removed): a transaction being applied ahead is rolled back at every target (applied after its
+        commit), unless it committed meanwhile (then the next :meth:`settle` returns its report)."""
+        tx = self._tx
+        if tx is None:
+            return
+        tx.cancel = why
+        self._settled = self._wait(tx)
+
+    def _wait(self, tx: _Txn) -> UnitReport | None:
         while not tx.done.wait(0.2):
             if self._stop.is_set() or self._thread is None or not self._thread.is_alive():
                 self._abandon(tx, "run stops")
@@ -209,7 +226,7 @@ class AheadApplier:
             except queue.Empty:
                 tx = self._tx
                 if tx is not None and tx.cancel:
-                    self._abandon(tx, "another transaction committed before it")
+                    self._abandon(tx, tx.cancel)
                 continue
             try:
                 self._event(event)
@@ -223,7 +240,7 @@ class AheadApplier:
         what, xid = event[0], event[1].xid if event[0] == "cut" else event[1]
         tx = self._tx
         if tx is not None and tx.cancel:
-            self._abandon(tx, "another transaction committed before it")
+            self._abandon(tx, tx.cancel)
             tx = None
         if what == "cut":
             if xid in self._skip:
@@ -365,7 +382,7 @@ class AheadApplier:
         """The transaction committed: its rows after the last cut applied, then each target's transaction
         committed with the transaction's end."""
         if tx.cancel or (info.prev or ZERO) != tx.start:
-            self._abandon(tx, "another transaction committed before it")
+            self._abandon(tx, tx.cancel or "another transaction committed before it")
             return
         assert self._applier is not None
         after = Position(info.first.lsn, tx.last_seq) if tx.last_seq >= 0 else tx.start

@@ -194,6 +194,8 @@ class Applier:
     def configure(self, config: Config) -> None:
         """Go on with ``config`` (``run`` reloaded it): its targets and tables from the next unit on. Units compiled
         for the tables of before (the next one, compiled ahead; those stored for other processes) are dropped."""
+        if self.ahead is not None:
+            self.ahead.leave("the configuration was reloaded")
         self.config = self.roster.config = config
         self.units.configure(config, known_bags(config))
 
@@ -214,6 +216,8 @@ class Applier:
 
     def remove(self, name: str) -> None:
         """Stop applying to ``name`` (removed from the configuration while this pipeline runs)."""
+        if self.ahead is not None:
+            self.ahead.leave(f"target {name} was removed")
         self.roster.remove(name)
 
     def phases(self) -> dict[str, Phase]:
@@ -264,6 +268,8 @@ class Applier:
         ``covered``: the log is known to hold every change up to ``upto`` (capture has passed it), so the targets
         move to ``upto`` itself even where it lies beyond the log's last change."""
         if self.roster.requested():
+            if self.ahead is not None:
+                self.ahead.leave("a target is paused or added")
             self.roster.take_requests(self._open)
         durable = self.log.durable()
         if self.ahead is not None and durable is not None:
