@@ -2,8 +2,8 @@
 while the source's transaction is still open, nothing of it is visible there before the source commits, and the
 targets equal the source after the commit (the key first, composite and last, a partitioned table; keys changed),
 the abort of the transaction or of a subtransaction, a transaction committed in between, a target that fails a part
-(it leaves; the others commit ahead) and a reload of the configuration that adds a table. Each target is read by the
-kind's own client (tests/support/oracle.py)."""
+(it leaves; the others commit ahead) and a reload of the configuration that removes a target or adds a table. Each
+target is read by the kind's own client (tests/support/oracle.py)."""
 
 from __future__ import annotations
 
@@ -222,6 +222,24 @@ def test_a_target_that_fails_a_part_leaves_and_the_others_commit_ahead(running: 
         wait_until(r.same, timeout=180, what="the PostgreSQL target catches up once it takes the value")
     finally:
         target.close()
+
+
+def test_a_target_removed_while_a_transaction_is_applied_ahead(running: Running, pg: Any, tmp_path: Path) -> None:
+    """A reload that removes a target while a transaction is applied ahead: what was applied there is rolled back
+    (the target is left where it was), and the others apply the transaction after its commit."""
+    r = running
+    before = r.rows()["sqlite"]
+    with r.conn.cursor() as cur:
+        cur.execute('UPDATE public."big one" SET n = n * 2')
+        _wait_parts(r.runner, 2)
+        write_config(tmp_path, pg.dsn, {k: u for k, u in r.urls.items() if k != "sqlite"}, {"public.big one": {}})
+        r.runner.request_reload()
+        wait_until(lambda: r.runner._ahead.abandoned >= 1, timeout=60, what="the transaction is given up")
+        cur.execute('UPDATE public."big one" SET t = upper(t) WHERE id < 1000')
+    r.conn.commit()
+    wait_until(lambda: r.same(["postgresql", "duckdb"]), timeout=180, what="the targets kept equal the source")
+    assert r.rows()["sqlite"] == before
+    assert r.runner._ahead.finished == 0
 
 
 def test_a_reload_of_the_configuration_rolls_back_what_was_applied_ahead(
