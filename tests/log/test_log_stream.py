@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 
+import pyarrow as pa
 import pytest
 from changes import ch
 
@@ -231,3 +232,25 @@ def test_wide_rows_are_cut_by_bytes(tmp_path):
         s.commit(10, 1)
     cuts = [e[1] for e in watcher.events if e[0] == "cut"]
     assert [(c.first_seq, c.last_seq) for c in cuts] == [(0, 2), (3, 5), (6, 8)]
+
+
+def test_a_big_cut_is_read_a_slice_at_a_time_in_arrival_order(tmp_path):
+    """One stream block of wide rows across two subtransactions (a cut PostgreSQL sent whole): read in batches of
+    about the bytes asked for, in arrival order across the parts, together every row once."""
+    watcher = Watcher(cut_rows=1)
+    with LogWriter(tmp_path) as w:
+        w.stream_watcher = watcher
+        s = w.open_stream(9)
+        for k in range(0, 60, 3):
+            s.add(9, [ch(k, new={"id": str(k), "v": "x" * 10_000}), ch(k + 1, new={"id": str(k + 1), "v": "y"})])
+            s.add(10, [ch(k + 2, new={"id": str(k + 2), "v": "z" * 5_000})])
+        s.end_block()
+        ((_, cut),) = watcher.events
+        assert len(cut.parts) == 2
+        batches = list(stream.iter_cut(cut, batch_bytes=50_000))
+        assert len(batches) >= 5 and max(b.nbytes for b in batches) < 100_000  # (300 kB in all)
+        whole = pa.concat_tables(batches)
+        assert whole["seq"].to_pylist() == list(range(60))
+        assert [int(k[0]) for k in whole["key"].to_pylist()] == list(range(60))
+        assert whole.equals(stream.read_cut(cut))
+        s.commit(10, 1)

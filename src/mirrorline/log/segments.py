@@ -232,13 +232,12 @@ def iter_batches(info: SegmentInfo, batch_rows: int = 8192, batch_bytes: int | N
             raise damaged(info.path, e) from None
         return
     # A stream's parts each hold increasing seq; merging them by seq keeps memory to one batch per part.
-    yield from _merge_parts(info, batch_rows, batch_bytes)
+    yield from merge_parts([info.path / p for p in info.parts], info.first.lsn, info.min_ts, batch_rows, batch_bytes)
 
 
-def _part_batches(info: SegmentInfo, part: str, batch_rows: int, batch_bytes: int) -> Iterator[pa.Table]:
+def _part_batches(path: Path, lsn: int, ts: int, batch_rows: int, batch_bytes: int) -> Iterator[pa.Table]:
     """A part's rows a row group at a time, the file open only while a row group is read (a stream may have many
     parts: the merge must not hold a file handle per part)."""
-    path = info.path / part
     group = 0
     while True:
         try:
@@ -249,15 +248,16 @@ def _part_batches(info: SegmentInfo, part: str, batch_rows: int, batch_bytes: in
         except (OSError, pa.ArrowException) as e:
             raise damaged(path, e) from None
         group += 1
-        t = with_constants(t.cast(ARROW_SCHEMA), lsn=info.first.lsn, ts=info.min_ts)
+        t = with_constants(t.cast(ARROW_SCHEMA), lsn=lsn, ts=ts)
         step = limits.slice_rows(t.nbytes, t.num_rows, batch_rows, batch_bytes)
         for off in range(0, t.num_rows, step):
             yield t.slice(off, step)
 
 
-def _merge_parts(info: SegmentInfo, batch_rows: int, batch_bytes: int) -> Iterator[pa.Table]:
-    """Merge the parts by seq: each part's seqs increase, so a heap of the parts' current heads gives log order."""
-    iters = [_part_batches(info, p, batch_rows, batch_bytes) for p in info.parts]
+def merge_parts(paths: list[Path], lsn: int, ts: int, batch_rows: int, batch_bytes: int) -> Iterator[pa.Table]:
+    """The rows of a stream's part files merged by seq (each part's seqs increase, so a heap of the parts' current
+    heads gives log order), ``lsn`` and ``ts`` set, at most about ``batch_rows`` rows and ``batch_bytes`` a batch."""
+    iters = [_part_batches(p, lsn, ts, batch_rows, batch_bytes) for p in paths]
     heads: list[tuple[int, int, pa.Table, int]] = []  # (seq of the head row, part index, batch, head row)
     for i, it in enumerate(iters):
         b = next(it, None)

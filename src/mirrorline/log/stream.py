@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
@@ -26,10 +26,11 @@ from typing import TYPE_CHECKING, Protocol
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from mirrorline import limits
 from mirrorline.errors import LogError
 from mirrorline.log.columns import changes_to_arrow, conform, with_constants, with_seq
 from mirrorline.log.layout import COMMIT_RECORD, SegmentInfo, publish, segment_name, write_json_atomic
-from mirrorline.log.segments import fsync_tree, open_parquet, remove_tree, stream_stats
+from mirrorline.log.segments import fsync_tree, merge_parts, open_parquet, remove_tree, stream_stats
 from mirrorline.model import Change
 from mirrorline.position import Position
 
@@ -54,13 +55,25 @@ class StreamCut:
     last_seq: int  # (the seqs of a subtransaction aborted meanwhile are in the range, its rows in no part)
 
 
-def read_cut(cut: StreamCut, folder: Path | None = None) -> pa.Table:
-    """A cut's rows in arrival order (the log layout; ``lsn`` 0). ``folder``: where its parts are now, if not where
-    the cut found them (the transaction's segment, once committed). Raises FileNotFoundError where they are gone."""
+def iter_cut(cut: StreamCut, folder: Path | None = None, batch_bytes: int | None = None) -> Iterator[pa.Table]:
+    """A cut's rows in arrival order (the log layout; ``lsn`` and ``ts`` 0), a batch of about ``batch_bytes``
+    (default :data:`~mirrorline.limits.SLICE_BYTES`) at a time: a cut may be one stream block of hundreds of MB (a
+    transaction of TOASTed values that PostgreSQL could not stream until a block was whole). ``folder``: where its
+    parts are now, if not where the cut found them (the transaction's segment, once committed). Raises
+    FileNotFoundError where they are gone (then the batches yielded before are the cut's first rows)."""
     where = cut.folder if folder is None else folder
-    parts = [pq.read_table(where / name) for name in cut.parts]
-    rows = pa.concat_tables(parts, promote_options="default") if len(parts) > 1 else parts[0]
-    return rows.sort_by("seq") if len(parts) > 1 else rows
+    batch_bytes = limits.SLICE_BYTES if batch_bytes is None else batch_bytes
+    try:
+        yield from merge_parts([where / p for p in cut.parts], 0, 0, 1 << 62, batch_bytes)
+    except LogError:
+        if not all((where / p).exists() for p in cut.parts):
+            raise FileNotFoundError(where) from None
+        raise
+
+
+def read_cut(cut: StreamCut, folder: Path | None = None) -> pa.Table:
+    """A cut's rows in arrival order, in one table (:func:`iter_cut`)."""
+    return pa.concat_tables(list(iter_cut(cut, folder)))
 
 
 class StreamWatcher(Protocol):

@@ -40,7 +40,7 @@ from mirrorline import limits
 from mirrorline.apply.target import NotAhead
 from mirrorline.compile.small import unit_rows
 from mirrorline.errors import first_line
-from mirrorline.log.stream import StreamCut, read_cut
+from mirrorline.log.stream import StreamCut, iter_cut
 from mirrorline.pipeline.roster import Phase
 from mirrorline.pipeline.units import UnitReport
 from mirrorline.position import ZERO, Position
@@ -364,17 +364,21 @@ class AheadApplier:
         return True
 
     def _part(self, tx: _Txn, cut: StreamCut) -> None:
+        """A cut applied, a slice of about ``limits.SLICE_BYTES`` at a time (each a part of its own)."""
         if cut.first_seq != tx.last_seq + 1:  # a cut not read (moved by the commit): the rest is read at the commit
             return
+        tx.subxids.update(_subxid(p) for p in cut.parts)  # (before any of their rows is applied)
         try:
-            rows = read_cut(cut)
+            for rows in iter_cut(cut):
+                if not self._compile_apply(tx, rows, tx.start):
+                    return
+                tx.last_seq = rows["seq"][-1].as_py()
+                if not tx.targets:
+                    break
         except FileNotFoundError:
-            return  # committed or aborted meanwhile: its rows are read from the log at the commit
-        if not self._compile_apply(tx, rows, tx.start):
-            return
-        tx.last_seq = cut.last_seq
+            return  # committed or aborted meanwhile: the rows after the last slice are read from the log at the commit
+        tx.last_seq = cut.last_seq  # (seqs of a subtransaction aborted meanwhile are in the cut's range)
         self.parts += 1
-        tx.subxids.update(_subxid(p) for p in cut.parts)
         if not tx.targets:
             self._abandon(tx, "no target took its part")
 
