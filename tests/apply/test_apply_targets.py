@@ -462,3 +462,47 @@ def test_inserts_loaded_chunk_by_chunk_are_not_held_until_the_commit(kind: str, 
     s.close()
     t.close()
     assert max(held) - base < 8 * 1_000 * 1_010, f"Arrow held {(max(held) - base) >> 20} MB while the chunks went in"
+
+
+def test_duckdb_lets_go_of_a_big_append_without_writing_it_again(request: Any, tmp_path: Path) -> None:
+    """DuckDB: rows appended after a table's partial last row group are whole row groups written as they fill; as
+    the target lets go of the file after an append of at least a row group's rows, the checkpoint does not vacuum
+    (merging the partial row group with them would write every appended row again): they stay as written, and the
+    next close after a small append vacuums as DuckDB does."""
+    import duckdb
+    import pyarrow as pa
+
+    t = open_target("duckdb", request, tmp_path)
+    t.ensure_schema([ITEMS])
+
+    def append(first: int, n: int) -> None:
+        ids = range(first, first + n)
+        rows = pa.table({"id": [str(i) for i in ids], "name": ["x"] * n, "qty": ["1"] * n, "note": ["n"] * n})
+        s = t.session()
+        s.begin()
+        assert s.insert_rows(ITEMS, [rows]) == n
+        s.commit()
+        s.close()  # (the last session out: the target lets go of the file, DuckDB checkpoints)
+
+    def row_groups() -> list[int]:
+        schema, table = t.dialect.names(ITEMS.table)
+        c = duckdb.connect(t.location, read_only=True)
+        try:
+            return [
+                int(n)
+                for _, n in c.execute(
+                    "SELECT row_group_id, sum(count) FROM pragma_storage_info(?) WHERE column_id = 0"
+                    " AND segment_type <> 'VALIDITY' GROUP BY 1 ORDER BY 1",
+                    [f'"{schema}"."{table}"'],
+                ).fetchall()
+            ]
+        finally:
+            c.close()
+
+    append(0, 20_000)
+    assert row_groups() == [20_000]
+    append(20_000, 2 * 122_880 + 4_240)
+    assert row_groups() == [20_000, 122_880, 122_880, 4_240]  # as written: not merged into the first
+    append(300_000, 10)
+    assert sum(row_groups()) == 270_010 and len(row_groups()) <= 4  # a small append's close vacuums again
+    assert len(fetch(t, ITEMS.table, ["id"])) == 270_010

@@ -33,6 +33,7 @@ class DuckdbSession(Session):
     def __init__(self, conn: duckdb.DuckDBPyConnection) -> None:
         self.cur = conn.cursor()
         self._worktables: set[str] = set()  # Arrow tables registered as worktables (see load)
+        self.appended = 0  # rows appended by insert_rows and load_chunk (the target counts them as it lets go)
 
     savepoints = False  # DuckDB has none: a reject restarts the serial pass
 
@@ -105,6 +106,7 @@ class DuckdbSession(Session):
         self._worktables.add(view)
         n = self.dml(f"INSERT INTO {d.table(ts.table)} ({cols}) SELECT {exprs} FROM {view} AS v")
         self.drop_worktable(view)
+        self.appended += n
         return n
 
     def table_columns(self, table: str) -> list[str] | None:

@@ -37,6 +37,15 @@ from mirrorline.errors import TargetError
 # one file in one process with another configuration (a reader with DuckDB's defaults beside the target)
 SET_MEMORY = f"SET memory_limit = '{limits.DUCKDB_MEMORY >> 20}MiB'"
 
+# DuckDB appends a big insert as whole row groups written as they fill, after the table's last row group; the
+# checkpoint as the database is closed then vacuums, merging that partial last row group with the new ones: every
+# appended row is compressed and written a second time (250,000 rows of 2 kB appended to a table of 20,000: closing
+# took 7 s, 0.02 s without the vacuum). After a unit that appended at least this many rows (DuckDB's row group), the
+# close skips the vacuum (``max_vacuum_tasks = 0``; the next close vacuums again): one partial row group stays
+# unmerged before the appended ones. Deletes and updates leave it as it is (their row groups need the vacuum to
+# give back space). bench/bigtxn --tables wide --shapes insert.
+APPENDED_NO_VACUUM = 122_880
+
 
 class DuckdbTarget(SqlTarget):
     kind = "duckdb"
@@ -47,6 +56,7 @@ class DuckdbTarget(SqlTarget):
         self._db: duckdb.DuckDBPyConnection | None = None
         self._lock = threading.Lock()
         self._users = 0  # sessions handed out and not closed, plus applies running: the file is held while > 0
+        self._appended = 0  # rows the sessions appended since the database was opened (APPENDED_NO_VACUUM)
         self._known: tuple[tuple[int, ...], AppliedState] | None = None  # the state read, and the file's stamp then
 
     def _stamp(self) -> tuple[int, ...]:
@@ -77,6 +87,10 @@ class DuckdbTarget(SqlTarget):
             raise
 
     def _release(self, s: Session) -> None:
+        if isinstance(s, DuckdbSession):
+            with self._lock:
+                self._appended += s.appended
+            s.appended = 0
         try:
             super()._release(s)
         finally:
@@ -170,6 +184,10 @@ class DuckdbTarget(SqlTarget):
             with contextlib.suppress(Exception):
                 sess.disconnect()
         if self._db is not None:
+            if self._appended >= APPENDED_NO_VACUUM:
+                with contextlib.suppress(duckdb.Error):
+                    self._db.execute("SET max_vacuum_tasks = 0")
+            self._appended = 0
             self._db.close()
             self._db = None
 
