@@ -35,11 +35,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from mirrorline import limits
 from mirrorline.apply.target import NotAhead
 from mirrorline.compile.small import unit_rows
 from mirrorline.errors import first_line
+from mirrorline.log.segments import merge_parts
 from mirrorline.log.stream import StreamCut, iter_cut
 from mirrorline.pipeline.roster import Phase
 from mirrorline.pipeline.units import UnitReport
@@ -99,6 +101,7 @@ class _Txn:
     targets: dict[str, Ahead]
     last_seq: int = -1  # the last row of the cuts applied
     subxids: set[int] = field(default_factory=set)  # (sub)transactions with rows applied
+    applied_parts: set[str] = field(default_factory=set)  # part files whose every row is applied (whole cuts)
     compile_seconds: float = 0.0
     apply_seconds: dict[str, float] = field(default_factory=dict)
     results: dict[str, ApplyResult] = field(default_factory=dict)
@@ -378,6 +381,7 @@ class AheadApplier:
         except FileNotFoundError:
             return  # committed or aborted meanwhile: the rows after the last slice are read from the log at the commit
         tx.last_seq = cut.last_seq  # (seqs of a subtransaction aborted meanwhile are in the cut's range)
+        tx.applied_parts.update(cut.parts)
         self.parts += 1
         if not tx.targets:
             self._abandon(tx, "no target took its part")
@@ -389,12 +393,14 @@ class AheadApplier:
             self._abandon(tx, tx.cancel or "another transaction committed before it")
             return
         assert self._applier is not None
-        after = Position(info.first.lsn, tx.last_seq) if tx.last_seq >= 0 else tx.start
-        # the rows after the last cut applied (those of cuts not read before the commit moved them too), a slice
-        # of about limits.SLICE_BYTES at a time, each a part of its own
-        changes = self._applier.log
-        for rows in changes.read_arrow(after, info.last, batch_rows=limits.AHEAD_ROWS) if after < info.last else ():
-            if not self._compile_apply(tx, rows, info.last):
+        # the rows after the last cut applied: those of the parts no whole cut held (a cut not read before the commit
+        # moved it, or read in part, is read again past its last row applied), a slice of about limits.SLICE_BYTES
+        # at a time, each a part of its own; the parts applied are not read again
+        rest = [info.path / p for p in info.parts if p not in tx.applied_parts]
+        for rows in merge_parts(rest, info.first.lsn, info.min_ts, limits.AHEAD_ROWS, limits.SLICE_BYTES):
+            if tx.last_seq >= 0:
+                rows = rows.filter(pc.greater(rows["seq"], tx.last_seq))
+            if rows.num_rows and not self._compile_apply(tx, rows, info.last):
                 return
         done: list[str] = []
 
