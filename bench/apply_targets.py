@@ -133,10 +133,12 @@ def main() -> None:
         # the Delta anchor: a plain write_deltalake of the same 2n rows, already typed, into a new Delta table
         from deltalake import write_deltalake
 
-        from mirrorline.apply.delta import duck_connection, typed
+        from mirrorline.apply.delta import DELTA
+        from mirrorline.apply.lake.dialect import duck_connection
+        from mirrorline.apply.lake.session import typed
 
         con = duck_connection()
-        typed_rows = typed(con, rows, SCHEMA, list(SCHEMA.column_names))
+        typed_rows = typed(con, rows, SCHEMA, list(SCHEMA.column_names), DELTA)
         con.close()
         writes = []
         for rep in range(max(args.reps, 1)):

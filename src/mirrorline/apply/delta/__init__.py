@@ -18,23 +18,12 @@
   failing net change stops the unit with nothing written, or (``on_error = "reject"``) is set aside in
   ``mirrorline_rejects`` as one row per net change (its key, kind and image, and the position of its last change).
 
-Modules: ``dialect`` (types, folders, positions in commits), ``session`` (the state file, verify's read), ``plan``
-(one table's commit), ``target`` (the Target).
+What every table format shares (the state file, the checks of a unit's rows, lanes, rejects, verify's read) is in
+:mod:`mirrorline.apply.lake`; here: ``dialect`` (Delta's type names, a table's folder, positions in commits) and
+``target`` (delta-rs: the MERGE, schema changes, compaction and cleanup).
 """
 
-from mirrorline.apply.delta.dialect import DELTA, LOCK_FILE, STATE_FILE, DeltaDialect, commit_properties, table_position
-from mirrorline.apply.delta.session import DeltaSession, duck_connection, typed
+from mirrorline.apply.delta.dialect import DELTA, DeltaDialect, commit_properties, table_position
 from mirrorline.apply.delta.target import DeltaTarget
 
-__all__ = [
-    "DELTA",
-    "LOCK_FILE",
-    "STATE_FILE",
-    "DeltaDialect",
-    "DeltaSession",
-    "DeltaTarget",
-    "commit_properties",
-    "duck_connection",
-    "table_position",
-    "typed",
-]
+__all__ = ["DELTA", "DeltaDialect", "DeltaTarget", "commit_properties", "table_position"]

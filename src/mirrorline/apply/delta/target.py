@@ -1,48 +1,26 @@
-"""The Delta target: units applied one Delta commit per table (:mod:`mirrorline.apply.delta.plan`), its position in
-the commits and in ``_mirrorline.sqlite``, schema changes, snapshots loaded from chunks, compaction and cleanup (the
-package's docstring says how)."""
+"""The Delta target: a table format (:class:`~mirrorline.apply.lake.target.LakeTarget`) written with delta-rs: each
+unit's rows of a table one MERGE, its position in the commits, schema changes, compaction and cleanup (the package's
+docstring says how)."""
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import json
 import logging
-import threading
-import time
 from collections.abc import Iterable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from mirrorline.apply.delta.dialect import (
-    COMMIT_ATTEMPTS,
-    DELTA,
-    LOCK_FILE,
-    OP_COL,
-    _Conflict,
-    _fit,
-    _open,
-    _table_of,
-    commit_properties,
-    duck_connection,
-    table_position,
-)
-from mirrorline.apply.delta.plan import _BagPlan, _Plan
-from mirrorline.apply.delta.session import DeltaSession, _DeltaRead, _Failure
-from mirrorline.apply.lock import FileLock
+from mirrorline.apply.delta.dialect import DELTA, _open, _table_of, commit_properties, table_position
+from mirrorline.apply.lake.dialect import GROUP_COL, OP_COL, Conflict, duck_connection, fit
+from mirrorline.apply.lake.plan import BagPlan, Plan
+from mirrorline.apply.lake.target import LakeTarget
 from mirrorline.apply.reshape import Step, as_rebuild, plan, stop
-from mirrorline.apply.session import Session
-from mirrorline.apply.sql import lit
+from mirrorline.apply.sql import lit, parse_mask
 from mirrorline.apply.state import AppliedState, write_shape
 from mirrorline.apply.state import ensure as ensure_state
-from mirrorline.apply.state import now as now_stamp
-from mirrorline.apply.state import parse as parse_state
-from mirrorline.apply.target import Target, TargetRead, UnitWork, deal
 from mirrorline.errors import ApplyError, TargetError, TransientTargetError, first_line
 from mirrorline.model import TableSchema, quote_ident
 from mirrorline.position import ZERO, Position
@@ -53,29 +31,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-class DeltaTarget(Target):
+class DeltaTarget(LakeTarget):
     kind = "delta"
     dialect = DELTA
-
-    def __init__(self, name: str, location: str, **kwargs: Any) -> None:
-        kwargs.pop("parallel_rows", None)
-        super().__init__(name, location, **kwargs)
-        self.root = Path(location)
-        self._locks: dict[str, threading.Lock] = {}
-        self._locks_lock = threading.Lock()
-
-    def lock_file(self) -> FileLock:
-        self.root.mkdir(parents=True, exist_ok=True)
-        return FileLock(self.root / LOCK_FILE)
-
-    def connect(self) -> Session:
-        return DeltaSession(self)
-
-    def _lock(self, table: str) -> threading.Lock:
-        """Held by this process's commits to one Delta table (apply, a load, a compaction): they wait for each other
-        rather than conflict."""
-        with self._locks_lock:
-            return self._locks.setdefault(table, threading.Lock())
 
     def path(self, table: str) -> Path:
         return self.dialect.table_dir(self.root, table)
@@ -93,25 +51,63 @@ class DeltaTarget(Target):
                     out[p.name] = dt
         return out
 
-    # -- state -----------------------------------------------------------------------------------------------------
-    def applied_positions(self) -> AppliedState:
-        s = self.session()
-        try:
-            self._prepare(s)
-            base = parse_state(s.query(self.dialect.read_state()))
-        finally:
-            s.close()
-        tables = dict(base.tables)
-        for folder, dt in self.tables().items():
-            table = _table_of(folder)
-            tables[table] = max(tables.get(table, ZERO), table_position(dt, self.name))
-        return dataclasses.replace(base, tables=tables)
+    # -- the table format (LakeTarget) -----------------------------------------------------------------------------
+    def open_table(self, table: str) -> DeltaTable | None:
+        return self.delta_table(table)
 
-    @contextlib.contextmanager
-    def consistent_read(self) -> Iterator[TargetRead]:
-        """The target's applied position and each table as of it: its current version, or (a table whose commit of
-        a later unit landed before the unit end) the version of its last commit at or before the position."""
-        yield _DeltaRead(self)
+    def table_positions(self) -> dict[str, Position]:
+        return {_table_of(folder): table_position(dt, self.name) for folder, dt in self.tables().items()}
+
+    def table_position(self, handle: DeltaTable) -> Position:
+        return table_position(handle, self.name)
+
+    def columns_of(self, handle: DeltaTable) -> list[str]:
+        return [f.name for f in handle.schema().fields]
+
+    def current_rows(self, handle: DeltaTable, ts: TableSchema, rows: dict[str, pa.Table]) -> Any:
+        return handle.to_pyarrow_dataset()
+
+    def batches(self, handle: DeltaTable, columns: list[str]) -> Iterator[pa.RecordBatch]:
+        return iter(handle.to_pyarrow_dataset().to_batches(columns=columns, batch_size=10_000))
+
+    def as_of(self, table: str, handle: DeltaTable, position: Position) -> DeltaTable:
+        """The version of the table's last commit by this target at or before ``position`` (later commits of
+        others, such as a compaction, change no rows)."""
+        for commit in handle.history():
+            pos = commit.get("mirrorline.position")
+            if commit.get("mirrorline.target") == self.name and pos and Position.parse(pos) <= position:
+                handle.load_as_version(int(commit["version"]))
+                return handle
+            if commit.get("operation") in ("CREATE TABLE", "CREATE OR REPLACE TABLE"):
+                handle.load_as_version(int(commit["version"]))
+                return handle
+        raise TargetError(
+            f"target {self.name}: {table} is ahead of the target's position {position} and its history no longer "
+            "holds the version at that position",
+            hint="run mirrorline again so that the target's position catches up with its tables, then verify",
+            target=self.name,
+            table=table,
+        )
+
+    def commit_rows(
+        self, handle: DeltaTable, ts: TableSchema, src: pa.Table, plan: Plan, truncated: bool, position: Position
+    ) -> None:
+        """A MERGE (appended when the rows are all inserts, none there: checked; written over the table when the
+        unit truncated it)."""
+        from deltalake import write_deltalake
+
+        ops = src[OP_COL]
+        props = commit_properties(self.name, position)
+        schema = pa.schema(handle.schema().to_arrow())
+        if truncated:
+            keep = src.filter(pc.invert(pc.equal(ops, "D")))
+            write_deltalake(handle, fit(keep, schema), mode="overwrite", commit_properties=props)
+        elif src.num_rows == 0 or pc.all(pc.equal(ops, "I")).as_py():
+            write_deltalake(handle, fit(src, schema), mode="append", commit_properties=props)
+        elif isinstance(plan, BagPlan):
+            _merge_bag(plan, handle, src, props)
+        else:
+            _merge(plan, handle, src, props)
 
     # -- schema ----------------------------------------------------------------------------------------------------
     def follow_schema(self, schemas: Sequence[TableSchema], state: AppliedState) -> list[str]:
@@ -231,113 +227,13 @@ class DeltaTarget(Target):
         if dt is None:
             raise TargetError(f"target {self.name}: no Delta table for {table} at {self.path(table)}", target=self.name)
         schema = pa.schema(dt.schema().to_arrow())
-        data = pa.concat_tables([_fit(p, schema) for p in parts]) if parts else schema.empty_table()
+        data = pa.concat_tables([fit(p, schema) for p in parts]) if parts else schema.empty_table()
         props = commit_properties(self.name, position)
         with self._lock(table), self._writing(table, position):
             if overwrite:
                 write_deltalake(dt, data, mode="overwrite", commit_properties=props)
             else:
                 write_deltalake(dt, data, mode="append", commit_properties=props)
-
-    def write_unit(self, u: UnitWork, tables: list[str], todo: list[str], by_lanes: bool = True) -> None:
-        """Each table in one Delta commit with the unit's end (``threads`` > 1: tables dealt to that many lanes
-        applied side by side), then the unit end in the state file once every table is done."""
-        lanes = [lane for lane in ([t for t in lane if t in todo] for lane in deal(tables, self.threads)) if lane]
-        done = threading.Lock()
-
-        def run_lane(lane: list[str]) -> None:
-            for t in lane:
-                counts, failed = self._apply_retried(u, u.schemas[t])
-                with done:
-                    u.result.rows[t] = counts
-                    u.result.applied.append(t)
-                    u.result.rejects += len(failed)
-
-        if len(lanes) <= 1:
-            for lane in lanes:
-                run_lane(lane)
-        else:
-            with ThreadPoolExecutor(len(lanes), thread_name_prefix=f"apply-{self.name}") as ex:
-                futures = [ex.submit(run_lane, lane) for lane in lanes]
-                errors = [e for e in (f.exception() for f in futures) if e is not None]
-            if errors:
-                raise errors[0]
-        with self.transaction() as s:
-            u.record(s, [], unit=True)
-
-    def _apply_retried(self, u: UnitWork, ts: TableSchema) -> tuple[dict[str, int], list[_Failure]]:
-        for attempt in range(1, COMMIT_ATTEMPTS + 1):
-            try:
-                return self._apply_table(u, ts)
-            except _Conflict as e:  # a compaction (or another writer) committed first: read it and redo
-                if attempt == COMMIT_ATTEMPTS:
-                    raise TransientTargetError(
-                        f"target {self.name}: {ts.table}'s commit of the unit up to {u.batch.end} lost to other "
-                        f"writers {attempt} times: {e}",
-                        hint="nothing of the unit was committed to this table; is another program writing it?",
-                        target=self.name,
-                        table=ts.table,
-                    ) from e
-                log.info(
-                    "target %s: %s changed under the unit's commit (%s); applying it again", self.name, ts.table, e
-                )
-        raise AssertionError("unreachable")
-
-    def _apply_table(self, u: UnitWork, ts: TableSchema) -> tuple[dict[str, int], list[_Failure]]:
-        """One table's net rows as one Delta commit: checked, typed, then merged (appended when they are all
-        inserts, written over the table when the unit truncated it)."""
-        from deltalake import write_deltalake
-
-        batch, result = u.batch, u.result
-        t0 = time.monotonic()
-        rows = {k: u.stager.rows(ts, k) for k in ("D", "U", "I")}
-        dt = self.delta_table(ts.table)
-        assert dt is not None
-        t0 = result.timed("stage", t0)
-        con = duck_connection()
-        try:
-            for k, r in rows.items():
-                assert r is not None
-                con.register(f"w_{k.lower()}", r.append_column("_ml_row", pa.array(range(r.num_rows), pa.int64())))
-            con.register("tgt", dt.to_pyarrow_dataset())
-            truncated = ts.table in batch.truncated
-            plan = (_BagPlan if ts.bag else _Plan)(self, ts, truncated)
-            try:
-                plan.check(con)
-                src = plan.source(con) if not plan.failures or self.on_error == "reject" else None
-            except duckdb.Error:  # a value that does not convert: set aside the rows holding one, then as above
-                if not plan.bad_values(con):
-                    raise
-                plan.check(con)
-                src = plan.source(con) if self.on_error == "reject" else None
-            failures = plan.failures
-            t0 = result.timed("check", t0)
-            if failures:
-                self._locate(u, ts, failures)
-                if self.on_error == "stop":
-                    raise self._failure_error(ts, failures[0])
-                self._reject(ts, failures, batch.start, batch.end)
-            assert src is not None
-        finally:
-            con.close()
-        ops = src[OP_COL]
-        counts = {
-            "D": int(pc.sum(pc.is_in(ops, pa.array(["D", "R"]))).as_py() or 0),
-            "U": int(pc.sum(pc.equal(ops, "U")).as_py() or 0),
-            "I": int(pc.sum(pc.is_in(ops, pa.array(["I", "R"]))).as_py() or 0),
-        }
-        props = commit_properties(self.name, batch.end)
-        schema = pa.schema(dt.schema().to_arrow())
-        with self._lock(ts.table), self._writing(ts.table, batch.end):
-            if truncated:
-                keep = src.filter(pc.invert(pc.equal(ops, "D")))
-                write_deltalake(dt, _fit(keep, schema), mode="overwrite", commit_properties=props)
-            elif src.num_rows == 0 or pc.all(pc.equal(ops, "I")).as_py():  # inserts only, none there (checked)
-                write_deltalake(dt, _fit(src, schema), mode="append", commit_properties=props)
-            else:
-                plan.merge(dt, src, props)
-        result.timed("commit", t0)
-        return counts, failures
 
     @contextlib.contextmanager
     def _writing(self, table: str, end: Position, redo: bool = True) -> Iterator[None]:
@@ -349,7 +245,7 @@ class DeltaTarget(Target):
             yield
         except CommitFailedError as e:
             if redo:  # the caller applies again on the new version
-                raise _Conflict(first_line(e)) from e
+                raise Conflict(first_line(e)) from e
             raise TransientTargetError(
                 f"target {self.name}: another writer committed to the Delta table {table} first: {first_line(e)}",
                 hint="nothing was committed; run again",
@@ -372,68 +268,6 @@ class DeltaTarget(Target):
                 hint="nothing was committed to this table; check the target folder and run again",
                 **ctx,
             ) from e
-
-    @staticmethod
-    def _locate(u: UnitWork, ts: TableSchema, failures: list[_Failure]) -> None:
-        """Give each failing net change the position and kind of the last change folded into it, when the unit's
-        changes are at hand (an insert's position travels with it)."""
-        wanted: dict[tuple[str | None, ...], _Failure] = {
-            tuple(None if v is None else str(v) for v in f.key): f for f in failures if not f.position
-        }
-        if not wanted or u.changes is None:
-            return
-        src = u.changes() if callable(u.changes) else u.changes
-        after = u.state.table(ts.table)
-        for c in src:
-            if c.table != ts.table or not after < c.pos <= u.batch.end:
-                continue
-            for key in (c.key, c.old_key):
-                f = wanted.get(key) if key is not None else None
-                if f is not None:
-                    f.position, f.op = str(c.pos), c.op.value
-
-    def _failure_error(self, ts: TableSchema, f: _Failure) -> ApplyError:
-        if f.error is not None:
-            return f.error
-        what = {"D": "delete", "U": "update", "I": "insert", "M": "insert"}[f.op or f.kind]
-        where = f"at {f.position}" if f.position else "(its position unknown: the unit's changes were not given)"
-        return ApplyError(
-            f"target {self.name}: {what} on {ts.table} key {f.key} {where} failed: {f.what}",
-            hint='fix the target (or the row) and run again; or set on_error = "reject" to set failing changes aside',
-            target=self.name,
-            table=ts.table,
-            key=f.key,
-            position=f.position or None,
-            op=f.op or f.kind,
-            db_message=f.what,
-        )
-
-    def _reject(self, ts: TableSchema, failures: list[_Failure], start: Position, end: Position) -> None:
-        """The unit's rejects of the table, written before its commit (again, identically, if the unit is applied
-        again after a crash)."""
-        stamp = now_stamp()
-        with self.transaction() as s:
-            s.execute(
-                f"DELETE FROM {self.dialect.own('mirrorline_rejects')} WHERE {quote_ident('table')} = ? "
-                "AND (lsn > ? OR (lsn = ? AND seq > ?)) AND (lsn < ? OR (lsn = ? AND seq <= ?))",
-                (ts.table, start.lsn, start.lsn, start.seq, end.lsn, end.lsn, end.seq),
-            )
-            for f in failures:
-                pos = Position.parse(f.position) if f.position else end
-                s.execute(
-                    self.dialect.insert_reject(),
-                    (
-                        pos.lsn,
-                        pos.seq,
-                        str(pos),
-                        ts.table,
-                        json.dumps(f.key, default=str),
-                        f.kind,
-                        json.dumps(f.image, default=str) if f.image is not None else None,
-                        f.what,
-                        stamp,
-                    ),
-                )
 
     # -- upkeep ----------------------------------------------------------------------------------------------------
     def maintain(self, *, retention_hours: int = 168, compact: bool = True, vacuum: bool = True) -> dict[str, Any]:
@@ -484,3 +318,49 @@ class DeltaTarget(Target):
                 "position": str(table_position(dt, self.name)),
             }
         return out
+
+
+def _merge(plan: Plan, dt: DeltaTable, src: pa.Table, props: Any) -> None:
+    """A keyed table's MERGE: deletes; updates of the columns sent, a clause per set of unsent columns;
+    inserts (and, in mirror mode, updates of rows not there)."""
+    ts = plan.ts
+    cols = list(ts.column_names)
+    value_cols = [c for c in cols if c not in ts.key]
+    s = {c: f"s.{quote_ident(c)}" for c in cols}
+    pred = " AND ".join(
+        f"(t.{quote_ident(k)} {'IS NOT DISTINCT FROM' if ts.column(k).nullable else '='} s.{quote_ident(k)})"
+        for k in ts.key
+    )
+    m = dt.merge(src, predicate=pred, source_alias="s", target_alias="t", commit_properties=props)
+    m = m.when_matched_delete(predicate=f"s.{OP_COL} = 'D'")
+    m = m.when_matched_update(updates=s, predicate=f"s.{OP_COL} = 'R'")
+    for i, mask in enumerate(plan.masks):
+        kept = parse_mask(mask)
+        set_cols = [c for c in value_cols if c not in kept]
+        if set_cols:
+            m = m.when_matched_update(
+                updates={c: s[c] for c in set_cols}, predicate=f"s.{OP_COL} = 'U' AND s.{GROUP_COL} = {i}"
+            )
+    if plan.mirror and "" in plan.masks:
+        m = m.when_not_matched_insert(
+            updates=s, predicate=f"s.{OP_COL} = 'U' AND s.{GROUP_COL} = {plan.masks.index('')}"
+        )
+    m = m.when_not_matched_insert(updates=s, predicate=f"s.{OP_COL} IN ('I', 'R')")
+    m.execute()
+
+
+def _merge_bag(plan: Plan, dt: DeltaTable, src: pa.Table, props: Any) -> None:
+    """A bag's MERGE: each image the unit deletes copies of deleted whole, the copies it keeps and the new
+    rows inserted."""
+    pred = " AND ".join(
+        f"(t.{quote_ident(c)} {'IS NOT DISTINCT FROM' if plan.ts.column(c).nullable else '='} s.{quote_ident(c)})"
+        for c in plan.ts.key
+    )
+    m = dt.merge(
+        src, predicate=f"s.{OP_COL} = 'D' AND {pred}", source_alias="s", target_alias="t", commit_properties=props
+    )
+    m = m.when_matched_delete()
+    m = m.when_not_matched_insert(
+        updates={c: f"s.{quote_ident(c)}" for c in plan.ts.column_names}, predicate=f"s.{OP_COL} = 'I'"
+    )
+    m.execute()

@@ -1,5 +1,5 @@
-"""A Delta target's session: mirrorline's own state in ``_mirrorline.sqlite`` beside the tables, and the consistent read
-``verify`` checksums; values typed by DuckDB's casts."""
+"""A table format's session: mirrorline's own state in ``_mirrorline.sqlite`` beside the tables, the writes of a
+snapshot's load, and the consistent read ``verify`` checksums; values typed by DuckDB's casts."""
 
 from __future__ import annotations
 
@@ -15,43 +15,43 @@ import pyarrow as pa
 from mirrorline.apply import types as type_map
 from mirrorline.apply.canonical import native_text
 from mirrorline.apply.chunks import read_chunk
-from mirrorline.apply.delta.dialect import DELTA, STATE_FILE, _open, duck_connection, table_position
+from mirrorline.apply.lake.dialect import STATE_FILE, LakeDialect, duck_connection
 from mirrorline.apply.session import Session
 from mirrorline.apply.sqlite import SqliteSession
 from mirrorline.apply.state import read as read_state
 from mirrorline.apply.target import TargetRead
 from mirrorline.errors import ApplyError, TargetError
 from mirrorline.model import TableSchema, quote_ident
-from mirrorline.position import Position
 
 if TYPE_CHECKING:
-    from deltalake import DeltaTable
-
-    from mirrorline.apply.delta.target import DeltaTarget
+    from mirrorline.apply.lake.target import LakeTarget
 
 log = logging.getLogger(__name__)
 
 
-class DeltaSession(Session):
+class LakeSession(Session):
     """A transaction on ``_mirrorline.sqlite`` (mirrorline's own tables: positions, snapshot state, rejects, through a
-    SQLite session it holds) plus the Delta writes of a snapshot's load: the tables emptied (:meth:`truncate`) are
-    overwritten at :meth:`commit`, each in one Delta commit with the position the transaction gave it, before the
-    state file commits (a crash in between leaves the load ``loading``: it is loaded again)."""
+    SQLite session it holds) plus the table writes of a snapshot's load: the tables emptied (:meth:`truncate`) are
+    overwritten at :meth:`commit`, each in one commit of its format with the position the transaction gave it, before
+    the state file commits (a crash in between leaves the load ``loading``: it is loaded again)."""
 
-    dialect = DELTA
+    dialect: LakeDialect
     db_errors: tuple[type[BaseException], ...] = (*SqliteSession.db_errors, duckdb.Error, OSError)
 
-    def __init__(self, target: DeltaTarget) -> None:
+    def __init__(self, target: LakeTarget) -> None:
         try:
             target.root.mkdir(parents=True, exist_ok=True)
         except OSError as e:
             raise TargetError(
-                f"target {target.name}: cannot use {target.root} as the Delta target's folder: {e.strerror or e}",
-                hint="point the target's url at a folder (delta:///relative/path or delta:////absolute/path)",
+                f"target {target.name}: cannot use {target.root} as the {target.dialect.title} target's folder: "
+                f"{e.strerror or e}",
+                hint=f"point the target's url at a folder ({target.kind}:///relative/path or "
+                f"{target.kind}:////absolute/path)",
                 target=target.name,
             ) from e
         self.state = SqliteSession(str(target.root / STATE_FILE))
         self.target = target
+        self.dialect = target.dialect
         self._pending: dict[str, list[pa.Table]] = {}
         self._emptied: set[str] = set()
         self._con: duckdb.DuckDBPyConnection | None = None
@@ -118,15 +118,15 @@ class DeltaSession(Session):
         n = 0
         for batch in read_chunk(path, ts.column_names, header):
             data = pa.Table.from_batches([batch]).rename_columns(list(ts.column_names))
-            self._pending[ts.table].append(typed(self._con, data, ts, list(ts.column_names)))
+            self._pending[ts.table].append(typed(self._con, data, ts, list(ts.column_names), self.dialect))
             n += batch.num_rows
         return n
 
     def table_columns(self, table: str) -> list[str] | None:
-        """A Delta table's columns, or one of mirrorline's own tables' in the state file."""
-        dt = _open(self.dialect.table_dir(self.target.root, table))
-        if dt is not None:
-            return [f.name for f in dt.schema().fields]
+        """A table's columns, or one of mirrorline's own tables' in the state file."""
+        handle = self.target.open_table(table)
+        if handle is not None:
+            return self.target.columns_of(handle)
         return self.state.table_columns(table)
 
     def is_data_error(self, exc: BaseException) -> bool:
@@ -140,25 +140,27 @@ class DeltaSession(Session):
         self.state.disconnect()
 
 
-def typed(con: duckdb.DuckDBPyConnection, data: pa.Table, ts: TableSchema, columns: Sequence[str]) -> pa.Table:
-    """Text rows holding ``columns`` of ``ts`` -> the Delta table's Arrow types (every column of ``ts``, missing
-    ones null)."""
+def typed(
+    con: duckdb.DuckDBPyConnection, data: pa.Table, ts: TableSchema, columns: Sequence[str], dialect: LakeDialect
+) -> pa.Table:
+    """Text rows holding ``columns`` of ``ts`` -> the table's Arrow types in ``dialect`` (every column of ``ts``,
+    missing ones null)."""
     view = "mirrorline_text"
     con.register(view, data)
     try:
         have = set(columns)
         exprs = [
-            (DELTA.convert(quote_ident(c.name), ts, c) if c.name in have else "NULL") + f" AS {quote_ident(c.name)}"
+            (dialect.convert(quote_ident(c.name), ts, c) if c.name in have else "NULL") + f" AS {quote_ident(c.name)}"
             for c in ts.columns
         ]
         out = con.sql(f"SELECT {', '.join(exprs)} FROM {view}").to_arrow_table()
     finally:
         con.unregister(view)
-    return out.cast(DELTA.arrow_schema(ts))
+    return out.cast(dialect.arrow_schema(ts))
 
 
 @dataclass
-class _Failure:
+class Failure:
     kind: str  # D, U, I, M (the row to take unsent columns from)
     key: list[Any]
     position: str
@@ -168,60 +170,44 @@ class _Failure:
     op: str = ""  # the kind of the last change folded into the net change, when known (I, U, D)
 
 
-class _DeltaRead(TargetRead):
-    def __init__(self, target: DeltaTarget) -> None:
+class LakeRead(TargetRead):
+    """The target's applied position and each table as of it: its current version, or (a table whose commit of a
+    later unit landed before the unit end) the version of its last commit at or before the position
+    (:meth:`LakeTarget.as_of`)."""
+
+    def __init__(self, target: LakeTarget) -> None:
         self.target = target
         self.position = target.applied_positions().live  # (a table stopped alone is behind it: not compared)
-        self._tables: dict[str, DeltaTable | None] = {}
+        self._tables: dict[str, Any] = {}
 
-    def _table(self, table: str) -> DeltaTable | None:
+    def _table(self, table: str) -> Any:
         if table not in self._tables:
-            dt = _open(DELTA.table_dir(self.target.root, table))
-            if dt is not None and table_position(dt, self.target.name) > self.position:
-                self._as_of(table, dt)
-            self._tables[table] = dt
+            handle = self.target.open_table(table)
+            if handle is not None and self.target.table_position(handle) > self.position:
+                handle = self.target.as_of(table, handle, self.position)
+            self._tables[table] = handle
         return self._tables[table]
 
-    def _as_of(self, table: str, dt: DeltaTable) -> None:
-        """A table one unit ahead of the target's position (its commit landed, the unit end not yet): read the
-        version of its last commit at or before the position (later commits of others, such as a compaction,
-        change no rows)."""
-        name = self.target.name
-        for commit in dt.history():
-            pos = commit.get("mirrorline.position")
-            if commit.get("mirrorline.target") == name and pos and Position.parse(pos) <= self.position:
-                dt.load_as_version(int(commit["version"]))
-                return
-            if commit.get("operation") in ("CREATE TABLE", "CREATE OR REPLACE TABLE"):
-                dt.load_as_version(int(commit["version"]))
-                return
-        raise TargetError(
-            f"target {name}: {table} is ahead of the target's position {self.position} and its history no longer "
-            "holds the version at that position",
-            hint="run mirrorline again so that the target's position catches up with its tables, then verify",
-            target=name,
-            table=table,
-        )
-
     def columns(self, table: str) -> list[str] | None:
-        dt = self._table(table)
-        return None if dt is None else [f.name for f in dt.schema().fields]
+        handle = self._table(table)
+        return None if handle is None else self.target.columns_of(handle)
 
     def rows(self, ts: TableSchema) -> Iterator[list[Sequence[str | None]]]:
-        dt = self._table(ts.table)
-        assert dt is not None
+        handle = self._table(ts.table)
+        assert handle is not None
+        dialect = self.target.dialect
         convs = [native_text(c.type_name) for c in ts.columns]
-        infos = [DELTA.type_info(ts.table, c) for c in ts.columns]
+        infos = [dialect.type_info(ts.table, c) for c in ts.columns]
         # dates and timestamps as DuckDB's text of them: Python's have no year before 1 AD
         sel = ", ".join(
-            type_map.duck_text(quote_ident(c.name), i.target_type == "timestamp")
+            type_map.duck_text(quote_ident(c.name), i.target_type in dialect.zoned)
             if i.conv == "time"
             else quote_ident(c.name)
             for c, i in zip(ts.columns, infos, strict=True)
         )
         con = duck_connection()
         try:
-            for batch in dt.to_pyarrow_dataset().to_batches(columns=list(ts.column_names), batch_size=10_000):
+            for batch in self.target.batches(handle, list(ts.column_names)):
                 con.register("mirrorline_rows", batch)
                 data = con.sql(f"SELECT {sel} FROM mirrorline_rows").to_arrow_table()
                 con.unregister("mirrorline_rows")

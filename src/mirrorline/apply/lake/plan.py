@@ -1,5 +1,6 @@
-"""One table's net rows as one Delta commit: the checks a database's constraints make elsewhere, made against the
-table's current version with DuckDB, then the MERGE (or the append, or the overwrite of a truncated table)."""
+"""One table's net rows of a unit, planned against the table's current rows with DuckDB: the checks a database's
+constraints make elsewhere (the row to delete or update is there, the key to insert is not), then the rows to write
+(every column typed, each marked D / U / I / R), which the table's format commits as one commit."""
 
 from __future__ import annotations
 
@@ -11,35 +12,34 @@ import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from mirrorline.apply.delta.dialect import DELTA, GROUP_COL, OP_COL, _ids
-from mirrorline.apply.delta.session import _Failure
+from mirrorline.apply.lake.dialect import GROUP_COL, OP_COL, id_list
+from mirrorline.apply.lake.session import Failure
 from mirrorline.apply.sql import MASK_COL, MASK_SEP, key_col, lit, moved_col, parse_mask
 from mirrorline.model import TableSchema, quote_ident
 from mirrorline.position import Position
 
 if TYPE_CHECKING:
-    from deltalake import DeltaTable
-
-    from mirrorline.apply.delta.target import DeltaTarget
+    from mirrorline.apply.lake.target import LakeTarget
 
 log = logging.getLogger(__name__)
 
 
-class _Plan:
-    """One table's net rows of a unit against its current version: the checks, then the MERGE's source (every
+class Plan:
+    """One table's net rows of a unit against its current rows (``tgt``): the checks, then the rows to write (every
     column typed, ``_ml_op`` D / U / I / R (a delete and an insert of one key: the row replaced), ``_ml_group`` the
-    U row's set of unsent columns)."""
+    U row's set of unsent columns, named in :attr:`masks`)."""
 
-    def __init__(self, target: DeltaTarget, ts: TableSchema, truncated: bool) -> None:
+    def __init__(self, target: LakeTarget, ts: TableSchema, truncated: bool) -> None:
         self.target, self.ts, self.truncated = target, ts, truncated
+        self.dialect = target.dialect
         self.mirror = target.mode == "mirror"
         self.rejected: dict[str, set[int]] = {"d": set(), "u": set(), "i": set()}  # row ids per worktable
-        self.failures: list[_Failure] = []  # what was set aside, in the order found
+        self.failures: list[Failure] = []  # what was set aside, in the order found
         self.masks: list[str] = []
 
     def _typed_key(self, alias: str, names: Sequence[str]) -> list[str]:
         return [
-            DELTA.convert(f"{alias}.{quote_ident(n)}", self.ts, self.ts.column(k))
+            self.dialect.convert(f"{alias}.{quote_ident(n)}", self.ts, self.ts.column(k))
             for k, n in zip(self.ts.key, names, strict=True)
         ]
 
@@ -55,15 +55,15 @@ class _Plan:
             return "FALSE"
         return f"EXISTS (SELECT 1 FROM tgt t WHERE {self._match('t', exprs)})"
 
-    def _fail(self, kind: str, row_id: int, failure: _Failure) -> None:
+    def _fail(self, kind: str, row_id: int, failure: Failure) -> None:
         self.rejected[kind].add(row_id)
         self.failures.append(failure)
 
     def _pending(self, kind: str, alias: str = "w") -> str:
         """Not set aside already (a re-run after :meth:`bad_values` looks at the other rows only)."""
-        return f"{alias}._ml_row NOT IN ({_ids(self.rejected[kind])})"
+        return f"{alias}._ml_row NOT IN ({id_list(self.rejected[kind])})"
 
-    def check(self, con: duckdb.DuckDBPyConnection) -> list[_Failure]:
+    def check(self, con: duckdb.DuckDBPyConnection) -> list[Failure]:
         """Set aside the net changes the table's current version cannot take; every failure so far."""
         ts, nk = self.ts, len(self.ts.key)
         wk = [key_col(i) for i in range(nk)]
@@ -77,7 +77,7 @@ class _Plan:
         replaced = (
             f"EXISTS (SELECT 1 FROM w_i i WHERE {self._pending('i', 'i')} AND "
             + " AND ".join(
-                f"{DELTA.convert('i.' + quote_ident(k), ts, ts.column(k))} IS NOT DISTINCT FROM {e}"
+                f"{self.dialect.convert('i.' + quote_ident(k), ts, ts.column(k))} IS NOT DISTINCT FROM {e}"
                 for k, e in zip(ts.key, dkey, strict=True)
             )
             + ")"
@@ -87,7 +87,7 @@ class _Plan:
             f"AND NOT {self._exists(dkey)} ORDER BY 1"
         ):
             self._fail(
-                "d", row[0], _Failure("D", list(row[1:]), "", "no row with this key at the target to delete", None)
+                "d", row[0], Failure("D", list(row[1:]), "", "no row with this key at the target to delete", None)
             )
         need_u = "TRUE" if not self.mirror else f"w.{MASK_COL} <> ''"
         for row in rows(
@@ -95,14 +95,14 @@ class _Plan:
             f"AND NOT {self._exists(dkey)} ORDER BY 1"
         ):
             self._fail(
-                "u", row[0], _Failure("U", list(row[1:]), "", "no row with this key at the target to update", None)
+                "u", row[0], Failure("U", list(row[1:]), "", "no row with this key at the target to update", None)
             )
         icols = [quote_ident(k) for k in ts.key]
         ikey = self._typed_key("w", list(ts.key))
         deleted = (
             f"EXISTS (SELECT 1 FROM w_d d WHERE {self._pending('d', 'd')} AND "
             + " AND ".join(
-                f"{e} IS NOT DISTINCT FROM {DELTA.convert('d.' + quote_ident(key_col(i)), ts, ts.column(k))}"
+                f"{e} IS NOT DISTINCT FROM {self.dialect.convert('d.' + quote_ident(key_col(i)), ts, ts.column(k))}"
                 for i, (k, e) in enumerate(zip(ts.key, ikey, strict=True))
             )
             + ")"
@@ -115,7 +115,7 @@ class _Plan:
         ):
             where = str(Position(int(row[1]), int(row[2])))
             self._fail(
-                "i", row[0], _Failure("I", list(row[3:]), where, "a row with this key is at the target already", None)
+                "i", row[0], Failure("I", list(row[3:]), where, "a row with this key is at the target already", None)
             )
         mk = self._typed_key("w", [moved_col(i) for i in range(nk)])
         moved_exists = f"EXISTS (SELECT 1 FROM tgt t WHERE {self._match('t', mk)})"
@@ -126,10 +126,10 @@ class _Plan:
         ):
             err = self.target._moved_error(ts, row[1:-1], parse_mask(row[-1]))
             p = Position(int(row[1 + 2 * nk]), int(row[2 + 2 * nk]))
-            self._fail("i", row[0], _Failure("M", list(row[1 : 1 + nk]), str(p), err.message, None, err))
+            self._fail("i", row[0], Failure("M", list(row[1 : 1 + nk]), str(p), err.message, None, err))
         return self.failures
 
-    def bad_values(self, con: duckdb.DuckDBPyConnection) -> list[_Failure]:
+    def bad_values(self, con: duckdb.DuckDBPyConnection) -> list[Failure]:
         """The rows holding a value that does not convert to its column's type (looked for once a conversion has
         failed), set aside like the rows that fail a check."""
         ts, nk = self.ts, len(self.ts.key)
@@ -150,37 +150,37 @@ class _Plan:
             rejected = self.rejected[kind.lower()]
             for name, column in cols:
                 col = ts.column(column)
-                info = DELTA.type_info(ts.table, col)
-                bad = DELTA.bad_value(f"w.{quote_ident(name)}", info)
+                info = self.dialect.type_info(ts.table, col)
+                bad = self.dialect.bad_value(f"w.{quote_ident(name)}", info)
                 if bad is None:
                     continue
                 sql = (
                     f"SELECT _ml_row, {pos or 'NULL, NULL'}, w.{quote_ident(name)}, "
                     f"{', '.join('w.' + quote_ident(k) for k in keys)} FROM w_{kind.lower()} w "
-                    f"WHERE {bad} AND _ml_row NOT IN ({_ids(rejected)}) ORDER BY 1"
+                    f"WHERE {bad} AND _ml_row NOT IN ({id_list(rejected)}) ORDER BY 1"
                 )
                 for row in con.sql(sql).fetchall():
                     where = str(Position(int(row[1]), int(row[2]))) if row[1] is not None else ""
                     what = (
-                        f"{ts.table}.{column}: {row[3]!r} is not a valid {col.type_name} value for a Delta "
-                        f"{info.target_type} column"
+                        f"{ts.table}.{column}: {row[3]!r} is not a valid {col.type_name} value for a "
+                        f"{self.dialect.title} {info.target_type} column"
                     )
-                    self._fail(kind.lower(), row[0], _Failure(kind, list(row[4:]), where, what, None))
+                    self._fail(kind.lower(), row[0], Failure(kind, list(row[4:]), where, what, None))
         return self.failures[found:]
 
     def source(self, con: duckdb.DuckDBPyConnection) -> pa.Table:
-        """The MERGE's source rows (rejected rows left out)."""
+        """The rows to write (rejected rows left out)."""
         ts, nk = self.ts, len(self.ts.key)
         cols = list(ts.column_names)
         wk = [key_col(i) for i in range(nk)]
         dkey = self._typed_key("w", wk)
 
         def conv(alias: str, c: str) -> str:
-            return DELTA.convert(f"{alias}.{quote_ident(c)}", ts, ts.column(c))
+            return self.dialect.convert(f"{alias}.{quote_ident(c)}", ts, ts.column(c))
 
-        not_in = {k: f"_ml_row NOT IN ({_ids(v)})" for k, v in self.rejected.items()}
+        not_in = {k: f"_ml_row NOT IN ({id_list(v)})" for k, v in self.rejected.items()}
         replaced = (
-            f"EXISTS (SELECT 1 FROM w_i i WHERE i._ml_row NOT IN ({_ids(self.rejected['i'])}) AND "
+            f"EXISTS (SELECT 1 FROM w_i i WHERE i._ml_row NOT IN ({id_list(self.rejected['i'])}) AND "
             + " AND ".join(f"{conv('i', k)} IS NOT DISTINCT FROM {e}" for k, e in zip(ts.key, dkey, strict=True))
             + ")"
         )
@@ -210,7 +210,7 @@ class _Plan:
         )
         sql = " UNION ALL ".join(f"({p})" for p in parts)
         src = con.sql(sql).to_arrow_table()
-        schema = DELTA.arrow_schema(ts)
+        schema = self.dialect.arrow_schema(ts)
         src = pa.table(
             {**{c: src[c].cast(schema.field(c).type) for c in cols}, OP_COL: src[OP_COL], MASK_COL: src[MASK_COL]}
         )
@@ -218,37 +218,11 @@ class _Plan:
         group = pc.index_in(pc.fill_null(src[MASK_COL], ""), value_set=pa.array(self.masks, pa.string()))
         return src.drop_columns([MASK_COL]).append_column(GROUP_COL, group)
 
-    def merge(self, dt: DeltaTable, src: pa.Table, props: Any) -> None:
-        ts = self.ts
-        cols = list(ts.column_names)
-        value_cols = [c for c in cols if c not in ts.key]
-        s = {c: f"s.{quote_ident(c)}" for c in cols}
-        pred = " AND ".join(
-            f"(t.{quote_ident(k)} {'IS NOT DISTINCT FROM' if ts.column(k).nullable else '='} s.{quote_ident(k)})"
-            for k in ts.key
-        )
-        m = dt.merge(src, predicate=pred, source_alias="s", target_alias="t", commit_properties=props)
-        m = m.when_matched_delete(predicate=f"s.{OP_COL} = 'D'")
-        m = m.when_matched_update(updates=s, predicate=f"s.{OP_COL} = 'R'")
-        for i, mask in enumerate(self.masks):
-            kept = parse_mask(mask)
-            set_cols = [c for c in value_cols if c not in kept]
-            if set_cols:
-                m = m.when_matched_update(
-                    updates={c: s[c] for c in set_cols}, predicate=f"s.{OP_COL} = 'U' AND s.{GROUP_COL} = {i}"
-                )
-        if self.mirror and "" in self.masks:
-            m = m.when_not_matched_insert(
-                updates=s, predicate=f"s.{OP_COL} = 'U' AND s.{GROUP_COL} = {self.masks.index('')}"
-            )
-        m = m.when_not_matched_insert(updates=s, predicate=f"s.{OP_COL} IN ('I', 'R')")
-        m.execute()
 
-
-class _BagPlan(_Plan):
+class BagPlan(Plan):
     """A table without a key (a bag of rows): the unit's net rows are copies of images to delete (``w_d``, one row
-    per copy) and to insert (``w_i``). A Delta MERGE deletes every row matching a source row, so each image that
-    loses copies is deleted whole and the copies it keeps are inserted again, in the same commit."""
+    per copy) and to insert (``w_i``). A delete by the image removes every row holding it, so each image that loses
+    copies is deleted whole and the copies it keeps are inserted again, in the same commit."""
 
     def _images(self) -> str:
         wk = ", ".join(key_col(i) for i in range(len(self.ts.key)))
@@ -267,7 +241,7 @@ class _BagPlan(_Plan):
             f"FROM {self._images()} AS i JOIN tgt t ON {self._match('t', ikey)}"
         )
 
-    def check(self, con: duckdb.DuckDBPyConnection) -> list[_Failure]:
+    def check(self, con: duckdb.DuckDBPyConnection) -> list[Failure]:
         if self.truncated:  # nothing is there to delete: the unit's deletes were of copies it inserted itself
             return self.failures
         wk = [key_col(i) for i in range(len(self.ts.key))]
@@ -278,7 +252,7 @@ class _BagPlan(_Plan):
         )
         for row in con.sql(sql).fetchall():
             what = f"the target holds {row[2]} copies of this row, the unit deletes {row[1]}"
-            self._fail("d", row[0], _Failure("D", list(row[3:]), "", what, None))
+            self._fail("d", row[0], Failure("D", list(row[3:]), "", what, None))
         return self.failures
 
     def source(self, con: duckdb.DuckDBPyConnection) -> pa.Table:
@@ -294,10 +268,12 @@ class _BagPlan(_Plan):
                 f"SELECT {', '.join(quote_ident(c) for c in cols)}, 'I' AS {OP_COL} FROM ({self._copies()}) "
                 "WHERE ml_rn > ml_n"
             )
-        plain = ", ".join(f"{DELTA.convert('w.' + quote_ident(c), ts, ts.column(c))} AS {quote_ident(c)}" for c in cols)
+        plain = ", ".join(
+            f"{self.dialect.convert('w.' + quote_ident(c), ts, ts.column(c))} AS {quote_ident(c)}" for c in cols
+        )
         parts.append(f"SELECT {plain}, 'I' AS {OP_COL} FROM w_i w WHERE {self._pending('i')}")
         src = con.sql(" UNION ALL ".join(f"({p})" for p in parts)).to_arrow_table()
-        schema = DELTA.arrow_schema(ts)
+        schema = self.dialect.arrow_schema(ts)
         self.masks = [""]
         return pa.table(
             {
@@ -306,17 +282,3 @@ class _BagPlan(_Plan):
                 GROUP_COL: pa.array([0] * src.num_rows, pa.int32()),
             }
         )
-
-    def merge(self, dt: DeltaTable, src: pa.Table, props: Any) -> None:
-        pred = " AND ".join(
-            f"(t.{quote_ident(c)} {'IS NOT DISTINCT FROM' if self.ts.column(c).nullable else '='} s.{quote_ident(c)})"
-            for c in self.ts.key
-        )
-        m = dt.merge(
-            src, predicate=f"s.{OP_COL} = 'D' AND {pred}", source_alias="s", target_alias="t", commit_properties=props
-        )
-        m = m.when_matched_delete()
-        m = m.when_not_matched_insert(
-            updates={c: f"s.{quote_ident(c)}" for c in self.ts.column_names}, predicate=f"s.{OP_COL} = 'I'"
-        )
-        m.execute()

@@ -1,0 +1,282 @@
+"""What the table formats (Delta, Iceberg) share of a target: mirrorline's own state in ``_mirrorline.sqlite`` beside
+the tables, each table's net rows of a unit checked against its current rows and committed as one commit of its
+format with the unit's end, tables side by side in lanes, the failing net changes stopped at or set aside, and the
+consistent read of ``verify``. A format implements the few methods marked abstract here: how a table is opened,
+read, written and dated (its position), and its schema changes."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import logging
+import threading
+import time
+from abc import abstractmethod
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from mirrorline.apply.lake.dialect import COMMIT_ATTEMPTS, LOCK_FILE, OP_COL, Conflict, LakeDialect, duck_connection
+from mirrorline.apply.lake.plan import BagPlan, Plan
+from mirrorline.apply.lake.session import Failure, LakeRead, LakeSession
+from mirrorline.apply.lock import FileLock
+from mirrorline.apply.session import Session
+from mirrorline.apply.state import AppliedState
+from mirrorline.apply.state import now as now_stamp
+from mirrorline.apply.state import parse as parse_state
+from mirrorline.apply.target import Target, TargetRead, UnitWork, deal
+from mirrorline.errors import ApplyError, TransientTargetError
+from mirrorline.model import TableSchema, quote_ident
+from mirrorline.position import Position
+
+log = logging.getLogger(__name__)
+
+
+class LakeTarget(Target):
+    """A target whose tables are tables of a format in a folder (see the module's docstring)."""
+
+    dialect: LakeDialect
+
+    def __init__(self, name: str, location: str, **kwargs: Any) -> None:
+        kwargs.pop("parallel_rows", None)
+        super().__init__(name, location, **kwargs)
+        self.root = Path(location)
+        self._locks: dict[str, threading.Lock] = {}
+        self._locks_lock = threading.Lock()
+
+    def lock_file(self) -> FileLock:
+        self.root.mkdir(parents=True, exist_ok=True)
+        return FileLock(self.root / LOCK_FILE)
+
+    def connect(self) -> Session:
+        return LakeSession(self)
+
+    def _lock(self, table: str) -> threading.Lock:
+        """Held by this process's commits to one table (apply, a load, a compaction): they wait for each other
+        rather than conflict."""
+        with self._locks_lock:
+            return self._locks.setdefault(table, threading.Lock())
+
+    # -- the format's own --------------------------------------------------------------------------------------------
+    @abstractmethod
+    def open_table(self, table: str) -> Any:
+        """Source table ``table``'s table at the target, as the format's handle (None: there is none)."""
+
+    @abstractmethod
+    def table_positions(self) -> dict[str, Position]:
+        """Each table's position as its own last commit by this target carries it (ZERO: none yet)."""
+
+    @abstractmethod
+    def table_position(self, handle: Any) -> Position:
+        """What the table's last commit by this target applied (ZERO: none yet)."""
+
+    @abstractmethod
+    def columns_of(self, handle: Any) -> list[str]:
+        """The table's columns, in order."""
+
+    @abstractmethod
+    def current_rows(self, handle: Any, ts: TableSchema, rows: dict[str, pa.Table]) -> Any:
+        """The table's current rows as DuckDB reads them (a dataset, an Arrow table), for the checks of a unit whose
+        worktable rows are ``rows`` (by kind: a format may read only the rows of their keys)."""
+
+    @abstractmethod
+    def commit_rows(
+        self, handle: Any, ts: TableSchema, src: pa.Table, plan: Plan, truncated: bool, position: Position
+    ) -> None:
+        """Commit the planned rows ``src`` (:meth:`Plan.source`) as one commit carrying ``position``: ``truncated``,
+        in place of every row the table holds."""
+
+    @abstractmethod
+    def write(self, table: str, parts: Sequence[pa.Table], position: Position, overwrite: bool) -> None:
+        """Add ``parts`` to the table's rows, or replace them (``overwrite``), in one commit carrying ``position``
+        (a snapshot's load)."""
+
+    @abstractmethod
+    def as_of(self, table: str, handle: Any, position: Position) -> Any:
+        """The table as of its last commit at or before ``position`` (it is ahead of the target's position)."""
+
+    @abstractmethod
+    def batches(self, handle: Any, columns: list[str]) -> Iterator[pa.RecordBatch]:
+        """The table's rows, ``columns`` of them, a batch at a time."""
+
+    @abstractmethod
+    def _writing(self, table: str, end: Position, redo: bool = True) -> contextlib.AbstractContextManager[None]:
+        """A write's failure as mirrorline's error (a constraint the rows break is the data's, anything else the
+        target's); ``redo``: a commit that lost to another raises :class:`Conflict` for the caller to redo."""
+
+    # -- state -----------------------------------------------------------------------------------------------------
+    def applied_positions(self) -> AppliedState:
+        s = self.session()
+        try:
+            self._prepare(s)
+            base = parse_state(s.query(self.dialect.read_state()))
+        finally:
+            s.close()
+        tables = dict(base.tables)
+        for table, pos in self.table_positions().items():
+            tables[table] = max(tables.get(table, pos), pos)
+        return dataclasses.replace(base, tables=tables)
+
+    @contextlib.contextmanager
+    def consistent_read(self) -> Iterator[TargetRead]:
+        """The target's applied position and each table as of it (:class:`LakeRead`)."""
+        yield LakeRead(self)
+
+    # -- writes ----------------------------------------------------------------------------------------------------
+    def write_unit(self, u: UnitWork, tables: list[str], todo: list[str], by_lanes: bool = True) -> None:
+        """Each table in one Delta commit with the unit's end (``threads`` > 1: tables dealt to that many lanes
+        applied side by side), then the unit end in the state file once every table is done."""
+        lanes = [lane for lane in ([t for t in lane if t in todo] for lane in deal(tables, self.threads)) if lane]
+        done = threading.Lock()
+
+        def run_lane(lane: list[str]) -> None:
+            for t in lane:
+                counts, failed = self._apply_retried(u, u.schemas[t])
+                with done:
+                    u.result.rows[t] = counts
+                    u.result.applied.append(t)
+                    u.result.rejects += len(failed)
+
+        if len(lanes) <= 1:
+            for lane in lanes:
+                run_lane(lane)
+        else:
+            with ThreadPoolExecutor(len(lanes), thread_name_prefix=f"apply-{self.name}") as ex:
+                futures = [ex.submit(run_lane, lane) for lane in lanes]
+                errors = [e for e in (f.exception() for f in futures) if e is not None]
+            if errors:
+                raise errors[0]
+        with self.transaction() as s:
+            u.record(s, [], unit=True)
+
+    def _apply_retried(self, u: UnitWork, ts: TableSchema) -> tuple[dict[str, int], list[Failure]]:
+        for attempt in range(1, COMMIT_ATTEMPTS + 1):
+            try:
+                return self._apply_table(u, ts)
+            except Conflict as e:  # a compaction (or another writer) committed first: read it and redo
+                if attempt == COMMIT_ATTEMPTS:
+                    raise TransientTargetError(
+                        f"target {self.name}: {ts.table}'s commit of the unit up to {u.batch.end} lost to other "
+                        f"writers {attempt} times: {e}",
+                        hint="nothing of the unit was committed to this table; is another program writing it?",
+                        target=self.name,
+                        table=ts.table,
+                    ) from e
+                log.info(
+                    "target %s: %s changed under the unit's commit (%s); applying it again", self.name, ts.table, e
+                )
+        raise AssertionError("unreachable")
+
+    def _apply_table(self, u: UnitWork, ts: TableSchema) -> tuple[dict[str, int], list[Failure]]:
+        """One table's net rows as one commit: checked against its current rows, typed, then committed by the
+        format (:meth:`commit_rows`)."""
+        batch, result = u.batch, u.result
+        t0 = time.monotonic()
+        rows = {k: u.stager.rows(ts, k) for k in ("D", "U", "I")}
+        handle = self.open_table(ts.table)
+        assert handle is not None
+        t0 = result.timed("stage", t0)
+        con = duck_connection()
+        try:
+            for k, r in rows.items():
+                assert r is not None
+                con.register(f"w_{k.lower()}", r.append_column("_ml_row", pa.array(range(r.num_rows), pa.int64())))
+            con.register("tgt", self.current_rows(handle, ts, rows))
+            truncated = ts.table in batch.truncated
+            plan = (BagPlan if ts.bag else Plan)(self, ts, truncated)
+            try:
+                plan.check(con)
+                src = plan.source(con) if not plan.failures or self.on_error == "reject" else None
+            except duckdb.Error:  # a value that does not convert: set aside the rows holding one, then as above
+                if not plan.bad_values(con):
+                    raise
+                plan.check(con)
+                src = plan.source(con) if self.on_error == "reject" else None
+            failures = plan.failures
+            t0 = result.timed("check", t0)
+            if failures:
+                self._locate(u, ts, failures)
+                if self.on_error == "stop":
+                    raise self._failure_error(ts, failures[0])
+                self._reject(ts, failures, batch.start, batch.end)
+            assert src is not None
+        finally:
+            con.close()
+        ops = src[OP_COL]
+        counts = {
+            "D": int(pc.sum(pc.is_in(ops, pa.array(["D", "R"]))).as_py() or 0),
+            "U": int(pc.sum(pc.equal(ops, "U")).as_py() or 0),
+            "I": int(pc.sum(pc.is_in(ops, pa.array(["I", "R"]))).as_py() or 0),
+        }
+        with self._lock(ts.table), self._writing(ts.table, batch.end):
+            self.commit_rows(handle, ts, src, plan, truncated, batch.end)
+        result.timed("commit", t0)
+        return counts, failures
+
+    @staticmethod
+    def _locate(u: UnitWork, ts: TableSchema, failures: list[Failure]) -> None:
+        """Give each failing net change the position and kind of the last change folded into it, when the unit's
+        changes are at hand (an insert's position travels with it)."""
+        wanted: dict[tuple[str | None, ...], Failure] = {
+            tuple(None if v is None else str(v) for v in f.key): f for f in failures if not f.position
+        }
+        if not wanted or u.changes is None:
+            return
+        src = u.changes() if callable(u.changes) else u.changes
+        after = u.state.table(ts.table)
+        for c in src:
+            if c.table != ts.table or not after < c.pos <= u.batch.end:
+                continue
+            for key in (c.key, c.old_key):
+                f = wanted.get(key) if key is not None else None
+                if f is not None:
+                    f.position, f.op = str(c.pos), c.op.value
+
+    def _failure_error(self, ts: TableSchema, f: Failure) -> ApplyError:
+        if f.error is not None:
+            return f.error
+        what = {"D": "delete", "U": "update", "I": "insert", "M": "insert"}[f.op or f.kind]
+        where = f"at {f.position}" if f.position else "(its position unknown: the unit's changes were not given)"
+        return ApplyError(
+            f"target {self.name}: {what} on {ts.table} key {f.key} {where} failed: {f.what}",
+            hint='fix the target (or the row) and run again; or set on_error = "reject" to set failing changes aside',
+            target=self.name,
+            table=ts.table,
+            key=f.key,
+            position=f.position or None,
+            op=f.op or f.kind,
+            db_message=f.what,
+        )
+
+    def _reject(self, ts: TableSchema, failures: list[Failure], start: Position, end: Position) -> None:
+        """The unit's rejects of the table, written before its commit (again, identically, if the unit is applied
+        again after a crash)."""
+        stamp = now_stamp()
+        with self.transaction() as s:
+            s.execute(
+                f"DELETE FROM {self.dialect.own('mirrorline_rejects')} WHERE {quote_ident('table')} = ? "
+                "AND (lsn > ? OR (lsn = ? AND seq > ?)) AND (lsn < ? OR (lsn = ? AND seq <= ?))",
+                (ts.table, start.lsn, start.lsn, start.seq, end.lsn, end.lsn, end.seq),
+            )
+            for f in failures:
+                pos = Position.parse(f.position) if f.position else end
+                s.execute(
+                    self.dialect.insert_reject(),
+                    (
+                        pos.lsn,
+                        pos.seq,
+                        str(pos),
+                        ts.table,
+                        json.dumps(f.key, default=str),
+                        f.kind,
+                        json.dumps(f.image, default=str) if f.image is not None else None,
+                        f.what,
+                        stamp,
+                    ),
+                )
