@@ -40,4 +40,4 @@ def test_a_target_takes_its_capabilities_from_its_kind(tmp_path: Path) -> None:
     pg = target_class("postgresql")("p", "postgresql://nobody@127.0.0.1:1/none")  # made without connecting
     loader = pg.chunk_loader()
     assert loader is not None and type(loader) is load(KINDS["postgresql"].chunk_loader)
-    assert compacting() == ["delta"]
+    assert compacting() == ["delta", "iceberg"]

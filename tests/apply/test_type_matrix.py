@@ -2,12 +2,13 @@
 text (an enum, a domain, a composite), each with its edge values, through a real PostgreSQL, capture, the log, Spark's
 compile and apply into one target of each kind; inserted, updated, deleted and inserted again; then a snapshot of
 the same table into a second target of each kind. Each target is read through its own client (psycopg2, sqlite3,
-duckdb, deltalake), its values turned into the text PostgreSQL shows by this file's own rules, not mirrorline's, and
+duckdb, deltalake, pyiceberg), its values turned into the text PostgreSQL shows by this file's own rules, not mirrorline's, and
 compared with the source's values as PostgreSQL's output functions write them (what psql shows); then ``verify``
 must say equal.
 
 Where a target kind cannot hold a value (README, "Types"), the documented value is expected instead: NULL for a
-``numeric(p,s)`` NaN on DuckDB and Delta, NULL for a date or timestamp outside the years 1 to 9999 on Delta."""
+``numeric(p,s)`` NaN on DuckDB, Delta and Iceberg, NULL for a date or timestamp outside the years 1 to 9999 on Delta
+and Iceberg."""
 
 from __future__ import annotations
 
@@ -35,7 +36,7 @@ from mirrorline.verify import verify
 pytestmark = [pytest.mark.pg, pytest.mark.spark]
 
 TABLE = "public.matrix"
-KINDS = ["postgresql", "sqlite", "duckdb", "delta"]
+KINDS = ["postgresql", "sqlite", "duckdb", "delta", "iceberg"]
 USER_TYPES = (
     "CREATE TYPE mood AS ENUM ('happy', 'so \"so\"', 'sad');"
     "CREATE DOMAIN posint AS integer CHECK (VALUE > 0);"
@@ -161,6 +162,7 @@ NULLED = {
         "c_tstz": {"infinity", "-infinity", "0044-03-15 12:00:00+00 BC", "294276-12-31 00:00:00+00"},
     },
 }
+NULLED["iceberg"] = NULLED["delta"]  # the same years, the same decimals
 
 
 def _lit(v: str | None) -> str:
@@ -289,9 +291,14 @@ def _target(kind: str, url: str) -> dict[int, list[Any]]:
             return {r[0]: list(r[1:]) for r in dconn.execute(f"SELECT {sel} FROM matrix").fetchall()}
         finally:
             dconn.close()
-    from deltalake import DeltaTable
+    if kind == "iceberg":  # pyiceberg's own scan, the table found in the embedded catalog
+        import oracle
 
-    data = DeltaTable(str(Path(path) / "matrix")).to_pyarrow_table()
+        data = oracle.iceberg_table(path, TABLE).scan().to_arrow()
+    else:
+        from deltalake import DeltaTable
+
+        data = DeltaTable(str(Path(path) / "matrix")).to_pyarrow_table()
     con = duckdb.connect()  # Arrow's dates and timestamps written by DuckDB, for the same reason
     try:
         con.register("data", data)
@@ -351,6 +358,9 @@ def test_every_type_and_edge_value_reaches_every_target_kind(
     )
     assert any(m.startswith("target live_sqlite: public.matrix: c_real (real as REAL: -0 is held as 0)") for m in said)
     assert any("target live_delta: public.matrix:" in m and "c_date (date as date: values outside" in m for m in said)
+    assert any(
+        "target live_iceberg: public.matrix:" in m and "c_num_ps (numeric(10,2) as decimal(10,2)" in m for m in said
+    )
     assert not any("live_postgresql" in m for m in said)
     applier = Applier(live_conf, spark=spark)
     try:

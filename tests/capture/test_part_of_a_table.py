@@ -22,7 +22,7 @@ from mirrorline import config as cfg
 from mirrorline.capture.selection import filter_columns
 from mirrorline.errors import ConfigError
 
-KINDS = ("postgresql", "sqlite", "duckdb", "delta")
+KINDS = ("postgresql", "sqlite", "duckdb", "delta", "iceberg")
 
 
 def test_the_columns_a_row_filter_names() -> None:

@@ -24,7 +24,7 @@ from mirrorline.pipeline import Applier
 from mirrorline.snapshot.run import snapshot_target
 from mirrorline.status import status
 
-KINDS = ("postgresql", "sqlite", "duckdb", "delta")
+KINDS = ("postgresql", "sqlite", "duckdb", "delta", "iceberg")
 TABLES = ("public.part", "public.solo_a")
 
 DDL = """

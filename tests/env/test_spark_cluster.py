@@ -22,7 +22,7 @@ from mirrorline.workload import Workload
 
 pytestmark = [pytest.mark.pg, pytest.mark.slow]
 
-KINDS = ["postgresql", "sqlite", "duckdb", "delta"]
+KINDS = ["postgresql", "sqlite", "duckdb", "delta", "iceberg"]
 
 
 @pytest.fixture

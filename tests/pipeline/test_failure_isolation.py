@@ -1,5 +1,6 @@
 """One failure stops only itself: of four targets replicating live, one is made to refuse a row of one
-table (a CHECK added at a PostgreSQL or a Delta target, a trigger at a SQLite one, a unique index at a DuckDB one).
+table (a CHECK added at a PostgreSQL or a Delta target, a trigger at a SQLite one, a unique index at a DuckDB one, a
+row of the new key written by hand into an Iceberg one, which has no constraints).
 That table stops alone at that target: the target's other table and the other targets stay current, the pipeline
 keeps applying and tries the table again by itself; ``status`` shows the table ``stopped`` with the reason (text,
 ``--json``, Prometheus) and ``--check``'s problems name it; ``verify`` reports it as not comparable, never as a
@@ -33,7 +34,7 @@ from mirrorline.pipeline import Applier
 from mirrorline.snapshot.run import snapshot_target
 from mirrorline.verify import verify
 
-KINDS = ("postgresql", "sqlite", "duckdb", "delta")
+KINDS = ("postgresql", "sqlite", "duckdb", "delta", "iceberg")
 TABLES = ("public.items", "public.quiet")
 
 
@@ -69,6 +70,13 @@ def _refuse(kind: str, url: str) -> Callable[[], None]:
 
         return allow
     path = url.split(":///", 1)[1]
+    if kind == "iceberg":  # another writer's row of the key to insert: the insert of (2, 'bad') finds it there
+        import pyarrow as pa
+        from pyiceberg.expressions import EqualTo
+
+        table = oracle.iceberg_table(path, "public.items")
+        table.append(pa.table({"id": [2], "v": ["by hand"]}).cast(table.schema().as_arrow()))
+        return lambda: oracle.iceberg_table(path, "public.items").delete(EqualTo("id", 2))
     if kind == "delta":
         from deltalake import DeltaTable
 

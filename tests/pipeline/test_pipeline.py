@@ -13,12 +13,12 @@ from mirrorline.workload import EVENTS, Workload
 
 pytestmark = [pytest.mark.pg, pytest.mark.spark]
 # fixed workload seeds (printed): a failure is replayed by running the test again
-SEEDS = {(k, m): 11 + i for i, (k, m) in enumerate((k, m) for k in ("postgresql", "sqlite", "duckdb", "delta")
+SEEDS = {(k, m): 11 + i for i, (k, m) in enumerate((k, m) for k in ("postgresql", "sqlite", "duckdb", "delta", "iceberg")
                                                    for m in ("update", "mirror"))}  # fmt: skip
 
 
 @pytest.mark.parametrize("mode", ["update", "mirror"])
-@pytest.mark.parametrize("kind", ["postgresql", "sqlite", "duckdb", "delta"])
+@pytest.mark.parametrize("kind", ["postgresql", "sqlite", "duckdb", "delta", "iceberg"])
 def test_random_workload_replicates_exactly(pg, pg_cluster, spark, tmp_path, kind, mode):
     seed = SEEDS[(kind, mode)]
     print(f"workload seed {seed}")
@@ -64,7 +64,7 @@ def test_large_units_replicate_exactly_with_net_rows_on_the_driver_or_through_pa
 
     work = Workload(pg.dsn, seed=41)
     work.create()
-    kinds = ("postgresql", "sqlite", "duckdb", "delta")
+    kinds = ("postgresql", "sqlite", "duckdb", "delta", "iceberg")
     urls = {k: target_url(k, tmp_path, pg_cluster, f"large_{where}_{k}_{pg.name[-6:]}") for k in kinds}
     conf_file = tmp_path / "m.toml"
     conf_file.write_text(config_text(pg.dsn, tmp_path / "log", {k: (u, "update") for k, u in urls.items()}))

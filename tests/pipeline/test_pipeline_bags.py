@@ -23,7 +23,7 @@ from mirrorline.workload import COLUMNS, big_text, source_rows
 pytestmark = [pytest.mark.pg, pytest.mark.spark]
 
 TABLE = "public.hist"
-KINDS = ["postgresql", "sqlite", "duckdb", "delta"]
+KINDS = ["postgresql", "sqlite", "duckdb", "delta", "iceberg"]
 DDL = (
     "CREATE TABLE public.hist (a integer NOT NULL, note text, doc json, big text);"
     "ALTER TABLE public.hist REPLICA IDENTITY FULL"
@@ -126,6 +126,13 @@ def test_a_copy_missing_at_the_target_stops_naming_the_delete(
             rows = dt.to_pyarrow_table()
             first = rows["a"].to_pylist().index(1)
             write_deltalake(dt, rows.take([i for i in range(rows.num_rows) if i != first]), mode="overwrite")
+        elif kind == "iceberg":  # the same by another writer of the Iceberg table
+            import oracle
+
+            it = oracle.iceberg_table(urls[kind].split(":///", 1)[1], TABLE)
+            rows = it.scan().to_arrow()
+            first = rows["a"].to_pylist().index(1)
+            it.overwrite(rows.take([i for i in range(rows.num_rows) if i != first]))
         else:
             s = target.connect()
             s.begin()

@@ -31,7 +31,7 @@ from mirrorline.verify import verify
 pytestmark = [pytest.mark.pg, pytest.mark.spark]
 
 SEED, HISTORIES = 1701, 16
-KINDS = {"postgresql": "update", "sqlite": "mirror", "duckdb": "update", "delta": "mirror"}
+KINDS = {"postgresql": "update", "sqlite": "mirror", "duckdb": "update", "delta": "mirror", "iceberg": "update"}
 
 
 def big(v: str | None) -> str | None:

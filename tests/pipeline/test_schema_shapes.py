@@ -18,7 +18,7 @@ from mirrorline import config as cfg
 from mirrorline.capture.session import Capture
 from mirrorline.snapshot.run import snapshot_target
 
-KINDS = ("postgresql", "sqlite", "duckdb", "delta")
+KINDS = ("postgresql", "sqlite", "duckdb", "delta", "iceberg")
 
 DDL = """
 CREATE TABLE public.s_drop (id integer PRIMARY KEY, gone text, keep integer);

@@ -29,7 +29,7 @@ SMALL = Options(chunk_mb=0.04, progress=False)
 def test_export_load_catch_up_verify(pg: Any, spark: Any, tmp_path: Path, target_dbs: list[str]) -> None:
     create_items(pg.dsn, rows=1500)
     create_items(pg.dsn, "public.parts", rows=300, start=10_000)
-    urls = target_urls(tmp_path, pg.cluster, ["postgresql", "sqlite", "delta"], target_dbs)
+    urls = target_urls(tmp_path, pg.cluster, ["postgresql", "sqlite", "delta", "iceberg"], target_dbs)
     cfg = write_config(tmp_path, pg.dsn, urls, {"public.items": {"sequence": 2}, "public.parts": {"sequence": 1}})
     out = tmp_path / "out"
     out.mkdir()
@@ -47,19 +47,19 @@ def test_export_load_catch_up_verify(pg: Any, spark: Any, tmp_path: Path, target
     assert tables_in_order == ["public.parts", "public.items"]  # sequence 1 before sequence 2
     assert len(manifest.chunks) > 2 and (folder / "END").is_file()
     assert manifest.rows()["public.parts"] == 300
-    for name in ("postgresql", "sqlite", "delta"):
+    for name in ("postgresql", "sqlite", "delta", "iceberg"):
         loaded = load_snapshot(cfg, name, folder, options=SMALL)
         assert loaded.position == manifest.position
         assert loaded.rows == manifest.rows()
     Workload(pg.dsn, max_id=work.next_id + 100, seed=7).run_some(200)  # more changes after the loads
     capture_once(cfg)
-    for name in ("postgresql", "sqlite", "delta"):
+    for name in ("postgresql", "sqlite", "delta", "iceberg"):
         catch_up_target(cfg, name)
         for table in ("public.items", "public.parts"):  # read independently before verify is asked
             oracle.assert_same(pg.dsn, name, urls[name], table)
     report = verify(cfg)
     assert report.ok, report.text()
-    assert {t.target for t in report.targets} == {"postgresql", "sqlite", "delta"}
+    assert {t.target for t in report.targets} == {"postgresql", "sqlite", "delta", "iceberg"}
 
 
 def _damage(folder: Path, how: str, other: Path) -> str:

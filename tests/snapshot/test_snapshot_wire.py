@@ -35,7 +35,7 @@ def test_snapshot_under_a_workload_then_catch_up_equals_source(
     pg: Any, spark: Any, tmp_path: Path, target_dbs: list[str]
 ) -> None:
     create_items(pg.dsn, rows=3000)
-    urls = target_urls(tmp_path, pg.cluster, ["postgresql", "sqlite", "duckdb", "delta"], target_dbs)
+    urls = target_urls(tmp_path, pg.cluster, ["postgresql", "sqlite", "duckdb", "delta", "iceberg"], target_dbs)
     cfg = write_config(tmp_path, pg.dsn, urls, {"public.items": {"actions": "IDU"}})
     work = Workload(pg.dsn, max_id=3000).start()
     try:
@@ -44,22 +44,23 @@ def test_snapshot_under_a_workload_then_catch_up_equals_source(
         second = snapshot_target(cfg, "sqlite", options=SMALL)  # a temporary slot: a later point
         third = snapshot_target(cfg, "duckdb", options=SMALL)
         fourth = snapshot_target(cfg, "delta", options=SMALL)
+        fifth = snapshot_target(cfg, "iceberg", options=SMALL)
         assert work.ops > before  # the source changed while the snapshots ran
     finally:
         work.stop()
     assert first.created_slot and not second.created_slot
-    assert first.position < second.position < third.position < fourth.position
-    for res in (first, second, third, fourth):
+    assert first.position < second.position < third.position < fourth.position < fifth.position
+    for res in (first, second, third, fourth, fifth):
         t = open_target(cfg.targets[res.target])  # type: ignore[index]
         assert t.applied_position() == res.position
         t.close()
     capture_once(cfg)
-    for name in ("postgresql", "sqlite", "duckdb", "delta"):
+    for name in ("postgresql", "sqlite", "duckdb", "delta", "iceberg"):
         catch_up_target(cfg, name)
         oracle.assert_same(pg.dsn, name, urls[name], "public.items")  # read independently before verify is asked
     report = verify(cfg)
     assert report.ok, report.text()
-    assert {t.target for t in report.targets} == {"postgresql", "sqlite", "duckdb", "delta"}
+    assert {t.target for t in report.targets} == {"postgresql", "sqlite", "duckdb", "delta", "iceberg"}
     assert all(c.source_rows > 2000 for t in report.targets for c in t.tables)
 
 

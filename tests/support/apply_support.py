@@ -19,6 +19,7 @@ KINDS = [
     pytest.param("sqlite", id="sqlite"),
     pytest.param("duckdb", id="duckdb"),
     pytest.param("delta", id="delta"),
+    pytest.param("iceberg", id="iceberg"),
 ]
 SQL_KINDS = KINDS[:3]  # the databases (the failure path that re-applies changes one by one in SQL)
 MODES = ["update", "mirror"]

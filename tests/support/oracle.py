@@ -146,6 +146,12 @@ def read(
             return None
         data = DeltaTable(str(folder)).to_pyarrow_table(columns=list(names))
         return list(zip(*(data[n].to_pylist() for n in names), strict=True))
+    if kind == "iceberg":
+        data = iceberg_table(location, table)
+        if data is None:
+            return None
+        got = data.scan(selected_fields=tuple(names)).to_arrow()
+        return list(zip(*(got[n].to_pylist() for n in names), strict=True))
     if kind == "sqlite":
         with sqlite3.connect(location) as sconn:
             found = sconn.execute("SELECT 1 FROM sqlite_master WHERE name = ?", (one_name,)).fetchone()
@@ -167,6 +173,28 @@ def read(
         return dconn.execute(f"SELECT {sel} FROM {_q(duck_schema)}.{_q(name)}").fetchall()
     finally:
         dconn.close()
+
+
+def iceberg_table(location: str, table: str) -> Any:
+    """The Iceberg table of source table ``table`` in the embedded catalog of the target in folder ``location``,
+    found by pyiceberg's own catalog as the table whose ``mirrorline.table`` property names it (None: none)."""
+    from pyiceberg.catalog.sql import SqlCatalog
+
+    root = Path(location)
+    if not (root / "_catalog.sqlite").exists():
+        return None
+    catalog = SqlCatalog(
+        "mirrorline", uri=f"sqlite:///{root / '_catalog.sqlite'}", warehouse=(root / "warehouse").as_uri()
+    )
+    try:
+        for ns in catalog.list_namespaces():
+            for ident in catalog.list_tables(ns):
+                t = catalog.load_table(ident)
+                if t.properties.get("mirrorline.table") == table:
+                    return t
+        return None
+    finally:
+        catalog.engine.dispose()
 
 
 def location(url: str) -> str:

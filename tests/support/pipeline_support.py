@@ -41,7 +41,7 @@ def target_url(kind: str, tmp_path: Path, pg_cluster: Any, name: str) -> str:
     if kind == "postgresql":
         pg_cluster.create_database(name)
         return str(pg_cluster.url(name))
-    suffix = {"sqlite": ".db", "duckdb": ".duckdb", "delta": ".lake"}[kind]
+    suffix = {"sqlite": ".db", "duckdb": ".duckdb", "delta": ".lake", "iceberg": ".ice"}[kind]
     return f"{kind}:///{tmp_path / (name + suffix)}"
 
 

@@ -12,6 +12,7 @@ import duckdb
 import psycopg2
 import pyarrow as pa
 import pyarrow.compute as pc
+import oracle
 import pytest
 from deltalake import DeltaTable, write_deltalake
 from snapshot_support import create_items, target_urls, write_config
@@ -23,7 +24,7 @@ from mirrorline.verify import verify
 pytestmark = [pytest.mark.pg, pytest.mark.spark]
 
 SMALL = Options(chunk_mb=0.04, progress=False)
-KINDS = ["postgresql", "sqlite", "duckdb", "delta"]
+KINDS = ["postgresql", "sqlite", "duckdb", "delta", "iceberg"]
 
 
 def _source(dsn: str) -> None:
@@ -74,9 +75,10 @@ def _break(kind: str, url: str, tmp_path: Path) -> None:
         for s in stmts:
             con.execute(s.format(t="main.items"))
         con.close()
-    else:
+    else:  # the lake formats: the table's rows changed in Arrow and written back by the format's own library
         path = str(tmp_path / "target.delta" / "items")
-        data = DeltaTable(path).to_pyarrow_table()
+        iceberg = oracle.iceberg_table(str(tmp_path / "target.iceberg"), "public.items") if kind == "iceberg" else None
+        data = iceberg.scan().to_arrow() if iceberg is not None else DeltaTable(path).to_pyarrow_table()
         ids = data["id"].to_pylist()
         qty = [4242 if i == 5 else q for i, q in zip(ids, data["qty"].to_pylist(), strict=True)]
         data = data.set_column(data.schema.get_field_index("qty"), "qty", pa.array(qty, data["qty"].type))
@@ -95,7 +97,10 @@ def _break(kind: str, url: str, tmp_path: Path) -> None:
         data = put("ts", {30: at[30] + dt.timedelta(microseconds=1)})
         stray = {c: [None] for c in data.column_names} | {"id": [99999], "name": ["stray"], "qty": [1]}
         data = pa.concat_tables([data, pa.table(stray, schema=data.schema)])
-        write_deltalake(path, data, mode="overwrite")
+        if iceberg is not None:
+            iceberg.overwrite(data)
+        else:
+            write_deltalake(path, data, mode="overwrite")
 
 
 def test_no_false_difference_and_diff_names_rows_and_columns(

@@ -20,7 +20,7 @@ from mirrorline.capture.session import Capture
 from mirrorline.snapshot.run import snapshot_target
 from mirrorline.verify import verify
 
-KINDS = ("postgresql", "sqlite", "duckdb", "delta")
+KINDS = ("postgresql", "sqlite", "duckdb", "delta", "iceberg")
 
 TYPES = [
     "smallint",
@@ -112,7 +112,13 @@ def test_verify_agrees_with_an_independent_reader(pg: Any, pg_cluster: Any, spar
         lite.execute("UPDATE nulls SET c8 = NULL WHERE id = 2")
     report = verify(conf, diff=10)
     bad = {t.target: t.differing for t in report.targets}
-    assert bad == {"postgresql": ["public.nulls"], "sqlite": ["public.nulls"], "duckdb": [], "delta": []}, bad
+    assert bad == {
+        "postgresql": ["public.nulls"],
+        "sqlite": ["public.nulls"],
+        "duckdb": [],
+        "delta": [],
+        "iceberg": [],
+    }, bad
     assert not _oracle_same(pg, "postgresql", urls["postgresql"], "public.nulls")
     assert not _oracle_same(pg, "sqlite", urls["sqlite"], "public.nulls")
 

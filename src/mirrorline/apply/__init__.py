@@ -38,6 +38,8 @@ def open_target(cfg: TargetConfig, *, threads: int = 1, needs: Needs | None = No
     with at least this many net rows load worktables from Spark tasks), ``open_wait`` (seconds a connection waits
     while another process holds the database; 0: not at all)."""
     cls = target_class(cfg.kind)
+    if cfg.catalog:  # a kind with a catalog (kinds.Kind.catalog): the one its [catalog] table names
+        options["catalog"] = dict(cfg.catalog)
     return cls(
         cfg.name,
         cfg.location,

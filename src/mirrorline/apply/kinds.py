@@ -23,6 +23,7 @@ class Kind:
     compacts: bool = False  # has files to compact and clean up (maintain, compact_every, vacuum_retention)
     direct_inserts: bool = False  # a SQL kind: a unit's net inserts go straight into the table, not via a worktable
     chunk_loader: str = ""  # "module:Class": a snapshot's chunks loaded by the Spark tasks; "": the driver loads them
+    catalog: bool = False  # its tables are in a catalog: a [targets.X.catalog] table names one (else its embedded one)
     open_wait: float = 0.0  # seconds a connection waits while another process holds the database
     what: str = ""  # what a target of this kind is, for messages
 
@@ -63,6 +64,15 @@ KINDS: dict[str, Kind] = {
             True,
             compacts=True,
             what="a folder of Delta Lake tables",
+        ),
+        Kind(
+            "iceberg",
+            "mirrorline.apply.iceberg:IcebergTarget",
+            ("iceberg",),
+            True,
+            compacts=True,
+            catalog=True,
+            what="Apache Iceberg tables (an embedded catalog in a folder, or the catalog its [catalog] table names)",
         ),
     )
 }

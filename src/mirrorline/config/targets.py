@@ -6,6 +6,7 @@ or a DSN), its mode, what it does with a change it cannot apply, how it is first
 from __future__ import annotations
 
 import math
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +36,9 @@ class TargetConfig:
     # the prefix of mirrorline's own tables at the target (mirrorline_applied, _snapshot, _rejects): two instances
     # sharing one target database each take their own
     state_prefix: str = "mirrorline_"
+    # a kind with a catalog (kinds.Kind.catalog): the properties of the catalog its tables are in, values taken from
+    # the environment where written ${NAME} (never printed); empty: the kind's embedded catalog
+    catalog: tuple[tuple[str, str], ...] = ()
 
 
 def target_location(url: str, base: Path) -> tuple[str, str]:
@@ -73,7 +77,15 @@ def parse_targets(file: str, base: Path, data: Any, on_error: str) -> dict[str, 
             raise r.fail(name, "target names are letters, digits, _ and -, at most 40")
         t = Reader(file, f"targets.{name}", spec)
         t.only(
-            "url", "mode", "on_error", "all_or_nothing", "compact_every", "vacuum_retention", "initial", "state_prefix"
+            "url",
+            "mode",
+            "on_error",
+            "all_or_nothing",
+            "compact_every",
+            "vacuum_retention",
+            "initial",
+            "state_prefix",
+            "catalog",
         )
         url = t.get("url", str, required=True)
         try:
@@ -110,6 +122,7 @@ def parse_targets(file: str, base: Path, data: Any, on_error: str) -> dict[str, 
             for key in ("compact_every", "vacuum_retention"):
                 if key in t.data:
                     raise t.fail(key, f"{KINDS[kind].what} has no files to compact and clean up")
+        catalog = _catalog(t, KINDS[kind]) if "catalog" in t.data else ()
         targets[name] = TargetConfig(
             name=name,
             url=url,
@@ -120,6 +133,31 @@ def parse_targets(file: str, base: Path, data: Any, on_error: str) -> dict[str, 
             all_or_nothing=t.get("all_or_nothing", bool, False),
             initial=initial,
             state_prefix=state_prefix,
+            catalog=catalog,
             **upkeep,
         )
     return targets
+
+
+def _catalog(t: Reader, kind: Any) -> tuple[tuple[str, str], ...]:
+    """A target's ``[targets.X.catalog]`` table: string properties, ``${NAME}`` in a value read from the environment
+    when the configuration is read (a missing variable is an error naming it, never its value)."""
+    if not kind.catalog:
+        raise t.fail("catalog", f"{kind.what} has no catalog")
+    data = t.data["catalog"]
+    if not isinstance(data, dict) or not data:
+        raise t.fail("catalog", "expected a table of the catalog's properties (type, uri, warehouse, ...)")
+    out = []
+    for key, value in data.items():
+        if not isinstance(value, str | int | float | bool):
+            raise t.fail(f"catalog.{key}", "expected a string")
+        text = str(value).lower() if isinstance(value, bool) else str(value)
+
+        def env(m: re.Match[str], key: str = key) -> str:
+            got = os.environ.get(m.group(1))
+            if got is None:
+                raise t.fail(f"catalog.{key}", f"the environment variable {m.group(1)} is not set")
+            return got
+
+        out.append((str(key), re.sub(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}", env, text)))
+    return tuple(out)
