@@ -2,9 +2,9 @@
 text (an enum, a domain, a composite), each with its edge values, through a real PostgreSQL, capture, the log, Spark's
 compile and apply into one target of each kind; inserted, updated, deleted and inserted again; then a snapshot of
 the same table into a second target of each kind. Each target is read through its own client (psycopg2, sqlite3,
-duckdb, deltalake, pyiceberg), its values turned into the text PostgreSQL shows by this file's own rules, not mirrorline's, and
-compared with the source's values as PostgreSQL's output functions write them (what psql shows); then ``verify``
-must say equal.
+duckdb, deltalake, pyiceberg), its values turned into the text PostgreSQL shows by this file's own rules, not
+mirrorline's, and compared with the source's values as PostgreSQL's output functions write them (what psql shows);
+then ``verify`` must say equal.
 
 Where a target kind cannot hold a value (README, "Types"), the documented value is expected instead: NULL for a
 ``numeric(p,s)`` NaN on DuckDB, Delta and Iceberg, NULL for a date or timestamp outside the years 1 to 9999 on Delta

@@ -13,8 +13,8 @@ from mirrorline.workload import EVENTS, Workload
 
 pytestmark = [pytest.mark.pg, pytest.mark.spark]
 # fixed workload seeds (printed): a failure is replayed by running the test again
-SEEDS = {(k, m): 11 + i for i, (k, m) in enumerate((k, m) for k in ("postgresql", "sqlite", "duckdb", "delta", "iceberg")
-                                                   for m in ("update", "mirror"))}  # fmt: skip
+KINDS = ("postgresql", "sqlite", "duckdb", "delta", "iceberg")
+SEEDS = {(k, m): 11 + i for i, (k, m) in enumerate((k, m) for k in KINDS for m in ("update", "mirror"))}
 
 
 @pytest.mark.parametrize("mode", ["update", "mirror"])

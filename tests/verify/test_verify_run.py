@@ -9,10 +9,10 @@ from pathlib import Path
 from typing import Any
 
 import duckdb
+import oracle
 import psycopg2
 import pyarrow as pa
 import pyarrow.compute as pc
-import oracle
 import pytest
 from deltalake import DeltaTable, write_deltalake
 from snapshot_support import create_items, target_urls, write_config
