@@ -1,6 +1,5 @@
-"""Exactly once under crashes: ``run`` (capture, snapshot of new targets, compile, apply; DuckDB, PostgreSQL and
-Delta targets) killed with SIGKILL at
-random moments at least 20 times while the source keeps changing, restarted each time; afterwards every target
+"""Exactly once under crashes: ``run`` (capture, snapshot of new targets, compile, apply; DuckDB, PostgreSQL, Delta
+and Iceberg targets) killed with SIGKILL at random moments at least 20 times while the source keeps changing, restarted each time; afterwards every target
 equals the source."""
 
 from __future__ import annotations
@@ -26,8 +25,10 @@ def test_run_killed_at_random_while_the_source_changes(pg, pg_cluster, tmp_path)
         "lake": target_url("duckdb", tmp_path, pg_cluster, "lake"),
         "pgt": target_url("postgresql", tmp_path, pg_cluster, f"crash_run_{pg.name[-6:]}"),
         "delta": target_url("delta", tmp_path, pg_cluster, "delta"),
+        "ice": target_url("iceberg", tmp_path, pg_cluster, "ice"),
     }
     targets = {"lake": (urls["lake"], "mirror"), "pgt": (urls["pgt"], "update"), "delta": (urls["delta"], "update")}
+    targets["ice"] = (urls["ice"], "update")
     conf_file = tmp_path / "m.toml"
     conf_file.write_text(config_text(pg.dsn, tmp_path / "log", targets, max_changes=200, latency="300ms"))
     Capture(cfg.load(conf_file), once=True).run()  # slot and publication exist before the workload
@@ -43,3 +44,4 @@ def test_run_killed_at_random_while_the_source_changes(pg, pg_cluster, tmp_path)
     assert_same(pg.dsn, "duckdb", urls["lake"])
     assert_same(pg.dsn, "postgresql", urls["pgt"])
     assert_same(pg.dsn, "delta", urls["delta"])
+    assert_same(pg.dsn, "iceberg", urls["ice"])

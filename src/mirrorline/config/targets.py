@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +38,7 @@ class TargetConfig:
     state_prefix: str = "mirrorline_"
     # a kind with a catalog (kinds.Kind.catalog): the properties of the catalog its tables are in, values taken from
     # the environment where written ${NAME} (never printed); empty: the kind's embedded catalog
-    catalog: tuple[tuple[str, str], ...] = ()
+    catalog: tuple[tuple[str, str], ...] = field(default=(), repr=False)
 
 
 def target_location(url: str, base: Path) -> tuple[str, str]:

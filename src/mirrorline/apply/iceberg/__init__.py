@@ -4,9 +4,9 @@
   with the tables' files under ``warehouse/`` beside it (nothing else running); or the catalog a ``[targets.X.catalog]``
   table names (a REST catalog: ``type = "rest"``, ``uri``, ``warehouse``, credentials), its properties passed to
   pyiceberg as they are, ``${NAME}`` in a value read from the environment and never printed.
-- A table is named after the source's: namespace = schema, table = name, as they are (quotes, spaces, capitals); only
-  a dot in a schema's name is written ``~2E`` (a dot would make it two namespaces). The table's property
-  ``mirrorline.table`` names its source table.
+- A table is named after the source's: namespace = schema, table = name, as they are (quotes, spaces, capitals,
+  dots). Its files are under ``warehouse/<schema>/<name>`` with every character but letters, digits, ``_`` and ``-``
+  written ``~`` and its bytes in hex. The table's property ``mirrorline.table`` names its source table.
 - Each unit's net changes of a table are **one Iceberg commit**: one transaction deleting the keys the unit deletes,
   updates or replaces (by the first key column's values: rows that share them but not the whole key are written back)
   and appending the new images (an update's unsent columns taken from the row it updates), its snapshots' summaries

@@ -61,10 +61,8 @@ class IcebergDialect(LakeDialect):
 
     def identifier(self, table: str) -> tuple[str, str]:
         """``sales.orders`` -> namespace ``sales``, table ``orders``: the source's names as they are (quotes, spaces,
-        capitals), but a dot in the schema's name, which would make it two namespaces, is written ``~2E`` (and ``~``
-        as ``~7E``)."""
-        schema, name = split_table_name(table)
-        return schema.replace("~", "~7E").replace(".", "~2E"), name
+        capitals, dots in the table's name)."""
+        return split_table_name(table)
 
     def iceberg_type(self, target_type: str) -> PrimitiveType:
         """One of this dialect's type names as pyiceberg's type."""
