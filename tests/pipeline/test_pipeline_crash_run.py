@@ -1,6 +1,6 @@
 """Exactly once under crashes: ``run`` (capture, snapshot of new targets, compile, apply; DuckDB, PostgreSQL, Delta
-and Iceberg targets) killed with SIGKILL at random moments at least 20 times while the source keeps changing, restarted each time; afterwards every target
-equals the source."""
+and Iceberg targets) killed with SIGKILL at random moments at least 20 times while the source keeps changing,
+restarted each time; afterwards every target equals the source."""
 
 from __future__ import annotations
 
