@@ -33,6 +33,13 @@ For each workload, on the same WAL:
   buckets (no shuffle): ``layout_fold_<layout>_<way>_s``, and ``a_over_layout_floor_<layout>_<way>`` = a / (that
   + ``floor_worktable_s``). See bench/layout_floor.py.
 
+- (d) with ``--iceberg``: (b) into an Iceberg target (the embedded catalog in a folder) from another copy of the log,
+  in the same process after (b) and (b2): ``iceberg_s``, ``a_over_iceberg`` (PostgreSQL's subscriber beside it), its
+  units' apply phases (``iceberg_unit_apply_s``: ``check`` reads the rows of the unit's keys, ``commit`` is pyiceberg's
+  transaction: the copy-on-write delete of those keys and the append). For ``distinct_keys`` the Iceberg table is
+  seeded with the source's rows by a plain pyiceberg append before the workload. Its copy is compared with the
+  source by pyiceberg's own scan.
+
 ``--unit-changes N`` catches up in units of at most N changes (``[apply] max_changes``; default: one unit), and
 ``mirrorline_unit_compile_s`` gives each unit's compile seconds (a unit after the first is compiled while the one
 before it is applied, the two sharing the cores); ``mirrorline_unit_apply_s`` each unit's apply seconds (``all``)
@@ -51,7 +58,7 @@ its Spark check and the driver's read of its rows running on while PostgreSQL lo
 its (b) holds that work and its compile figure does not.
 
     .venv/bin/python bench/apply.py [--changes 1000000] [--workloads update_heavy,insert_only,distinct_keys]
-                                    [--runs 1] [--layouts] [--unit-changes N]
+                                    [--runs 1] [--layouts] [--unit-changes N] [--iceberg]
 """
 
 from __future__ import annotations
@@ -143,19 +150,69 @@ def wait_confirmed(source: PgCluster, db: str, slot: str, end_lsn: int, timeout:
     raise TimeoutError(f"subscription did not catch up within {timeout}s")
 
 
-def catch_up(applier: Applier) -> tuple[float, list[float], list[dict[str, float]]]:
-    """Seconds to catch the target up (the pipeline running: Spark started, connection open, state table ready),
-    each unit's compile seconds, and each unit's apply seconds by phase (ApplyResult.phases, with ``all``)."""
-    applier.targets["pg"].applied_positions()
+def catch_up(applier: Applier, name: str = "pg") -> tuple[float, list[float], list[dict[str, float]]]:
+    """Seconds to catch target ``name`` up (the pipeline running: Spark started, connection open, state table
+    ready), each unit's compile seconds, and each unit's apply seconds by phase (ApplyResult.phases, with ``all``)."""
+    applier.targets[name].applied_positions()
     t0 = time.monotonic()
     reports = applier.catch_up()
     seconds = time.monotonic() - t0
     applier.close()
     phases = [
-        {"all": round(r.apply_seconds["pg"], 3), **{k: round(v, 3) for k, v in r.results["pg"].phases.items()}}
+        {"all": round(r.apply_seconds[name], 3), **{k: round(v, 3) for k, v in r.results[name].phases.items()}}
         for r in reports
     ]
     return seconds, [round(r.compile_seconds, 3) for r in reports], phases
+
+
+def seed_iceberg(conf: Any, dsn: str) -> None:
+    """The Iceberg target's table created and given the source's rows by a plain pyiceberg append (as a snapshot
+    would leave it; the log starts after them)."""
+    import pyarrow as pa
+
+    from mirrorline.apply import open_target
+    from mirrorline.model import Column, TableSchema
+
+    ts = TableSchema(
+        "public.bench",
+        (
+            Column("id", "bigint", nullable=False),
+            Column("v", "bigint", nullable=False),
+            Column("pad", "text"),
+            Column("at", "timestamp with time zone"),
+        ),
+        key=("id",),
+    )
+    (tc,) = conf.targets.values()
+    t = open_target(tc)
+    t.ensure_schema([ts])
+    conn = psycopg2.connect(dsn)
+    with conn.cursor() as cur:
+        cur.execute("SELECT id, v, pad, at FROM bench")
+        rows = cur.fetchall()
+    conn.close()
+    table = t.table("public.bench")  # type: ignore[attr-defined]
+    cols = list(zip(*rows, strict=True)) if rows else [[], [], [], []]
+    data = pa.table({n: list(c) for n, c in zip(("id", "v", "pad", "at"), cols, strict=True)})
+    table.append(data.cast(table.schema().as_arrow()))
+    t.close()
+
+
+def iceberg_same(folder: Path, source: PgCluster, db: str) -> bool:
+    """Does the Iceberg table in ``folder``, read by pyiceberg's own scan, hold the source's rows?"""
+    from pyiceberg.catalog.sql import SqlCatalog
+
+    cat = SqlCatalog("mirrorline", uri=f"sqlite:///{folder / '_catalog.sqlite'}")
+    data = cat.load_table(("public", "bench")).scan().to_arrow().sort_by("id")
+    cat.engine.dispose()
+    got = list(zip(*(data[c].to_pylist() for c in ("id", "v", "pad", "at")), strict=True))
+    conn = psycopg2.connect(source.dsn(db))
+    with conn.cursor() as cur:
+        cur.execute("SET TimeZone = 'UTC'")
+        cur.execute("SELECT id, v, pad, at FROM bench ORDER BY id")
+        want = cur.fetchall()
+    conn.close()
+    return got == want
 
 
 def scan_seconds(log_path: Path) -> float:
@@ -214,6 +271,7 @@ def one(
     work: Path,
     layouts: bool = False,
     unit_changes: int | None = None,
+    iceberg: bool = False,
 ) -> dict[str, Any]:
     db = f"src_{kind}"
     source.create_database(db)
@@ -235,17 +293,21 @@ def one(
         f"sub_{kind}",
     )
 
-    def config(log: str, tdb: str) -> Any:
+    def config(log: str, tdb: str, name: str = "pg", url: str = "") -> Any:
         return parse_config(
             {
                 "source": {"dsn": source.dsn(db), "slot": f"ml_{kind}"},
                 "log": {"path": str(work / log)},
                 "apply": {"max_changes": unit_changes or changes * 2, "latency": "1s"},
                 "tables": {"public.bench": {}},
-                "targets": {"pg": {"url": target.url(tdb)}},
+                "targets": {name: {"url": url or target.url(tdb)}},
             },
             work / "bench.toml",
         )
+
+    ice_url = f"iceberg:///{work / f'ice_{kind}'}"
+    if iceberg and seeded:  # the rows the replica holds already, written by a plain append
+        seed_iceberg(config(f"log4_{kind}", "", "ice", ice_url), source.dsn(db))
 
     conf = config(f"log_{kind}", f"ml_{kind}")
     Capture(conf, once=True).run()  # slot + publication before the workload
@@ -266,6 +328,8 @@ def one(
     # the same log for (b2): retention removes what (b)'s target applied
     shutil.copytree(work / f"log_{kind}", work / f"log2_{kind}")
     shutil.copytree(work / f"log_{kind}", work / f"log3_{kind}")  # for the floor's scan
+    if iceberg:
+        shutil.copytree(work / f"log_{kind}", work / f"log4_{kind}")
     conf2 = config(f"log2_{kind}", f"mlw_{kind}")
 
     say(f"{kind}: (b) mirrorline catching up from the log")
@@ -282,6 +346,18 @@ def one(
     b2, compiles2, applies2 = catch_up(Applier(conf2, spark=get_spark()))
     got = content(target, f"mlw_{kind}")
     assert got == want, f"mirrorline target differs: {got} != {want}"
+
+    ice: dict[str, Any] = {}
+    if iceberg:
+        say(f"{kind}: (d) mirrorline catching up into an Iceberg target")
+        d, compiles4, applies4 = catch_up(Applier(config(f"log4_{kind}", "", "ice", ice_url), spark=get_spark()), "ice")
+        assert iceberg_same(work / f"ice_{kind}", source, db), "the Iceberg target differs from the source"
+        ice = {
+            "iceberg_s": round(d, 3),
+            "a_over_iceberg": round(a / d, 2),
+            "iceberg_unit_compile_s": compiles4,
+            "iceberg_unit_apply_s": applies4,
+        }
 
     say(f"{kind}: (c) COPY of the net rows into an empty table")
     buf = io.BytesIO()
@@ -345,11 +421,17 @@ def one(
         "a_over_b2": round(a / b2, 2),
         "b2_over_c": round(b2 / c, 2),
         **floors,
+        **ice,
     }
 
 
 def repeated(
-    runs: int, changes: int, workloads: str, layouts: bool = False, unit_changes: int | None = None
+    runs: int,
+    changes: int,
+    workloads: str,
+    layouts: bool = False,
+    unit_changes: int | None = None,
+    iceberg: bool = False,
 ) -> dict[str, Any]:
     """The benchmark run ``runs`` times, each in a process of its own (a new JVM, so that (b) is the first large
     unit after start-up every time) with clusters of its own: the median of every figure, ratios taken per run."""
@@ -362,7 +444,8 @@ def repeated(
         done = subprocess.run(
             [sys.executable, __file__, "--changes", str(changes), "--workloads", workloads]
             + (["--layouts"] if layouts else [])
-            + (["--unit-changes", str(unit_changes)] if unit_changes else []),
+            + (["--unit-changes", str(unit_changes)] if unit_changes else [])
+            + (["--iceberg"] if iceberg else []),
             stdout=subprocess.PIPE,
             text=True,
             check=True,
@@ -384,6 +467,7 @@ def repeated(
                 "a_over_b2",
                 "mirrorline_unit_compile_s",
                 "mirrorline_jit_warm_unit_compile_s",
+                *(("iceberg_s", "a_over_iceberg") if iceberg else ()),
             )
         }
     return merged
@@ -407,9 +491,12 @@ def main() -> None:
         default=None,
         help="catch up in units of at most this many changes (default: the workload in one unit)",
     )
+    p.add_argument("--iceberg", action="store_true", help="also catch up into an Iceberg target (d)")
     args = p.parse_args()
     if args.runs > 1:
-        print(json.dumps(repeated(args.runs, args.changes, args.workloads, args.layouts, args.unit_changes)))
+        print(
+            json.dumps(repeated(args.runs, args.changes, args.workloads, args.layouts, args.unit_changes, args.iceberg))
+        )
         return
     t0 = time.monotonic()
     spark = get_spark()
@@ -425,6 +512,7 @@ def main() -> None:
                 Path(tmp),
                 args.layouts and kind == "update_heavy",
                 args.unit_changes,
+                args.iceberg,
             )
     print(json.dumps(out))
 

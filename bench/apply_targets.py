@@ -1,14 +1,16 @@
 """Benchmark: apply one compiled unit (200,000 net updates + 200,000 net inserts, built on Spark) to each target,
 against the anchors measured in the same run: a plain COPY of the same 400,000 rows into an empty PostgreSQL table,
-and for the Delta target a plain ``write_deltalake`` of the same rows, typed, into a new Delta table (the physical
-limit of the format).
+for the Delta target a plain ``write_deltalake`` of the same rows, typed, into a new Delta table, and for the Iceberg
+target a plain pyiceberg ``append`` of them into a new Iceberg table of the same embedded catalog (the physical
+limits of the formats).
 
 Each target starts with the 200,000 rows the updates hit (loaded by an apply of inserts, timed as "seed"). Figures:
 seconds per target and mode (median over --reps fresh targets), ratio to the COPY anchor, and where time goes: the
 Spark -> driver Arrow collect of the net rows, and each apply's phases (stage = fetch + load worktables, update,
 insert, commit).
 
-Prints ONE JSON line; progress goes to stderr.   .venv/bin/python bench/apply_targets.py [--rows 200000] [--reps 1]
+Prints ONE JSON line; progress goes to stderr.
+    .venv/bin/python bench/apply_targets.py [--rows 200000] [--reps 1] [--kinds postgresql,sqlite,duckdb,delta,iceberg]
 """
 
 from __future__ import annotations
@@ -76,7 +78,9 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", type=int, default=200_000)
     ap.add_argument("--reps", type=int, default=1)
+    ap.add_argument("--kinds", default="postgresql,sqlite,duckdb,delta,iceberg", help="the target kinds to apply to")
     args = ap.parse_args()
+    kinds = set(args.kinds.split(","))
     n = args.rows
     spark = get_spark()
     seed = unit(spark, 0, 1, [net_frame(spark, "I", 0, n, "seed")], n)
@@ -129,7 +133,10 @@ def main() -> None:
             ("duckdb", "mirror", "duckdb_mirror", {}),
             ("delta", "update", "delta", {}),
             ("delta", "mirror", "delta_mirror", {}),
+            ("iceberg", "update", "iceberg", {}),
+            ("iceberg", "mirror", "iceberg_mirror", {}),
         ]
+        configs = [c for c in configs if c[0] in kinds]
         # the Delta anchor: a plain write_deltalake of the same 2n rows, already typed, into a new Delta table
         from deltalake import write_deltalake
 
@@ -148,6 +155,25 @@ def main() -> None:
         delta_anchor = statistics.median(writes)
         out["delta_write_anchor_s"] = round(delta_anchor, 3)
         log(f"anchor write_deltalake of {2 * n} rows: {delta_anchor:.2f}s")
+        # the Iceberg anchor: a plain pyiceberg append of the same 2n rows, typed, into a new table (embedded catalog)
+        from pyiceberg.catalog.sql import SqlCatalog
+
+        from mirrorline.apply.iceberg import ICEBERG
+
+        con = duck_connection()
+        ice_rows = typed(con, rows, SCHEMA, list(SCHEMA.column_names), ICEBERG)
+        con.close()
+        cat = SqlCatalog("anchor", uri=f"sqlite:///{tmp}/anchor.sqlite", warehouse=(Path(tmp) / "wh").as_uri())
+        cat.create_namespace("public")
+        appends = []
+        for rep in range(max(args.reps, 1)):
+            table = cat.create_table(("public", f"anchor{rep}"), ICEBERG.arrow_schema(SCHEMA))
+            t0 = time.monotonic()
+            table.append(ice_rows)
+            appends.append(time.monotonic() - t0)
+        ice_anchor = statistics.median(appends)
+        out["iceberg_append_anchor_s"] = round(ice_anchor, 3)
+        log(f"anchor pyiceberg append of {2 * n} rows: {ice_anchor:.2f}s")
         for kind, mode, label, opts in configs:
             seeds, applies = [], []
             for rep in range(max(args.reps, 1)):
@@ -173,6 +199,8 @@ def main() -> None:
             out[f"{label}_vs_copy"] = round(a / anchor, 2)
             if kind == "delta":
                 out[f"{label}_vs_write_deltalake"] = round(a / delta_anchor, 2)
+            if kind == "iceberg":
+                out[f"{label}_vs_pyiceberg_append"] = round(a / ice_anchor, 2)
             log(f"{label}: apply {a:.2f}s ({a / anchor:.1f}x COPY), seed {statistics.median(seeds):.2f}s")
     print(json.dumps(out))
 
