@@ -305,3 +305,53 @@ def test_a_catalog_table_is_refused_for_a_kind_without_one(tmp_path: Path) -> No
     )
     with pytest.raises(ConfigError, match="has no catalog"):
         config.load(path)
+
+
+def test_status_shows_each_tables_snapshot_files_and_position(spark: Any, tmp_path: Path) -> None:
+    from mirrorline import config
+    from mirrorline.apply import open_target as open_configured
+    from mirrorline.status import status
+
+    path = tmp_path / "m.toml"
+    configs.write(
+        path,
+        source="postgresql://nobody@127.0.0.1:1/none",
+        log=tmp_path / "log",
+        tables=["public.items"],
+        targets={"ice": "iceberg:///ice"},
+    )
+    conf = config.load(path)
+    t = open_configured(conf.targets["ice"])
+    t.apply(batch(spark, [items(1), items(2)], P(0), P(0x10, 2)), SCHEMAS)
+    t.close()
+    snap = oracle.iceberg_table(str(tmp_path / "ice"), "public.items").current_snapshot().snapshot_id
+    st = status(conf)
+    (ice,) = st.targets
+    want = {"snapshot": snap, "data_files": 1, "delete_files": 0, "position": str(P(0x10, 2))}
+    assert ice.details == {"public.items": want}
+    assert st.to_json()["targets"][0]["table_details"]["public.items"]["snapshot"] == snap
+    assert f"  public.items: snapshot {snap}, data_files 1, delete_files 0, position {P(0x10, 2)}" in st.text()
+
+
+def test_a_unit_of_many_keys_deletes_by_ranges_and_keeps_the_rows_between(
+    spark: Any, request: Any, tmp_path: Path
+) -> None:
+    from mirrorline.apply.iceberg import target as ice
+
+    t = iceberg(request, tmp_path)
+    t.apply(batch(spark, [items(i) for i in range(1, 2001)], P(0), P(1)), SCHEMAS)
+    touched = list(range(1, 2001, 3))  # 667 keys, more than IN_KEYS: the scope is ranges holding the others too
+    assert len(touched) > ice.IN_KEYS
+    unit = [
+        net("public.items", "U", [i], {"id": i, "qty": -i}, unchanged=["name", "note"])
+        if i % 2
+        else net("public.items", "D", [i])
+        for i in touched
+    ]
+    unit += [items(i) for i in range(5000, 5400)]
+    res = t.apply(batch(spark, unit, P(1), P(2)), SCHEMAS)
+    assert res.rows["public.items"] == {"D": len(touched) // 2, "U": len(touched) - len(touched) // 2, "I": 400}
+    want = {(i, f"n{i}", i * 10, None) for i in range(1, 2001) if i not in touched}
+    want |= {(i, f"n{i}", -i, None) for i in touched if i % 2}
+    want |= {(i, f"n{i}", i * 10, None) for i in range(5000, 5400)}
+    assert set(fetch(t, "public.items", COLS)) == want and len(fetch(t, "public.items", COLS)) == len(want)
