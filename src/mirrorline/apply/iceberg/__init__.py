@@ -7,14 +7,14 @@
 - A table is named after the source's: namespace = schema, table = name, as they are (quotes, spaces, capitals,
   dots). Its files are under ``warehouse/<schema>/<name>`` with every character but letters, digits, ``_`` and ``-``
   written ``~`` and its bytes in hex. The table's property ``mirrorline.table`` names its source table.
-- Each unit's net changes of a table are **one Iceberg commit**: one transaction deleting the keys the unit deletes,
-  updates or replaces (by the first key column's values: rows that share them but not the whole key are written back)
-  and appending the new images (an update's unsent columns taken from the row it updates), its snapshots' summaries
+- Each unit's net changes of a table are **one Iceberg commit**: one transaction deleting the rows in the unit's
+  scope (the first key column's values it names, or ranges of them), writing back those of them whose key the unit
+  does not remove, and appending the new images (an update's unsent columns taken from the row it updates), its snapshots' summaries
   holding ``mirrorline.target`` and ``mirrorline.position``, and the table's property
   ``mirrorline.position.<target>`` set to the unit's end in the same commit. A restart reads that property back: a
   table whose last commit holds the unit is skipped (exactly once per table). Tables are separate Iceberg tables: a
   reader may see one table a unit ahead of another. pyiceberg deletes copy-on-write: a data file holding a deleted
-  key is written again without it.
+  row is written again without it (a unit whose keys are scattered over the table writes it again).
 - mirrorline's own state (the unit end every table has reached, the snapshot state, rejects) lives in the target's
   folder in ``_mirrorline.sqlite``, as for every table format (:mod:`mirrorline.apply.lake`), which also checks each
   unit's rows against the table's current rows and converts the values with DuckDB.
