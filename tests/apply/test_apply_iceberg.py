@@ -307,9 +307,14 @@ def test_a_catalog_table_is_refused_for_a_kind_without_one(tmp_path: Path) -> No
         config.load(path)
 
 
-def test_status_shows_each_tables_snapshot_files_and_position(spark: Any, tmp_path: Path) -> None:
+def test_status_shows_each_tables_snapshot_files_and_position_and_maintain_reports(
+    spark: Any, tmp_path: Path, capsys: Any
+) -> None:
+    import json
+
     from mirrorline import config
     from mirrorline.apply import open_target as open_configured
+    from mirrorline.cli.main import main
     from mirrorline.status import status
 
     path = tmp_path / "m.toml"
@@ -331,6 +336,10 @@ def test_status_shows_each_tables_snapshot_files_and_position(spark: Any, tmp_pa
     assert ice.details == {"public.items": want}
     assert st.to_json()["targets"][0]["table_details"]["public.items"]["snapshot"] == snap
     assert f"  public.items: snapshot {snap}, data_files 1, delete_files 0, position {P(0x10, 2)}" in st.text()
+    capsys.readouterr()
+    assert main(["maintain", "-c", str(path), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)["ice"]["public.items"]
+    assert report["compacted"]["skipped"] == "few files" and report["expired"] == 0 and report["orphans_removed"] == 0
 
 
 def test_a_unit_of_many_keys_deletes_by_ranges_and_keeps_the_rows_between(
