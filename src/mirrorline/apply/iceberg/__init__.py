@@ -9,8 +9,8 @@
   written ``~`` and its bytes in hex. The table's property ``mirrorline.table`` names its source table.
 - Each unit's net changes of a table are **one Iceberg commit**: one transaction deleting the rows in the unit's
   scope (the first key column's values it names, or ranges of them), writing back those of them whose key the unit
-  does not remove, and appending the new images (an update's unsent columns taken from the row it updates), its snapshots' summaries
-  holding ``mirrorline.target`` and ``mirrorline.position``, and the table's property
+  does not remove, and appending the new images (an update's unsent columns taken from the row it updates), its
+  snapshots' summaries holding ``mirrorline.target`` and ``mirrorline.position``, and the table's property
   ``mirrorline.position.<target>`` set to the unit's end in the same commit. A restart reads that property back: a
   table whose last commit holds the unit is skipped (exactly once per table). Tables are separate Iceberg tables: a
   reader may see one table a unit ahead of another. pyiceberg deletes copy-on-write: a data file holding a deleted
