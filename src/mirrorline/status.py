@@ -30,6 +30,7 @@ from mirrorline.log.layout import write_atomic
 from mirrorline.log.reader import ChangeLog
 from mirrorline.log.retention import exports, needs_reload, readers, reload_reason, tree_size, unconfigured
 from mirrorline.model import quote_ident
+from mirrorline.pipeline.targets import untrusted_tables
 from mirrorline.position import Position, format_lsn, parse_lsn
 from mirrorline.snapshot import state as snapstate
 from mirrorline.snapshot.state import STATES, WAITING
@@ -331,7 +332,7 @@ def _target(config: Config, name: str, st: Status, cl: Any) -> TargetStatus:
     for t in state.held:
         ts.tables[t] = STOPPED
         ts.stopped_tables[t] = {**state.holds.get(t, {}), "position": str(state.table(t))}
-    for t, why in _untrusted(cl, state).items():  # its rows changed at the source with nothing logged
+    for t, why in untrusted_tables(cl, state).items():  # its rows changed at the source with nothing logged
         ts.tables[t] = STOPPED
         ts.stopped_tables[t] = {
             "error": f"{t} at the source changed without a change logged ({why}): the target's rows of it are not "
@@ -462,21 +463,6 @@ def _warn(
             f"slot {st.slot} retains {_size(st.slot_retained_bytes)} of WAL on the source: capture "
             f"is behind or stopped (confirmed {_lsn(st.slot_confirmed_lsn)})"
         )
-
-
-def _untrusted(cl: ChangeLog | None, state: AppliedState) -> dict[str, str]:
-    """The tables not held at the target whose rows the log marks as changed at the source with nothing logged
-    after the target took its shape (``TableSchema.resync``: capture/partitions.py): the target stops each at its
-    next change; said now."""
-    if cl is None:
-        return {}
-    cl.schemas.refresh()
-    out = {}
-    for t, shape in state.shape_docs.items():
-        latest = cl.schemas.latest(t) if t not in state.held else None
-        if latest is not None and latest.resync and latest.resync != shape.resync:
-            out[t] = latest.resync
-    return out
 
 
 # ------------------------------------------------------------------------------------------------------ Prometheus

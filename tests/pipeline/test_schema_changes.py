@@ -342,6 +342,17 @@ def test_renamed_and_dropped_tables_stop_alone(pg: Any, pg_cluster: Any, spark: 
         assert any("table public.third stopped: dropped at the source" in w for w in warnings), warnings
     finally:
         r.applier.close()
+    # verify agrees with status: a table gone from the source is not comparable, with the reason, never a difference
+    report = verify(conf)
+    checks = {c.table: c for c in report.targets[0].tables}
+    for t, why in (
+        (TABLE, "renamed to public.sc_renamed at the source"),
+        ("public.third", "dropped at the source"),
+        ("public.fourth", "renamed to public.fourth_renamed at the source"),
+    ):
+        assert not checks[t].same and checks[t].equal and why in checks[t].not_comparable, report.text()
+        assert f"{t}: not comparable: " in report.text()
+    assert checks[OTHER].same and report.ok, report.text()
     # reconciled by the configuration: the new name configured in place of the old one is loaded, then followed
     conf = _config(pg, tmp_path, {"t": url}, "update", {"public.sc_renamed": {}, OTHER: {}})
     Capture(conf, once=True).run()

@@ -4,6 +4,8 @@
 - :class:`Upkeep`: each target's storage upkeep every ``compact_every`` (Delta: compaction and cleanup), in a thread
   of its own beside apply.
 - :func:`schema_needs`: what a target opened by the pipeline (or ``verify``) is given to follow schema changes.
+- :func:`untrusted_tables`: the tables whose rows at a target the source changed with nothing logged (``status``
+  shows them stopped, ``verify`` not comparable).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from mirrorline.errors import MirrorlineError, TransientTargetError
 from mirrorline.snapshot import state as snapstate
 
 if TYPE_CHECKING:
-    from mirrorline.apply import Needs, Target
+    from mirrorline.apply import AppliedState, Needs, Target
     from mirrorline.compile.batch import NetBatch
     from mirrorline.config import Config, TargetConfig
     from mirrorline.log.reader import ChangeLog
@@ -109,3 +111,18 @@ def loading(target: Target, table: str) -> bool:
     finally:
         s.close()
     return r is not None and r.state == snapstate.LOADING
+
+
+def untrusted_tables(cl: ChangeLog | None, state: AppliedState) -> dict[str, str]:
+    """The tables not held at the target whose rows the log marks as changed at the source with nothing logged
+    after the target took its shape (``TableSchema.resync``: capture/partitions.py), each with the mark: the target
+    stops each at its next change; ``status`` and ``verify`` say so now."""
+    if cl is None:
+        return {}
+    cl.schemas.refresh()
+    out = {}
+    for t, shape in state.shape_docs.items():
+        latest = cl.schemas.latest(t) if t not in state.held else None
+        if latest is not None and latest.resync and latest.resync != shape.resync:
+            out[t] = latest.resync
+    return out

@@ -16,9 +16,9 @@ from mirrorline.verify.diff import RowDiff
 @dataclass
 class TableCheck:
     table: str
-    source_rows: int
-    source_sum: int
-    target_rows: int | None  # None: the target lacks the table
+    source_rows: int | None  # None: the table is gone from the source (renamed, dropped): not compared
+    source_sum: int | None
+    target_rows: int | None  # None: the target lacks the table (or, gone from the source, it was not read)
     target_sum: int | None
     note: str = ""
     key: list[str] = field(default_factory=list)  # the columns rows are matched on (--diff)
@@ -31,18 +31,20 @@ class TableCheck:
 
     @property
     def same(self) -> bool:
+        if self.source_rows is None:
+            return False
         return (self.source_rows, self.source_sum) == (self.target_rows, self.target_sum) and not self.note
 
     @property
     def equal(self) -> bool:
-        return self.same or bool(self.not_comparable and self.target_rows is not None)
+        return self.same or bool(self.not_comparable and (self.target_rows is not None or self.source_rows is None))
 
     def to_json(self) -> dict[str, Any]:
         return {
             "table": self.table,
             "equal": self.equal,
             "source_rows": self.source_rows,
-            "source_checksum": f"{self.source_sum:016x}",
+            "source_checksum": f"{self.source_sum:016x}" if self.source_sum is not None else None,
             "target_rows": self.target_rows,
             "target_checksum": f"{self.target_sum:016x}" if self.target_sum is not None else None,
             "note": self.note or None,
@@ -114,6 +116,9 @@ class VerifyReport:
                 continue
             lines.append(f"  {t.target}: {'equal' if t.ok else 'DIFFERS: ' + ', '.join(t.differing)}")
             for c in t.tables:
+                if c.source_rows is None:
+                    lines.append(f"    {c.table}: not comparable: {c.not_comparable}")
+                    continue
                 mark = "ok" if c.same else f"not comparable: {c.not_comparable}" if c.equal else "DIFFERS"
                 tgt = "missing" if c.target_rows is None else f"{c.target_rows:,} rows {c.target_sum or 0:016x}"
                 note = f" ({c.note})" if c.note else ""

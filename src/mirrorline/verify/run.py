@@ -17,12 +17,14 @@ retries; what it found is :mod:`mirrorline.verify.report`'s, the checksums thems
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fcntl
 import os
 import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from mirrorline import stopped
 from mirrorline.apply import open_target, target_class
 from mirrorline.apply.canonical import MASK, Held, checksum, combine, held, select_text
 from mirrorline.apply.lock import TargetBusy
@@ -34,7 +36,7 @@ from mirrorline.log.layout import Layout
 from mirrorline.log.reader import ChangeLog
 from mirrorline.model import TableSchema, quote_ident
 from mirrorline.pipeline import catch_up_target as catch_up
-from mirrorline.pipeline.targets import schema_needs
+from mirrorline.pipeline.targets import schema_needs, untrusted_tables
 from mirrorline.position import ZERO, Position, format_lsn, parse_lsn
 from mirrorline.snapshot import ATTEMPTS, Rewritten, check_rewritten, retrying, run_tasks, tables_at, target_config
 from mirrorline.snapshot import state as snapstate
@@ -333,7 +335,10 @@ def verify(
     names = list(targets) if targets is not None else sorted(config.targets)
     for n in names:
         target_config(config, n)
-    needs = schema_needs(config, ChangeLog(config.log.path))  # (its catch-up follows schema changes)
+    cl = ChangeLog(config.log.path)
+    needs = schema_needs(config, cl)  # (its catch-up follows schema changes)
+    # tables gone from the source (renamed, dropped): no change of them comes; status shows them stopped
+    gone = {t: r for t, r in stopped.tables(config.log.path).items() if t in config.tables}
     t0 = time.monotonic()
     last_moved = ""
     for _ in range(max(attempts, 1)):
@@ -355,7 +360,10 @@ def verify(
                 point = contextlib.ExitStack()
                 cp = point.enter_context(consistent_point(config, reconcile=False, create_main=False))
                 try:
-                    stats = tables_at(config, cp, None, keyless_ok=True)  # (compared as a bag of rows)
+                    present = dataclasses.replace(
+                        config, tables={t: c for t, c in config.tables.items() if t not in gone}
+                    )
+                    stats = tables_at(present, cp, None, keyless_ok=True)  # (compared as a bag of rows)
                     held_by = target_views(config, names, stats)
                     views = {t: sorted({v[t] for v in held_by.values() if v[t]}) for t in stats}
                     source, src_buckets = source_checksums(config, cp.snapshot, stats, buckets=diff > 0, views=views)
@@ -407,7 +415,9 @@ def verify(
                             TargetCheck(name, ZERO, error=f"could not be brought to the verification point: {e}")
                         )
                         continue
-                holds = target.applied_positions().holds  # tables stopped alone: not at the point, not compared
+                state = target.applied_positions()
+                holds = state.holds  # tables stopped alone: not at the point, not compared
+                untrusted = untrusted_tables(cl, state)
                 pos, sums, notes = target_checksums(target, schemas, tgt_buckets if diff > 0 else None)
                 if pos != cp.position:
                     moved, last_moved = True, f"target {name} was at {pos}, not at {cp.position}"
@@ -425,9 +435,15 @@ def verify(
                             got[0] if got else None,
                             got[1] if got else None,
                             notes.get(t, "" if got is not None else "missing in the target"),
-                            not_comparable=_held_text(holds[t]) if t in holds else _not_comparable(config, t),
+                            not_comparable=_held_text(holds[t])
+                            if t in holds
+                            else _untrusted_text(name, t, untrusted[t])
+                            if t in untrusted
+                            else _not_comparable(config, t),
                         )
                     )
+                for t, rec in gone.items():
+                    tc.tables.append(TableCheck(t, None, None, None, None, not_comparable=_gone_text(rec)))
                 if diff > 0:
                     moved = not _diff(
                         config,
@@ -455,6 +471,22 @@ def verify(
 def _held_text(why: dict[str, str]) -> str:
     """Why a table stopped alone at a target is not compared (it is behind the point; ``status`` shows it)."""
     return f"stopped at the target since {why.get('since', '?')}: {why.get('error', '?')}"
+
+
+def _gone_text(rec: dict[str, Any]) -> str:
+    """Why a table gone from the source is not compared (``status`` shows it stopped)."""
+    return (
+        f"{rec.get('reason')} (found at {rec.get('position')}): no change of it comes any more and the target keeps "
+        "its last rows; remove it from [tables], or configure its new name"
+    )
+
+
+def _untrusted_text(target: str, table: str, mark: str) -> str:
+    """Why a table the source changed with nothing logged is not compared (``status`` shows it stopped)."""
+    return (
+        f"changed at the source with nothing logged ({mark}): the target's rows of it are not the source's any more; "
+        f"reload it: mirrorline snapshot --target {target} --table {table}"
+    )
 
 
 def _not_comparable(config: Config, table: str) -> str:
