@@ -1,6 +1,6 @@
 """``run``'s metrics over HTTP, the way Prometheus scrapes exporters (``[metrics] listen``), through
 ``prometheus_client``: per target its lag in seconds and bytes (from its applied position and the change log, computed
-at each scrape), whether it is stopped, and whether each table is stopped alone at it; units (compile and apply
+at each scrape), whether it is stopped, and whether each table is stopped alone at it; whether capture runs; units (compile and apply
 durations as histograms), changes and rows applied, rejects, apply errors; capture's changes and reconnects; the
 slot's retained WAL on the source. ``status --prometheus`` gives the figures of a single look, without a running
 process."""
@@ -83,6 +83,13 @@ class _Live(Collector):
             for table in sorted(m.config.tables):
                 g.add_metric([name, table], 1 if (name, table) in tables else 0)
         yield g
+        running = m.capture_running()
+        if running is not None:
+            g = GaugeMetricFamily(
+                "mirrorline_capture_running", "1 while this run's capture streams from the source (or retries), else 0."
+            )
+            g.add_metric([], 1 if running else 0)
+            yield g
         cap = m.capture_stats()
         if cap is not None:
             for name, help_text, value in (
@@ -110,8 +117,10 @@ class RunMetrics:
         positions: Callable[[], dict[str, Position]],
         capture_stats: Callable[[], Any],
         stopped: Callable[[], tuple[list[str], list[tuple[str, str]]]] = lambda: ([], []),
+        capture_running: Callable[[], bool | None] = lambda: None,
     ):
         self.config = config
+        self.capture_running = capture_running  # None: no capture in this process
         self.positions = positions
         self.stopped = stopped  # the targets, and the (target, table)s, stopped by an error now
         self.capture_stats = capture_stats

@@ -22,6 +22,44 @@ from mirrorline.pipeline import Runner
 pytestmark = [pytest.mark.pg, pytest.mark.spark]
 
 
+def _served(address: tuple[str, int]) -> set[str]:
+    """Every metric name ``run`` serves, as a query names it: a family's samples (``_total``, ``_bucket``, ...),
+    and the family itself where it has none yet (a counter with labels before its first increment)."""
+    with urllib.request.urlopen(f"http://{address[0]}:{address[1]}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    names = set()
+    for fam in text_string_to_metric_families(text):
+        names.add(fam.name)
+        names.update(
+            {"counter": [fam.name + "_total"], "histogram": [fam.name + x for x in ("_bucket", "_count", "_sum")]}.get(
+                fam.type, []
+            )
+        )
+        names.update(s.name for s in fam.samples)
+    return names
+
+
+def _contrib_metrics() -> dict[str, set[str]]:
+    """The metrics each panel of contrib/grafana/mirrorline.json and each rule of contrib/prometheus/alerts.yml
+    names, by panel title or alert name."""
+    import json
+    import re
+
+    import yaml
+
+    root = Path(__file__).resolve().parents[2] / "contrib"
+    names = re.compile(r"\bmirrorline_[a-z_]+")
+    out: dict[str, set[str]] = {}
+    dash = json.loads((root / "grafana" / "mirrorline.json").read_text())
+    for panel in dash["panels"]:
+        out[f"panel {panel['title']}"] = {n for t in panel["targets"] for n in names.findall(t["expr"])}
+    rules = yaml.safe_load((root / "prometheus" / "alerts.yml").read_text())
+    for group in rules["groups"]:
+        for rule in group["rules"]:
+            out[f"alert {rule['alert']}"] = set(names.findall(rule["expr"]))
+    return out
+
+
 def _scrape(address: tuple[str, int]) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     with urllib.request.urlopen(f"http://{address[0]}:{address[1]}/metrics", timeout=10) as r:
         text = r.read().decode()
@@ -78,6 +116,13 @@ def test_run_serves_its_metrics(pg: Any, spark: Any, tmp_path: Path) -> None:
         assert got[("mirrorline_target_lag_bytes", (("target", "cache"),))] >= 0
         assert got[("mirrorline_capture_changes", ())] >= 50
         assert got[("mirrorline_slot_retained_wal_bytes", (("slot", "mirrorline"),))] > 0
+        assert got[("mirrorline_capture_running", ())] == 1
+        # every metric the Grafana dashboard and the alert rules of contrib/ name is served (neither rots)
+        served = _served(address)
+        wanted = _contrib_metrics()
+        assert len(wanted) >= 15 and all(wanted.values()), wanted
+        missing = {where: names - served for where, names in wanted.items() if names - served}
+        assert not missing, missing
         stopped = ("mirrorline_table_stopped", (("table", "public.items"), ("target", "cache")))
         assert got[stopped] == 0 and got[("mirrorline_target_stopped", (("target", "cache"),))] == 0
         # the target refuses a row: the table is stopped alone at it, and the metrics say so

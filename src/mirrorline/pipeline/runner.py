@@ -274,6 +274,11 @@ class Runner:
             with self._reloads_lock:
                 self._reloading.discard((name, table))
 
+    def _capture_running(self) -> bool:
+        """Is capture's thread streaming from the source (or retrying a lost connection)?"""
+        t = self._capture_thread
+        return t is not None and t.is_alive() and not self._capture_done.is_set()
+
     def _capture_main(self, capture: Any, done: threading.Event) -> None:
         try:
             stats = capture.run()
@@ -525,7 +530,11 @@ class Runner:
         applier: Applier | None = None
         if self.config.metrics.listen is not None:
             self.metrics = RunMetrics(
-                self.config, lambda: dict(self._positions), lambda: self.capture.stats, self._stopped_now
+                self.config,
+                lambda: dict(self._positions),
+                lambda: self.capture.stats,
+                self._stopped_now,
+                self._capture_running,
             )
             self.metrics_address = self.metrics.start()
         try:
