@@ -2,8 +2,8 @@
 ``prometheus_client``: per target its lag in seconds and bytes (from its applied position and the change log, computed
 at each scrape), whether it is stopped, and whether each table is stopped alone at it; units (compile and apply
 durations as histograms), changes and rows applied, rejects, apply errors; whether capture runs, its changes and
-reconnects; the slot's retained WAL on the source. ``status --prometheus`` gives the figures of a single look, without a running
-process."""
+reconnects; the slot's retained WAL on the source. ``status --prometheus`` gives the figures of a single look,
+without a running process."""
 
 from __future__ import annotations
 
