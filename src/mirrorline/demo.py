@@ -2,11 +2,15 @@
 
 1. Starts a throwaway PostgreSQL (``wal_level=logical``, ``logical_decoding_work_mem=64kB`` so that large
    transactions are streamed) and fills three tables with a generated workload.
-2. Writes a configuration with two targets, a SQLite file and a DuckDB file, and starts ``mirrorline run``: capture,
-   the initial snapshot of the three targets (SQLite, DuckDB, Delta Lake), then compile and apply, continuously.
+2. Writes a configuration with three targets, a SQLite file, a DuckDB file and a folder of Delta Lake tables, and
+   starts ``mirrorline run``: capture, the initial snapshot of the three targets, then compile and apply,
+   continuously.
 3. Meanwhile runs more of the workload (inserts, updates, some changing the key or leaving a TOASTed value
    unchanged, deletes, a truncate, rolled-back transactions) and one large transaction that PostgreSQL streams.
 4. Waits until every target has applied everything, stops, and prints what happened, ``status`` and ``verify``.
+
+With ``serve`` (``demo --serve``), ``run`` also serves its status page and metrics, and the source keeps changing
+until Ctrl-C; then 4.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from pathlib import Path
 from mirrorline import config as cfg
 from mirrorline.apply import open_target
 from mirrorline.log.reader import ChangeLog
-from mirrorline.pgcluster import PgCluster
+from mirrorline.pgcluster import PgCluster, free_port
 from mirrorline.pipeline import Runner, UnitReport
 from mirrorline.workload import TABLES, Workload
 
@@ -30,10 +34,11 @@ def _say(msg: str) -> None:
     print(msg, flush=True)
 
 
-def _config_text(dsn: str, folder: Path) -> str:
+def _config_text(dsn: str, folder: Path, listen: str | None = None) -> str:
     tables = "".join(f'[tables."{t}"]\n' for t in TABLES)
+    metrics = f'[metrics]\nlisten = "{listen}"\n\n' if listen else ""
     return (
-        f'[source]\ndsn = "{dsn}"\nslot = "mirrorline_demo"\n\n'
+        metrics + f'[source]\ndsn = "{dsn}"\nslot = "mirrorline_demo"\n\n'
         f'[log]\npath = "{folder / "log"}"\n\n'
         '[apply]\nlatency = "500ms"\nmax_changes = 1000000\n\n'
         f"{tables}\n"
@@ -43,7 +48,11 @@ def _config_text(dsn: str, folder: Path) -> str:
     )
 
 
-def run_demo(transactions: int = 2000, large: int = 100_000, keep: str | None = None) -> int:
+def run_demo(transactions: int = 2000, large: int = 100_000, keep: str | None = None, serve: str | None = None) -> int:
+    """The demo (the module's docstring); ``serve``: the address (host:port) of the status page, kept up with the
+    source changing until Ctrl-C."""
+    if serve and serve.endswith(":0"):  # a free port
+        serve = serve[:-1] + str(free_port())
     folder = Path(keep) if keep else Path(tempfile.mkdtemp(prefix="mirrorline-demo-"))
     folder.mkdir(parents=True, exist_ok=True)
     t_start = time.monotonic()
@@ -61,7 +70,7 @@ def run_demo(transactions: int = 2000, large: int = 100_000, keep: str | None = 
         )
 
         conf_file = folder / "mirrorline.toml"
-        conf_file.write_text(_config_text(cluster.dsn(), folder))
+        conf_file.write_text(_config_text(cluster.dsn(), folder, serve))
         config = cfg.load(conf_file)
         units: list[UnitReport] = []
         runner = Runner(config, on_unit=units.append, on_message=lambda m: _say(f"  {m}"))
@@ -80,6 +89,15 @@ def run_demo(transactions: int = 2000, large: int = 100_000, keep: str | None = 
             if errors or not thread.is_alive():
                 raise errors[0] if errors else RuntimeError("mirrorline run stopped before the targets were loaded")
         _say("  targets loaded; now changing the source while mirrorline runs")
+        if serve:
+            host, port = runner.metrics_address or ("?", 0)
+            _say(f"  status page: http://{host}:{port}/ (metrics at /metrics); the source keeps changing: Ctrl-C stops")
+            try:
+                while not errors and thread.is_alive():
+                    work.run(transactions=5)
+                    time.sleep(0.5)
+            except KeyboardInterrupt:
+                _say("  stopping: the targets apply what is left")
         work.run(transactions=transactions // 2)
         work.large_transaction(large)
         done_lsn = work.mark()

@@ -332,6 +332,13 @@ class Runner:
             return [], []
         return sorted(a.failed()), sorted(a.held())
 
+    def _problems_now(self) -> tuple[dict[str, Exception], dict[tuple[str, str], Exception]]:
+        """The targets and the (target, table)s stopped now, with their errors, for the status page."""
+        a = self._applier
+        if a is None:
+            return {}, {}
+        return dict(a.failed()), dict(a.held())
+
     def _unit(self, r: UnitReport) -> None:
         self.result.units += 1
         self.result.applied += r.changes
@@ -535,6 +542,7 @@ class Runner:
                 lambda: self.capture.stats,
                 self._stopped_now,
                 self._capture_running,
+                self._problems_now,
             )
             self.metrics_address = self.metrics.start()
         try:
