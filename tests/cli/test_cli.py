@@ -5,6 +5,8 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -125,3 +127,20 @@ def test_arrow_allocates_from_jemalloc_unless_the_user_names_an_allocator(preset
         env["ARROW_DEFAULT_MEMORY_POOL"] = preset
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env).stdout
     assert out.strip() == (preset or "jemalloc")
+
+
+def test_config_before_or_after_the_command(tmp_path: Path, capsys: Any, monkeypatch: Any) -> None:
+    """``-c`` counts the same before the command (``mirrorline -c x.toml status``) as after it; without it,
+    $MIRRORLINE_CONFIG, else ./mirrorline.toml."""
+    from mirrorline.cli.main import build_parser, main
+
+    p = build_parser()
+    assert p.parse_args(["-c", "a.toml", "status"]).config == "a.toml"
+    assert p.parse_args(["--config", "a.toml", "verify", "--json"]).config == "a.toml"
+    assert p.parse_args(["-c", "a.toml", "status", "-c", "b.toml"]).config == "b.toml"  # the command's own wins
+    missing = tmp_path / "nope.toml"
+    for argv in (["-c", str(missing), "status"], ["status", "-c", str(missing)]):
+        assert main(argv) == 2
+        assert f"{missing}: no such file" in capsys.readouterr().err
+    monkeypatch.setenv("MIRRORLINE_CONFIG", str(missing))
+    assert main(["status"]) == 2 and f"{missing}: no such file" in capsys.readouterr().err

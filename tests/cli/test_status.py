@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import configs
 
@@ -79,7 +80,7 @@ def test_problems_are_what_makes_replication_unhealthy() -> None:
     assert st.problems() == ["source: connection refused", "target fast: cannot open SQLite database x.db"]
 
 
-def test_status_check_exits_1_when_the_source_cannot_be_reached(tmp_path: Path, capsys: object) -> None:
+def test_status_check_is_critical_when_the_source_cannot_be_reached(tmp_path: Path, capsys: object) -> None:
     import socket
 
     from mirrorline.cli.main import main
@@ -93,7 +94,35 @@ def test_status_check_exits_1_when_the_source_cannot_be_reached(tmp_path: Path, 
         log=tmp_path / "log",
         targets={"lite": "sqlite:///lite.db"},
     )
-    assert main(["status", "-c", str(conf), "--check"]) == 1
+    assert main(["status", "-c", str(conf), "--check"]) == 2  # Nagios: CRITICAL
     out = capsys.readouterr().out  # type: ignore[attr-defined]
     assert out.startswith("CRITICAL: source:") and len(out.strip().splitlines()) == 1 and "s3cret" not in out
+    assert main(["status", "-c", str(conf)]) == 1  # without --check: unhealthy
     assert main(["status", "-c", str(conf), "--max-lag", "soon"]) == 2
+    # a configuration that cannot be read: UNKNOWN
+    capsys.readouterr()  # type: ignore[attr-defined]
+    assert main(["status", "-c", str(tmp_path / "missing.toml"), "--check"]) == 3
+    assert capsys.readouterr().out.startswith("UNKNOWN: ")  # type: ignore[attr-defined]
+
+
+def test_status_check_warns_beyond_warn_lag_and_on_status_warnings(monkeypatch: Any, capsys: Any) -> None:
+    from mirrorline import status as status_mod
+    from mirrorline.cli import status_cmd
+    from mirrorline.cli.main import build_parser
+
+    st = _status()  # targets "fast" (live) and "slow" (900 s behind)
+    monkeypatch.setattr(status_mod, "status", lambda config: st)
+    monkeypatch.setattr(status_cmd, "load_config", lambda args: None)
+
+    def check(*more: str) -> tuple[int, str]:
+        code = status_cmd.run(build_parser().parse_args(["status", "--check", *more]))
+        return code, capsys.readouterr().out
+
+    assert check() == (0, "OK: lag fast 0.0 s, slow 900.0 s\n")
+    code, out = check("--warn-lag", "60s")
+    assert code == 1 and out.startswith("WARNING: target slow is 900.0 s behind (more than 60 s)")
+    code, out = check("--warn-lag", "60s", "--max-lag", "10m")
+    assert code == 2 and out.startswith("CRITICAL: target slow is 900.0 s behind (more than 600 s)")
+    st.warnings.append("slot mirrorline retains 3.0 GB of WAL on the source")
+    code, out = check()
+    assert code == 1 and out == "WARNING: slot mirrorline retains 3.0 GB of WAL on the source\n"

@@ -45,13 +45,17 @@ COMMANDS: list[tuple[str, str, str]] = [
 ]
 
 
+CONFIG_HELP = "configuration file (TOML; default: $MIRRORLINE_CONFIG or ./mirrorline.toml)"
+
+
 def add_config_argument(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "-c",
-        "--config",
-        default=os.environ.get("MIRRORLINE_CONFIG", "mirrorline.toml"),
-        help="configuration file (TOML; default: $MIRRORLINE_CONFIG or ./mirrorline.toml)",
-    )
+    """A command's ``-c/--config``; given before the command, it counts the same (:func:`main` fills the default)."""
+    p.add_argument("-c", "--config", default=argparse.SUPPRESS, help=CONFIG_HELP)
+    p.set_defaults(_takes_config=True)
+
+
+def default_config() -> str:
+    return os.environ.get("MIRRORLINE_CONFIG", "mirrorline.toml")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -59,12 +63,13 @@ def build_parser() -> argparse.ArgumentParser:
         prog="mirrorline",
         description="Change-data-capture replication of PostgreSQL tables: capture once through pgoutput, stage in "
         "a durable change log, compile net row changes with Spark, apply set-based to PostgreSQL, SQLite, "
-        "DuckDB and Delta Lake targets, exactly once.",
+        "DuckDB, Delta Lake and Apache Iceberg targets, exactly once.",
         epilog="Exit status: 0 success, 1 verify found a difference or status found replication unhealthy, 2 usage or "
         "configuration error, 3 other failure, 4 an internal error (a bug; its traceback is printed).",
     )
     parser.add_argument("--version", action="version", version=f"mirrorline {__version__}")
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more log output (-vv for debug)")
+    parser.add_argument("-c", "--config", default=argparse.SUPPRESS, help=CONFIG_HELP + "; before or after COMMAND")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, module, help_text in COMMANDS:
         mod = importlib.import_module(module)
@@ -89,6 +94,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not getattr(args, "command", None):
         parser.print_help(sys.stderr)
         return 2
+    if getattr(args, "_takes_config", False) and not hasattr(args, "config"):
+        args.config = default_config()
     level = logging.WARNING - 10 * min(args.verbose, 2)
     # -vv: mirrorline's debug lines; the libraries' (py4j logs every call to the JVM) stay at info
     logging.basicConfig(

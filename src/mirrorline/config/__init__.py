@@ -271,7 +271,7 @@ def parse(data: dict[str, Any], path: Path) -> Config:
     if listen:
         m = re.fullmatch(r"(\[[0-9a-fA-F:]+\]|[A-Za-z0-9.-]*):(\d{1,5})", listen.strip())
         if not m or not 0 < int(m.group(2)) < 65536:
-            raise r.fail("listen", f'expected "host:port" such as "127.0.0.1:9187", got {listen!r}')
+            raise r.fail("listen", f'expected "host:port" such as "127.0.0.1:7361", got {listen!r}')
         address = (m.group(1).strip("[]") or "0.0.0.0", int(m.group(2)))
     return Config(
         file=path,
