@@ -364,3 +364,14 @@ def test_a_unit_of_many_keys_deletes_by_ranges_and_keeps_the_rows_between(
     want |= {(i, f"n{i}", -i, None) for i in touched if i % 2}
     want |= {(i, f"n{i}", i * 10, None) for i in range(5000, 5400)}
     assert set(fetch(t, "public.items", COLS)) == want and len(fetch(t, "public.items", COLS)) == len(want)
+
+
+def test_a_relative_folder(spark: Any, tmp_path: Path, monkeypatch: Any) -> None:
+    """A target made with a relative folder (the configuration makes its paths absolute; a program may not)."""
+    monkeypatch.chdir(tmp_path)
+    t = IcebergTarget("rel", "ice")
+    try:
+        t.apply(batch(spark, [items(1)], P(0), P(1)), SCHEMAS)
+    finally:
+        t.close()
+    assert table(IcebergTarget("rel", str(tmp_path / "ice")), "public.items").scan().to_arrow()["id"].to_pylist() == [1]

@@ -103,6 +103,7 @@ def catalog_properties(root: Path, given: Mapping[str, str] | None) -> dict[str,
     ``warehouse/``)."""
     if given:
         return dict(given)
+    root = root.resolve()  # (a file URI names an absolute path)
     return {
         "type": "sql",
         "uri": f"sqlite:///{root / CATALOG_FILE}",

@@ -426,7 +426,7 @@ class IcebergTarget(LakeTarget):
         self.catalog.create_namespace_if_not_exists((namespace,))
         location = None
         if not self.catalog_props:  # the embedded catalog: the files under the folder, in names any path can hold
-            location = (self.root / WAREHOUSE / folder_name(namespace) / folder_name(name)).as_uri()
+            location = (self.root.resolve() / WAREHOUSE / folder_name(namespace) / folder_name(name)).as_uri()
         props = {
             TABLE_PROP: ts.table,
             "format-version": "2",
