@@ -92,7 +92,8 @@ def test_ctrl_c_at_any_moment_says_what_was_kept_in_one_line(pg: Any, tmp_path: 
         lines = _interrupt(cfg, ["run"], when, change)
         assert len(lines) == 1 and lines[0].startswith("mirrorline run: interrupted; kept: captured "), (what, lines)
     pg.execute("DELETE FROM public.items WHERE id % 5 = 0")
-    lines = _interrupt(cfg, ["snapshot", "--target", "sqlite"], lambda err: "snapshot " in err)
+    # small chunks: the load is many tasks, the first progress line comes while most of it is still to do
+    lines = _interrupt(cfg, ["snapshot", "--target", "sqlite", "--chunk-mb", "0.25"], lambda err: "snapshot " in err)
     assert lines == ["mirrorline snapshot: interrupted"], lines
     r = subprocess.run(
         [sys.executable, "-m", "mirrorline.cli.main", "run", "--once", "-c", str(cfg)], capture_output=True, text=True

@@ -190,7 +190,14 @@ def entry() -> None:
     whatever the umask: they hold the source's rows (PostgreSQL keeps its data folder 0700 likewise)."""
     os.umask(0o077)
     arrow_allocator()
-    sys.exit(main())
+    try:
+        code = main()
+    except KeyboardInterrupt:  # a Ctrl-C as the command returned: interrupted, as one a moment earlier would have been
+        code = 130
+    # the command is done: a Ctrl-C while the interpreter and Spark's JVM shut down changes nothing (it would end the
+    # process by the signal, exit status -2, after the command's own report)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    sys.exit(code)
 
 
 if __name__ == "__main__":
