@@ -14,13 +14,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from mirrorline.apply.delta.dialect import DELTA, _open, _table_of, commit_properties, table_position
-from mirrorline.apply.lake.dialect import GROUP_COL, OP_COL, Conflict, duck_connection, fit
+from mirrorline.apply.lake.dialect import GROUP_COL, OP_COL, Conflict, fit
 from mirrorline.apply.lake.plan import BagPlan, Plan
 from mirrorline.apply.lake.target import LakeTarget
-from mirrorline.apply.reshape import Step, as_rebuild, plan, stop
-from mirrorline.apply.sql import lit, parse_mask
-from mirrorline.apply.state import AppliedState, write_shape
+from mirrorline.apply.reshape import Step
+from mirrorline.apply.sql import parse_mask
 from mirrorline.apply.state import ensure as ensure_state
+from mirrorline.apply.state import write_shape
 from mirrorline.errors import ApplyError, TargetError, TransientTargetError, first_line
 from mirrorline.model import TableSchema, quote_ident
 from mirrorline.position import ZERO, Position
@@ -110,75 +110,19 @@ class DeltaTarget(LakeTarget):
             _merge(plan, handle, src, props)
 
     # -- schema ----------------------------------------------------------------------------------------------------
-    def follow_schema(self, schemas: Sequence[TableSchema], state: AppliedState) -> list[str]:
-        """Before a unit: each table's Delta schema taken from the shape it has (recorded with the target's state)
-        to the unit's. Columns added without a value for the existing rows are added to the table's schema; any
-        other change (drop, rename, type, key, an added column whose existing rows hold a default) rewrites the table
-        in one commit that keeps its position. The shape is recorded after the table's commit: a crash in between
-        makes the rewrite again, which finds it made."""
-        done: list[str] = []
-        for ts in schemas:
-            recorded = state.shapes.get(ts.table)
-            shape = self._followed(ts.table, recorded, state)
-            dt = self.delta_table(ts.table)
-            if dt is None or shape is None:
-                done += self.ensure_schema([ts], record=False)
-            else:
-                keep, follow = self.needs.table_policy(ts.table)
-                have = [f.name for f in dt.schema().fields]
-                steps = plan(shape, ts, have, target=self.name, keep_dropped=keep, follow=follow, rebuild=True)
-                if any(st.kind != "add" or st.column.missing_value is not None for st in steps):
-                    step = steps[0] if steps[0].kind == "rebuild" else as_rebuild(shape, ts, steps, have)
-                    self._rewrite(ts, step)
-                    done.append(f"{ts.table}: {step.describe()}")
-                    log.info("target %s: schema change committed: %s", self.name, done[-1])
-                elif steps:
-                    done += self.ensure_schema([ts], record=False)
-            if recorded != ts.version or shape != ts:
-                with self.transaction() as s:
-                    ensure_state(s)
-                    write_shape(s, ts, ts.version)
-        return done
-
-    def _rewrite(self, ts: TableSchema, step: Step) -> None:
-        """Write the table again as ``step`` (a rebuild) says: its columns renamed, dropped, converted to their new
-        types, new ones filled with the value existing rows hold; one commit, the table's position kept."""
+    def reshape(self, ts: TableSchema, step: Step) -> str:
+        """Write the table again as ``step`` (a rebuild) says (:meth:`rebuilt_rows`): one overwrite that replaces its
+        schema, the table's position kept."""
         from deltalake import write_deltalake
 
-        assert step.shape is not None
-        sources = dict(step.sources)
-        want = self.dialect.arrow_schema(step.shape)
         with self._lock(ts.table):
             dt = self.delta_table(ts.table)
             assert dt is not None
-            data = dt.to_pyarrow_table()
-            cols = []
-            con = duck_connection()
-            try:
-                for c, f in zip(step.shape.columns, want, strict=True):
-                    src = sources.get(c.name)
-                    if src is not None:
-                        try:
-                            cols.append(data[src].cast(f.type))
-                        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
-                            raise stop(
-                                ts,
-                                self.name,
-                                f"{step.describe()}, and the table's values do not fit it: {first_line(e)}",
-                            ) from e
-                    elif c.missing_value is not None:
-                        one = con.execute(f"SELECT {self.dialect.convert(lit(c.missing_value), ts, c)}").fetchone()
-                        value = one[0] if one else None
-                        cols.append(pa.array([value] * data.num_rows, f.type))
-                    else:
-                        cols.append(pa.nulls(data.num_rows, f.type))
-            finally:
-                con.close()
+            rows = self.rebuilt_rows(ts, step, dt.to_pyarrow_table())
             props = commit_properties(self.name, table_position(dt, self.name))
             with self._writing(ts.table, table_position(dt, self.name), redo=False):
-                write_deltalake(
-                    dt, pa.table(cols, schema=want), mode="overwrite", schema_mode="overwrite", commit_properties=props
-                )
+                write_deltalake(dt, rows, mode="overwrite", schema_mode="overwrite", commit_properties=props)
+        return step.describe()
 
     def recreate(self, schemas: Iterable[TableSchema]) -> None:
         self.ensure_schema(schemas)

@@ -33,10 +33,10 @@ from mirrorline.apply.iceberg.dialect import (
 from mirrorline.apply.lake.dialect import GROUP_COL, OP_COL, Conflict, duck_connection, fit
 from mirrorline.apply.lake.plan import BagPlan, Plan
 from mirrorline.apply.lake.target import LakeTarget
-from mirrorline.apply.reshape import Step, as_rebuild, plan, stop
+from mirrorline.apply.reshape import Step
 from mirrorline.apply.sql import key_col, lit, moved_col, parse_mask
-from mirrorline.apply.state import AppliedState, write_shape
 from mirrorline.apply.state import ensure as ensure_state
+from mirrorline.apply.state import write_shape
 from mirrorline.errors import ApplyError, TargetError, TransientTargetError, first_line
 from mirrorline.model import TableSchema, quote_ident
 from mirrorline.position import ZERO, Position
@@ -275,40 +275,10 @@ class IcebergTarget(LakeTarget):
         return out
 
     # -- schema ----------------------------------------------------------------------------------------------------
-    def follow_schema(self, schemas: Sequence[TableSchema], state: AppliedState) -> list[str]:
-        """Before a unit: each table's schema taken from the shape it has (recorded with the target's state) to the
-        unit's by Iceberg's schema evolution: a column added, dropped or renamed keeps the other columns' ids and
-        files; a type Iceberg can widen (``int`` to ``long``, ``float`` to ``double``, a decimal's precision) is
-        widened; any other change of type, or a new column whose existing rows hold a value, also writes the rows
-        again, in the same commit (the table's position kept). The shape is recorded after the table's commit."""
-        done: list[str] = []
-        for ts in schemas:
-            recorded = state.shapes.get(ts.table)
-            shape = self._followed(ts.table, recorded, state)
-            t = self.table(ts.table)
-            if t is None or shape is None:
-                done += self.ensure_schema([ts], record=False)
-            else:
-                keep, follow = self.needs.table_policy(ts.table)
-                have = [f.name for f in t.schema().fields]
-                steps = plan(shape, ts, have, target=self.name, keep_dropped=keep, follow=follow, rebuild=True)
-                if any(st.kind != "add" or st.column.missing_value is not None for st in steps):
-                    step = steps[0] if steps[0].kind == "rebuild" else as_rebuild(shape, ts, steps, have)
-                    how = self._evolve(ts, step)
-                    done.append(f"{ts.table}: {step.describe()} ({how})")
-                    log.info("target %s: schema change committed: %s", self.name, done[-1])
-                elif steps:
-                    done += self.ensure_schema([ts], record=False)
-            if recorded != ts.version or shape != ts:
-                with self.transaction() as s:
-                    ensure_state(s)
-                    write_shape(s, ts, ts.version)
-        return done
-
-    def _evolve(self, ts: TableSchema, step: Step) -> str:
-        """The table taken to ``step``'s shape in one commit: columns dropped, renamed, added and widened by schema
-        evolution, the rows written again only where a value changes (a type Iceberg cannot widen, a new column's
-        value in existing rows)."""
+    def reshape(self, ts: TableSchema, step: Step) -> str:
+        """The table taken to ``step``'s shape in one commit by Iceberg's schema evolution: columns dropped, renamed
+        (keeping their ids), added, and widened where Iceberg can; the rows written again (:meth:`rebuilt_rows`) only
+        where a value changes (a type Iceberg cannot widen, a new column's value in existing rows)."""
         from pyiceberg.schema import promote
 
         assert step.shape is not None
@@ -351,38 +321,11 @@ class IcebergTarget(LakeTarget):
                         if sources.get(c.name) is None:
                             u.add_column((c.name,), new_types[c.name])
                 if data is not None:
-                    rows = self._rebuilt(ts, step, data)
+                    rows = self.rebuilt_rows(ts, step, data)
                     tx.overwrite(
                         rows, snapshot_properties={"mirrorline.target": self.name, "mirrorline.position": str(pos)}
                     )
-        return "rows written again" if rewrite else "schema evolution"
-
-    def _rebuilt(self, ts: TableSchema, step: Step, data: pa.Table) -> pa.Table:
-        """The table's rows in ``step``'s shape: each column from the one it was, converted; new ones set to the
-        value existing rows hold."""
-        assert step.shape is not None
-        sources = dict(step.sources)
-        want = self.dialect.arrow_schema(step.shape)
-        cols = []
-        con = duck_connection()
-        try:
-            for c, f in zip(step.shape.columns, want, strict=True):
-                src = sources.get(c.name)
-                if src is not None:
-                    try:
-                        cols.append(data[src].cast(f.type))
-                    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
-                        raise stop(
-                            ts, self.name, f"{step.describe()}, and the table's values do not fit it: {first_line(e)}"
-                        ) from e
-                elif c.missing_value is not None:
-                    one = con.execute(f"SELECT {self.dialect.convert(lit(c.missing_value), ts, c)}").fetchone()
-                    cols.append(pa.array([one[0] if one else None] * data.num_rows, f.type))
-                else:
-                    cols.append(pa.nulls(data.num_rows, f.type))
-        finally:
-            con.close()
-        return pa.table(cols, schema=want)
+        return f"{step.describe()} ({'rows written again' if rewrite else 'schema evolution'})"
 
     def recreate(self, schemas: Iterable[TableSchema]) -> None:
         self.ensure_schema(schemas)

@@ -13,7 +13,7 @@ import logging
 import threading
 import time
 from abc import abstractmethod
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -26,12 +26,15 @@ from mirrorline.apply.lake.dialect import COMMIT_ATTEMPTS, LOCK_FILE, OP_COL, Co
 from mirrorline.apply.lake.plan import BagPlan, Plan
 from mirrorline.apply.lake.session import Failure, LakeRead, LakeSession
 from mirrorline.apply.lock import FileLock
+from mirrorline.apply.reshape import Step, as_rebuild, plan, stop
 from mirrorline.apply.session import Session
-from mirrorline.apply.state import AppliedState
+from mirrorline.apply.sql import lit
+from mirrorline.apply.state import AppliedState, write_shape
+from mirrorline.apply.state import ensure as ensure_state
 from mirrorline.apply.state import now as now_stamp
 from mirrorline.apply.state import parse as parse_state
 from mirrorline.apply.target import Target, TargetRead, UnitWork, deal
-from mirrorline.errors import ApplyError, TransientTargetError
+from mirrorline.errors import ApplyError, TransientTargetError, first_line
 from mirrorline.model import TableSchema, quote_ident
 from mirrorline.position import Position
 
@@ -106,9 +109,73 @@ class LakeTarget(Target):
         """The table's rows, ``columns`` of them, a batch at a time."""
 
     @abstractmethod
+    def ensure_schema(self, schemas: Iterable[TableSchema], record: bool = True) -> list[str]:
+        """Create missing tables and add missing columns, and, with ``record``, record each as the shape its table
+        has (what a snapshot loaded)."""
+
+    @abstractmethod
+    def reshape(self, ts: TableSchema, step: Step) -> str:
+        """Take the table to ``step``'s shape (a rebuild) in one commit that keeps its position; what was done."""
+
+    @abstractmethod
     def _writing(self, table: str, end: Position, redo: bool = True) -> contextlib.AbstractContextManager[None]:
         """A write's failure as mirrorline's error (a constraint the rows break is the data's, anything else the
         target's); ``redo``: a commit that lost to another raises :class:`Conflict` for the caller to redo."""
+
+    # -- schema ----------------------------------------------------------------------------------------------------
+    def follow_schema(self, schemas: Sequence[TableSchema], state: AppliedState) -> list[str]:
+        """Before a unit: each table taken from the shape it has (recorded with the target's state) to the unit's.
+        Columns added without a value for the existing rows are added (:meth:`ensure_schema`); any other change is
+        one rebuild step the format makes in one commit that keeps the table's position (:meth:`reshape`). The shape
+        is recorded after the table's commit: a crash in between makes the change again, which finds it made."""
+        done: list[str] = []
+        for ts in schemas:
+            recorded = state.shapes.get(ts.table)
+            shape = self._followed(ts.table, recorded, state)
+            handle = self.open_table(ts.table)
+            if handle is None or shape is None:
+                done += self.ensure_schema([ts], record=False)
+            else:
+                keep, follow = self.needs.table_policy(ts.table)
+                have = self.columns_of(handle)
+                steps = plan(shape, ts, have, target=self.name, keep_dropped=keep, follow=follow, rebuild=True)
+                if any(st.kind != "add" or st.column.missing_value is not None for st in steps):
+                    step = steps[0] if steps[0].kind == "rebuild" else as_rebuild(shape, ts, steps, have)
+                    done.append(f"{ts.table}: {self.reshape(ts, step)}")
+                    log.info("target %s: schema change committed: %s", self.name, done[-1])
+                elif steps:
+                    done += self.ensure_schema([ts], record=False)
+            if recorded != ts.version or shape != ts:
+                with self.transaction() as s:
+                    ensure_state(s)
+                    write_shape(s, ts, ts.version)
+        return done
+
+    def rebuilt_rows(self, ts: TableSchema, step: Step, data: pa.Table) -> pa.Table:
+        """The table's rows ``data`` in ``step``'s shape: each column from the one it was, converted to its new type;
+        a new column set to the value existing rows hold (or NULL). Values the new type cannot hold stop the table."""
+        assert step.shape is not None
+        sources = dict(step.sources)
+        want = self.dialect.arrow_schema(step.shape)
+        cols = []
+        con = duck_connection()
+        try:
+            for c, f in zip(step.shape.columns, want, strict=True):
+                src = sources.get(c.name)
+                if src is not None:
+                    try:
+                        cols.append(data[src].cast(f.type))
+                    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
+                        what = f"{step.describe()}, and the table's values do not fit it: {first_line(e)}"
+                        raise stop(ts, self.name, what) from e
+                elif c.missing_value is not None:
+                    one = con.execute(f"SELECT {self.dialect.convert(lit(c.missing_value), ts, c)}").fetchone()
+                    cols.append(pa.array([one[0] if one else None] * data.num_rows, f.type))
+                else:
+                    cols.append(pa.nulls(data.num_rows, f.type))
+        finally:
+            con.close()
+        return pa.table(cols, schema=want)
 
     # -- state -----------------------------------------------------------------------------------------------------
     def applied_positions(self) -> AppliedState:
