@@ -138,35 +138,24 @@ def _shape(ts: TableSchema, t: IcebergTarget) -> AppliedState:
     return AppliedState(shape_docs={ts.table: ts})  # the shape the table has, as recorded with the target's state
 
 
+def _evo(n: str, label: str, c: str, version: int) -> TableSchema:
+    """public.evo with columns n, label (by name) and c of these types (the attnums tell a rename from a drop)."""
+    cols = (Column("id", "integer", nullable=False, attnum=1), Column("n", n, attnum=2))
+    return TableSchema(
+        "public.evo", (*cols, Column(label, "text", attnum=3), Column("c", c, attnum=4)), key=("id",), version=version
+    )
+
+
 def test_schema_changes_by_icebergs_own_evolution(spark: Any, request: Any, tmp_path: Path) -> None:
     t = iceberg(request, tmp_path)
-    old = TableSchema(
-        "public.evo",
-        (
-            Column("id", "integer", nullable=False, attnum=1),
-            Column("n", "integer", attnum=2),
-            Column("label", "text", attnum=3),
-            Column("c", "integer", attnum=4),
-        ),
-        key=("id",),
-    )
+    old = _evo("integer", "label", "integer", 1)
     t.ensure_schema([old])
     rows = [net("public.evo", "I", [i], {"id": i, "n": i, "label": f"l{i}", "c": str(i * 2)}) for i in range(3)]
     t.apply(batch(spark, rows, P(0), P(0x10)), {old.table: old})
     ids = {f.name: f.field_id for f in table(t, "public.evo").schema().fields}
     files = {task.file.file_path for task in table(t, "public.evo").scan().plan_files()}
     # a rename and a widening (integer to bigint): the schema changes, no data file is written
-    renamed = TableSchema(
-        "public.evo",
-        (
-            Column("id", "integer", nullable=False, attnum=1),
-            Column("n", "bigint", attnum=2),
-            Column("title", "text", attnum=3),
-            Column("c", "integer", attnum=4),
-        ),
-        key=("id",),
-        version=2,
-    )
+    renamed = _evo("bigint", "title", "integer", 2)
     done = t.follow_schema([renamed], _shape(old, t))
     assert done and "schema evolution" in done[0], done
     after = table(t, "public.evo")
@@ -179,17 +168,7 @@ def test_schema_changes_by_icebergs_own_evolution(spark: Any, request: Any, tmp_
     assert str(after.schema().find_field("n").field_type) == "long"
     assert {task.file.file_path for task in after.scan().plan_files()} == files
     # integer to numeric, which Iceberg cannot widen: the rows are written again in the same commit, the position kept
-    typed = TableSchema(
-        "public.evo",
-        (
-            Column("id", "integer", nullable=False, attnum=1),
-            Column("n", "bigint", attnum=2),
-            Column("title", "text", attnum=3),
-            Column("c", "numeric(12,2)", attnum=4),
-        ),
-        key=("id",),
-        version=3,
-    )
+    typed = _evo("bigint", "title", "numeric(12,2)", 3)
     done = t.follow_schema([typed], _shape(renamed, t))
     assert "rows written again" in done[0], done
     after = table(t, "public.evo")
