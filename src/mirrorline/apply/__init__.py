@@ -47,6 +47,6 @@ def open_target(cfg: TargetConfig, *, threads: int = 1, needs: Needs | None = No
         on_error=cfg.on_error,
         threads=threads,
         state_prefix=cfg.state_prefix,
-        needs=needs,
+        needs=needs or Needs(history=cfg.history_of),
         **options,
     )

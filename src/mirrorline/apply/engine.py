@@ -30,8 +30,10 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
+from mirrorline.apply import history
 from mirrorline.apply import rows as work_rows
 from mirrorline.apply.canonical import native_text
+from mirrorline.apply.history import HistoryShape
 from mirrorline.apply.reshape import as_rebuild, plan, stop
 from mirrorline.apply.serial import reapply
 from mirrorline.apply.session import Session
@@ -73,7 +75,9 @@ class _SessionRead(TargetRead):
         d = self.target.dialect
         convs = [native_text(c.type_name) for c in ts.columns]
         cols = ", ".join(d.read_expr(quote_ident(c.name), d.type_info(ts.table, c)) for c in ts.columns)
-        for batch in self.s.fetch(f"SELECT {cols} FROM {self.target.dialect.table(ts.table)}"):
+        hs = self.target.shape(ts)  # (a table kept in versions: its current ones)
+        where = f" WHERE {quote_ident(hs.open_column)} IS NULL" if isinstance(hs, HistoryShape) else ""
+        for batch in self.s.fetch(f"SELECT {cols} FROM {self.target.dialect.table(ts.table)}{where}"):
             yield [[f(v) for f, v in zip(convs, row, strict=True)] for row in batch]
 
 
@@ -83,6 +87,7 @@ class _Mismatch(Exception):
     def __init__(self, table: str, kind: str, expected: int, got: int) -> None:
         what = {"D": "deleted", "U": "updated", "I": "inserted"}[kind]
         super().__init__(f"{table}: {what} {got} rows, expected {expected}")
+        self.table = table
 
 
 class SqlTarget(Target):
@@ -118,7 +123,7 @@ class SqlTarget(Target):
             for ts in schemas:
                 have = s.table_columns(ts.table)
                 if have is None:
-                    for stmt in self.dialect.create_table(ts):
+                    for stmt in self.dialect.create_table(self.shape(ts)):
                         s.execute(stmt)
                     done.append(f"created {ts.table}")
                     self._lossy_note(ts)
@@ -140,7 +145,7 @@ class SqlTarget(Target):
             for ts in schemas:
                 if s.table_columns(ts.table) is not None:
                     s.execute(self.dialect.drop_table(self.dialect.table(ts.table)))
-                for stmt in self.dialect.create_table(ts):
+                for stmt in self.dialect.create_table(self.shape(ts)):
                     s.execute(stmt)
                 write_shape(s, ts, 0)
 
@@ -169,13 +174,15 @@ class SqlTarget(Target):
             have = s.table_columns(ts.table)
             recorded = state.shapes.get(ts.table)
             if have is None:
-                for stmt in self.dialect.create_table(ts):
+                for stmt in self.dialect.create_table(self.shape(ts)):
                     s.execute(stmt)
                 done.append(f"created {ts.table}")
                 self._lossy_note(ts)
             else:
                 old = self._followed(ts.table, recorded, state)
                 keep, follow = self.needs.table_policy(ts.table)
+                versions = self.needs.history(ts.table) is not None
+                keep = keep or versions  # (a version keeps the values it had: a dropped column stays)
                 steps = plan(
                     old,
                     ts,
@@ -190,6 +197,9 @@ class SqlTarget(Target):
                     steps = [as_rebuild(old, ts, steps, have)]
                     made = [self.dialect.reshape(ts.table, steps[0], ts)]
                 if any(st.kind in ("rebuild", "rekey") for st in steps):
+                    if versions:
+                        what = "; ".join(st.describe() for st in steps)
+                        raise stop(ts, self.name, f"{what}, which would build again a table kept in versions")
                     rebuilt[ts.table] = s.user_indexes(ts.table)
                 for step, stmts in zip(steps, made, strict=True):
                     if stmts is None:
@@ -308,6 +318,18 @@ class SqlTarget(Target):
                     target=self.name,
                     position=str(batch.end),
                 ) from e
+            kept = [t for t in tables if t in u.schemas and isinstance(self.shape(u.schemas[t]), HistoryShape)]
+            if kept:  # (its versions come from the unit's transactions: no change-by-change path)
+                table = e.table if isinstance(e, _Mismatch) and e.table in kept else kept[0]
+                raise ApplyError(
+                    f"target {self.name}: writing the versions of {table} for the unit up to {batch.end} failed: "
+                    f"{s.error_text(e) if not isinstance(e, _Mismatch) else e}",
+                    hint="nothing of the unit was applied; the table's current versions at the target are not the "
+                    "rows the unit changes: reload it (snapshot --table) once the cause is found",
+                    target=self.name,
+                    table=table,
+                    position=str(batch.end),
+                ) from e
             if u.changes is None:
                 raise ApplyError(
                     f"target {self.name}: the bulk apply of {', '.join(tables)} failed: {s.error_text(e)}",
@@ -325,6 +347,9 @@ class SqlTarget(Target):
 
     def _bulk_table(self, s: Session, u: UnitWork, ts: TableSchema) -> dict[str, int]:
         """One table's net rows by set-based statements, inside the scope's transaction: its row counts."""
+        hs = self.shape(ts)
+        if isinstance(hs, HistoryShape):
+            return self._history_table(s, u, hs)
         d, stager, batch, result = self.dialect, u.stager, u.batch, u.result
         counts = {"D": 0, "U": 0, "I": 0}
         t0 = time.monotonic()
@@ -383,6 +408,59 @@ class SqlTarget(Target):
         stager.finish(s, ts.table)
         result.timed("stage", t0)
         return counts
+
+    def _history_table(self, s: Session, u: UnitWork, hs: HistoryShape) -> dict[str, int]:
+        """A table kept in versions (:mod:`mirrorline.apply.history`): the unsent columns of the new versions read
+        from the current ones, the current versions of the keys the unit changed ended, a TRUNCATE's end of every
+        current version, the new versions inserted. Counts: U = versions ended, I = versions opened."""
+        d, result = self.dialect, u.result
+        h = history.unit_versions(u.batch, u.changes, hs.table)
+        t0 = time.monotonic()
+        counts = {"D": 0, "U": 0, "I": 0}
+        names: list[str] = []
+        try:
+            inserts = self._history_stage(s, hs, "I", history.versions_rows(h, hs), names)
+            closes = self._history_stage(s, hs, "U", history.closes_rows(h, hs), names)
+            t0 = result.timed("stage", t0)
+            images = self._moved_images(s, hs, inserts[0]) if inserts else []
+            if closes:
+                name, n = closes
+                got = s.dml(d.join_update(hs, name, [hs.end_lsn, hs.end_at, hs.deleted], None))
+                if got != n:
+                    raise _Mismatch(hs.table, "U", n, got)
+                counts["U"] = n
+                t0 = result.timed("update", t0)
+            if h.truncated is not None:
+                counts["U"] += s.dml(d.close_open(hs, h.truncated[0], history.pg_time(h.truncated[1]) or ""))
+                t0 = result.timed("truncate", t0)
+            if inserts:
+                name, n = inserts
+                if images:
+                    got = s.dml(d.insert_select(hs, name, hs.column_names, [""], key_order=True))
+                    for image in images:
+                        got += s.dml(d.insert_typed(hs, image, list(hs.column_names)))
+                        s.execute(d.drop_table(image))
+                else:
+                    got = s.dml(d.insert_select(hs, name, hs.column_names, key_order=True))
+                if got != n:
+                    raise _Mismatch(hs.table, "I", n, got)
+                counts["I"] = n
+                t0 = result.timed("insert", t0)
+        finally:
+            for name in names:
+                s.drop_worktable(name)
+        result.timed("stage", t0)
+        return counts
+
+    def _history_stage(
+        self, s: Session, hs: HistoryShape, kind: str, net: pa.Table, names: list[str]
+    ) -> tuple[str, int] | None:
+        if not net.num_rows:
+            return None
+        name = f"mirrorline_h{next(_images)}_{kind.lower()}"
+        s.load(name, work_rows.work_columns(hs, kind), work_rows.flatten(net, hs, kind))
+        names.append(name)
+        return name, net.num_rows
 
     def _moved_images(self, s: Session, ts: TableSchema, work: str) -> list[str]:
         """For the inserts marking columns unchanged: typed temp tables of their full images, those columns read from

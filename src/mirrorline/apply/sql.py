@@ -24,6 +24,7 @@ from dataclasses import replace
 from typing import ClassVar
 
 from mirrorline.apply import types as type_map
+from mirrorline.apply.history import HistoryShape
 from mirrorline.apply.reshape import Step
 from mirrorline.model import Column, TableSchema, index_columns, quote_ident, split_table_name
 
@@ -145,12 +146,17 @@ class Dialect(ABC):
         schema = self.schema(s.table)
         if schema is not None:
             out.append(f"CREATE SCHEMA IF NOT EXISTS {quote_ident(schema)}")
+        defaults = {s.start_lsn: " DEFAULT 0", s.deleted: " DEFAULT FALSE"} if isinstance(s, HistoryShape) else {}
         cols = [
-            f"{quote_ident(c.name)} {self.type_info(s.table, c).target_type}" + ("" if c.nullable else " NOT NULL")
+            f"{quote_ident(c.name)} {self.type_info(s.table, c).target_type}"
+            + ("" if c.nullable else " NOT NULL")
+            + defaults.get(c.name, "")
             for c in s.columns
         ]
         key_nullable = any(s.column(k).nullable for k in s.key)
-        if s.key and not key_nullable and not s.bag:
+        if isinstance(s, HistoryShape) and not key_nullable:
+            cols.append("PRIMARY KEY (" + ", ".join(quote_ident(k) for k in s.primary) + ")")
+        elif s.key and not key_nullable and not s.bag:
             cols.append("PRIMARY KEY (" + ", ".join(quote_ident(k) for k in s.key) + ")")
         out.append(f"CREATE TABLE IF NOT EXISTS {self.table(s.table)} (" + ", ".join(cols) + ")")
         # a key that may hold NULLs, or a table without one (duplicates allowed): an index for the joins, on every
@@ -256,7 +262,30 @@ class Dialect(ABC):
             parts.append(
                 self.eq(*self.key_operands(f"{t}.{quote_ident(k)}", f"{w}.{src}", info, s.table, col), col.nullable)
             )
+        if isinstance(s, HistoryShape):  # a key's current version
+            parts.append(f"{t}.{quote_ident(s.open_column)} IS NULL")
         return " AND ".join(parts)
+
+    def close_open(self, s: HistoryShape, end_lsn: int, end_at: str) -> str:
+        """History mode's TRUNCATE: every current version ends, deleted."""
+        info = self.type_info(s.table, s.column(s.end_at))
+        yes = self.conv(lit("t"), self.type_info(s.table, s.column(s.deleted)), s.table, s.deleted)
+        return (
+            f"UPDATE {self.table(s.table)} SET {quote_ident(s.end_lsn)} = {int(end_lsn)}, "
+            f"{quote_ident(s.end_at)} = {self.conv(lit(end_at), info, s.table, s.end_at)}, "
+            f"{quote_ident(s.deleted)} = {yes} "
+            f"WHERE {quote_ident(s.open_column)} IS NULL"
+        )
+
+    def open_versions(self, s: HistoryShape, start_lsn: int, start_at: str) -> str:
+        """The rows a snapshot loaded (their version columns at their defaults) become versions opened at the
+        snapshot's position."""
+        info = self.type_info(s.table, s.column(s.start_at))
+        return (
+            f"UPDATE {self.table(s.table)} SET {quote_ident(s.start_lsn)} = {int(start_lsn)}, "
+            f"{quote_ident(s.start_at)} = {self.conv(lit(start_at), info, s.table, s.start_at)} "
+            f"WHERE {quote_ident(s.start_lsn)} = 0"
+        )
 
     def key_operands(self, target: str, text: str, info: type_map.TypeInfo, table: str, col: Column) -> tuple[str, str]:
         """What a match on a key column compares: the target's column and the text value converted to its type."""

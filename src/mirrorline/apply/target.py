@@ -34,6 +34,8 @@ from mirrorline import limits
 from mirrorline.apply import lock
 from mirrorline.apply import state as applied
 from mirrorline.apply.chunks import ChunkLoader
+from mirrorline.apply.history import HistoryShape
+from mirrorline.apply.history import shape as history_shape
 from mirrorline.apply.kinds import KINDS
 from mirrorline.apply.kinds import load as load_kind_class
 from mirrorline.apply.session import Session
@@ -61,12 +63,15 @@ class Needs:
     logged schema by version, the one in force at a position, and each table's policy ``(keep dropped columns,
     follow schema changes)``; without them (a target opened outside a pipeline) a table's shape is what the target
     recorded, and changes are followed. ``keeps_deleted``: the tables whose actions drop D (DESIGN §5), where the
-    target keeps rows the source deleted, so that an insert replaces a row that may be there."""
+    target keeps rows the source deleted, so that an insert replaces a row that may be there. ``history``: the tables
+    kept in versions, with the prefix of their version columns."""
 
     schema_version: Callable[[str, int], TableSchema] | None = None
     schema_at: Callable[[str, Position], TableSchema | None] | None = None
     table_policy: Callable[[str], tuple[bool, bool]] = lambda table: (False, True)
     keeps_deleted: Callable[[str], bool] = lambda table: False
+    # the tables kept in versions (history mode, apply/history.py): the prefix of their version columns; None: not
+    history: Callable[[str], str | None] = lambda table: None
 
 
 class TargetRead(ABC):
@@ -382,6 +387,12 @@ class Target(ABC):
         for s in idle:
             with contextlib.suppress(Exception):
                 s.disconnect()
+
+    def shape(self, ts: TableSchema) -> TableSchema:
+        """``ts`` as this target holds its table: with the version columns where the table is kept in versions
+        (:mod:`mirrorline.apply.history`), else as it is."""
+        prefix = self.needs.history(ts.table)
+        return ts if prefix is None or isinstance(ts, HistoryShape) else history_shape(ts, prefix)
 
     def _followed(self, table: str, recorded: int | None, state: AppliedState) -> TableSchema | None:
         """The shape the target's table has: as recorded with it, by content (what the snapshot loaded, or the

@@ -8,6 +8,7 @@ Every problem is refused at start with the file, the key and the reason. Passwor
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import tomllib
@@ -15,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mirrorline.config.targets import ON_ERROR, TargetConfig, parse_targets
+from mirrorline.config.targets import HISTORY, ON_ERROR, TargetConfig, history_prefix_of, parse_targets
 from mirrorline.config.values import Reader, parse_size, parse_threads
 from mirrorline.errors import ConfigError
 
@@ -124,6 +125,9 @@ class TableConfig:
     # a partition detached or dropped with its rows (nothing sent): stop the table until it is loaded again, or keep
     # those rows at the targets (an archive of what the source let go)
     detached_partitions: str = "stop"
+    # history mode (apply/history.py) at every target, and its columns' prefix; None: each target's own setting
+    history: str | None = None
+    history_prefix: str | None = None
 
 
 @dataclass(frozen=True)
@@ -151,6 +155,10 @@ class Config:
     def actions(self) -> dict[str, frozenset[str]]:
         """The tables that replicate only some kinds of change (``actions``), with the kinds they replicate."""
         return {t.name: t.actions for t in self.tables.values() if t.actions != frozenset("IDU")}
+
+    def history(self, target: str, table: str) -> str | None:
+        """The prefix of ``table``'s version columns at ``target`` where it is kept in versions; else None."""
+        return self.targets[target].history_of(table)
 
     def tables_in_load_order(self) -> list[TableConfig]:
         """DESIGN §7: negative or missing sequence first (any order), then ascending sequence."""
@@ -261,7 +269,13 @@ def parse(data: dict[str, Any], path: Path) -> Config:
             raise r.fail(text, f"names the table {name} a second time")
         tables[name] = _table(file, name, spec)
 
-    targets = parse_targets(file, base, data.get("targets", {}), on_error)
+    versions = [t.name for t in tables.values() if t.history == "versions"]
+    targets = parse_targets(file, base, data.get("targets", {}), on_error, versions)
+    own = tuple(
+        (t.name, t.history or "", t.history_prefix or "") for t in tables.values() if t.history or t.history_prefix
+    )
+    if own:
+        targets = {n: dataclasses.replace(tc, table_history=own) for n, tc in targets.items()}
 
     spark = _spark(file, base, data.get("spark", {}), log.path)
     r = Reader(file, "metrics", data.get("metrics", {}))
@@ -362,8 +376,14 @@ def _table(file: str, name: str, spec: Any) -> TableConfig:
         "on_schema_change",
         "dropped_columns",
         "detached_partitions",
+        "history",
+        "history_prefix",
     )
     actions = r.get("actions", str, "IDU").upper()
+    history = r.get("history", str, None)
+    if history is not None and history not in HISTORY:
+        raise r.fail("history", f"expected one of {', '.join(map(repr, HISTORY))}, got {history!r}")
+    history_prefix = history_prefix_of(r)
     on_schema_change = r.get("on_schema_change", str, "follow")
     if on_schema_change not in ("follow", "stop"):
         raise r.fail("on_schema_change", f'expected "follow" or "stop", got {on_schema_change!r}')
@@ -413,4 +433,6 @@ def _table(file: str, name: str, spec: Any) -> TableConfig:
         on_schema_change=on_schema_change,
         dropped_columns=dropped_columns,
         detached_partitions=detached,
+        history=history,
+        history_prefix=history_prefix,
     )

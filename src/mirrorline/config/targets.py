@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 import os
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,6 +40,33 @@ class TargetConfig:
     # a kind with a catalog (kinds.Kind.catalog): the properties of the catalog its tables are in, values taken from
     # the environment where written ${NAME} (never printed); empty: the kind's embedded catalog
     catalog: tuple[tuple[str, str], ...] = field(default=(), repr=False)
+    # history mode of its tables unless a table says otherwise: "none" (the rows as they are now) or "versions"
+    # (every version of each row: apply/history.py), the version columns' names starting with history_prefix
+    history: str = "none"
+    history_prefix: str = "_ml_"
+    # the tables whose [tables] entry says otherwise: (table, history, prefix or "")
+    table_history: tuple[tuple[str, str, str], ...] = ()
+
+    def history_of(self, table: str) -> str | None:
+        """The prefix of ``table``'s version columns where this target keeps it in versions; else None."""
+        mode, prefix = self.history, self.history_prefix
+        for name, m, p in self.table_history:
+            if name == table:
+                mode, prefix = m or mode, p or prefix
+        return prefix if mode == "versions" else None
+
+
+HISTORY = ("none", "versions")
+
+
+def history_prefix_of(r: Reader) -> str | None:
+    """``history_prefix`` as given (None: not given): letters, digits and _, starting with a letter or _."""
+    prefix = r.get("history_prefix", str, None)
+    if prefix is not None and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,29}", prefix):
+        raise r.fail(
+            "history_prefix", f"expected letters, digits and _ (at most 30), not starting with a digit, got {prefix!r}"
+        )
+    return prefix
 
 
 def target_location(url: str, base: Path) -> tuple[str, str]:
@@ -67,9 +95,11 @@ def target_location(url: str, base: Path) -> tuple[str, str]:
     return kind.name, str(p if p.is_absolute() else (base / p))
 
 
-def parse_targets(file: str, base: Path, data: Any, on_error: str) -> dict[str, TargetConfig]:
+def parse_targets(
+    file: str, base: Path, data: Any, on_error: str, versions: Sequence[str] = ()
+) -> dict[str, TargetConfig]:
     """The ``[targets]`` table of configuration file ``file`` (in folder ``base``); ``on_error``: ``[apply]``'s, the
-    targets' default."""
+    targets' default; ``versions``: the tables ``[tables]`` keeps in versions at every target."""
     targets: dict[str, TargetConfig] = {}
     r = Reader(file, "targets", data)
     for name, spec in r.data.items():
@@ -86,6 +116,8 @@ def parse_targets(file: str, base: Path, data: Any, on_error: str) -> dict[str, 
             "initial",
             "state_prefix",
             "catalog",
+            "history",
+            "history_prefix",
         )
         url = t.get("url", str, required=True)
         try:
@@ -123,6 +155,18 @@ def parse_targets(file: str, base: Path, data: Any, on_error: str) -> dict[str, 
                 if key in t.data:
                     raise t.fail(key, f"{KINDS[kind].what} has no files to compact and clean up")
         catalog = _catalog(t, KINDS[kind]) if "catalog" in t.data else ()
+        history = t.get("history", str, "none")
+        if history not in HISTORY:
+            raise t.fail("history", f"expected one of {', '.join(map(repr, HISTORY))}, got {history!r}")
+        history_prefix = history_prefix_of(t)
+        if history != "none" and not KINDS[kind].history:
+            raise t.fail("history", f"{KINDS[kind].what} does not keep versions of rows yet")
+        if versions and not KINDS[kind].history:
+            raise t.fail(
+                "url",
+                f'{KINDS[kind].what} does not keep versions of rows yet, and [tables."{versions[0]}"] asks for '
+                'history = "versions" at every target',
+            )
         targets[name] = TargetConfig(
             name=name,
             url=url,
@@ -134,6 +178,8 @@ def parse_targets(file: str, base: Path, data: Any, on_error: str) -> dict[str, 
             initial=initial,
             state_prefix=state_prefix,
             catalog=catalog,
+            history=history,
+            history_prefix=history_prefix or "_ml_",
             **upkeep,
         )
     return targets

@@ -454,7 +454,9 @@ class Applier:
     def _open(self, name: str) -> Target:
         """Target ``name`` opened, given what following schema changes needs."""
         return open_target(
-            self.config.targets[name], threads=self.config.apply.threads, needs=schema_needs(self.config, self.log)
+            self.config.targets[name],
+            threads=self.config.apply.threads,
+            needs=schema_needs(self.config, self.log, name),
         )
 
     def registered(self, name: str) -> None:

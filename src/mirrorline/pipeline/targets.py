@@ -33,8 +33,9 @@ log = logging.getLogger(__name__)
 K = TypeVar("K", bound=Hashable)
 
 
-def schema_needs(config: Config, changelog: ChangeLog) -> Needs:
-    """What following schema changes needs, for the targets of ``config``: the log's schemas, each table's policy."""
+def schema_needs(config: Config, changelog: ChangeLog, target: str | None = None) -> Needs:
+    """What following schema changes needs, for the targets of ``config``: the log's schemas, each table's policy;
+    for ``target``, the tables it keeps in versions."""
 
     def policy(table: str) -> tuple[bool, bool]:
         t = config.table(table)
@@ -43,7 +44,10 @@ def schema_needs(config: Config, changelog: ChangeLog) -> Needs:
     def keeps_deleted(table: str) -> bool:
         return "D" not in actions_of(config.actions, table)
 
-    return Needs(changelog.schemas.get, changelog.shape_at, policy, keeps_deleted)
+    def history(table: str) -> str | None:
+        return config.history(target, table) if target is not None else None
+
+    return Needs(changelog.schemas.get, changelog.shape_at, policy, keeps_deleted, history)
 
 
 def failing_table(target: TargetConfig, error: Exception, batch: NetBatch) -> str | None:

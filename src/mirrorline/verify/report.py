@@ -28,6 +28,7 @@ class TableCheck:
     # why the table is not compared row for row (its ``actions`` let the target keep what the source changed), when
     # its rows differ: reported, never a difference
     not_comparable: str = ""
+    compared: str = ""  # what of the target's table was compared, when not all of it ("current versions")
 
     @property
     def same(self) -> bool:
@@ -48,6 +49,7 @@ class TableCheck:
             "target_rows": self.target_rows,
             "target_checksum": f"{self.target_sum:016x}" if self.target_sum is not None else None,
             "note": self.note or None,
+            **({"compared": self.compared} if self.compared else {}),
             **({"not_comparable": self.not_comparable} if self.not_comparable and not self.same else {}),
             **(
                 {
@@ -121,6 +123,8 @@ class VerifyReport:
                     continue
                 mark = "ok" if c.same else f"not comparable: {c.not_comparable}" if c.equal else "DIFFERS"
                 tgt = "missing" if c.target_rows is None else f"{c.target_rows:,} rows {c.target_sum or 0:016x}"
+                if c.compared:
+                    tgt += f" ({c.compared})"
                 note = f" ({c.note})" if c.note else ""
                 lines.append(
                     f"    {c.table}: {mark}: source {c.source_rows:,} rows {c.source_sum:016x}, target {tgt}{note}"

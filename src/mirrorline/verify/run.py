@@ -266,6 +266,11 @@ def target_checksums(
         return rd.position, out, notes
 
 
+def compared_text(target: Target, table: str) -> str:
+    """What of ``table`` at ``target`` verify compares, when not the whole table."""
+    return "its current versions" if target.needs.history(table) is not None else ""
+
+
 def target_rows_in(
     target: Target, schemas: Sequence[TableSchema], wanted: dict[str, set[int]]
 ) -> tuple[Position, dict[str, list[tuple[Any, ...]]]]:
@@ -336,7 +341,6 @@ def verify(
     for n in names:
         target_config(config, n)
     cl = ChangeLog(config.log.path)
-    needs = schema_needs(config, cl)  # (its catch-up follows schema changes)
     # tables gone from the source (renamed, dropped): no change of them comes; status shows them stopped
     gone = {t: r for t, r in stopped.tables(config.log.path).items() if t in config.tables}
     t0 = time.monotonic()
@@ -349,7 +353,9 @@ def verify(
             unreadable: dict[str, str] = {}  # a target that cannot be opened or locked: not compared, said so
             for name in sorted(names):
                 try:
-                    target = open_target(config.targets[name], threads=config.apply.threads, needs=needs)
+                    target = open_target(
+                        config.targets[name], threads=config.apply.threads, needs=schema_needs(config, cl, name)
+                    )
                     held.callback(target.close)
                     held.enter_context(target.exclusive(wait_seconds))
                     _wait_readable(target, wait_seconds)
@@ -435,6 +441,7 @@ def verify(
                             got[0] if got else None,
                             got[1] if got else None,
                             notes.get(t, "" if got is not None else "missing in the target"),
+                            compared=compared_text(target, t),
                             not_comparable=_held_text(holds[t])
                             if t in holds
                             else _untrusted_text(name, t, untrusted[t])

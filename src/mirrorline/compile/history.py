@@ -1,0 +1,214 @@
+"""History mode's compile: a unit's changes of one table -> the versions of its rows, one per committed source
+transaction that changed the key (not per unit, as the net-change fold gives). Pure; the rules:
+
+- **Per transaction, the last image.** Inside one transaction the changes of a key fold as the net-change rules
+  fold them (an insert then updates is the last image, an insert then a delete is nothing); what counts is the state
+  after the transaction: the row is there (with its image) or not.
+- **A version** is a state in which the row is there: it starts at the transaction that made it (commit position,
+  commit time) and ends at the next transaction that changed the key (its position and time); ``deleted`` says that
+  the row was not there after that transaction (a delete, a TRUNCATE, a key change away). The last version of a key in
+  the unit stays open (its end none).
+- **The target's open version** of a key the unit changes (one that existed before the unit: its first change there
+  is an update or a delete) is closed at the key's first transaction in the unit: :attr:`History.closes`.
+- **A key change** closes the old key's version (deleted: the row is not there under that key any more) and opens
+  the new key's.
+- **TRUNCATE** closes every version open at it (deleted): those of the unit here, the target's by
+  :attr:`History.truncated` (the first TRUNCATE's position and time), applied after the closes of the keys changed
+  before it.
+- **Unsent columns** (TOASTed values an update did not send) take the value the key's row had in the unit; those the
+  unit never saw are named in the version's ``unchanged`` and taken from the target's open version of ``source`` (the
+  key itself, or the old key of a key change) before anything of the unit is written.
+
+:func:`versions` gives them; apply writes them set-based (``apply/history.py``). Tests compare them with a reference
+of their own, for generated histories (``tests/compile/test_history.py``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from mirrorline.errors import InvalidSequenceError
+from mirrorline.model import Change, Key, Op, Value
+from mirrorline.position import Position
+
+
+@dataclass(frozen=True, slots=True)
+class Version:
+    """One version of a key's row that the unit opens."""
+
+    key: Key
+    image: dict[str, Value]  # every column but those in ``unchanged``
+    unchanged: frozenset[str]  # columns to take from the target's open version of ``source``
+    source: Key | None  # the key whose open version at the target holds them (None when ``unchanged`` is empty)
+    start: Position  # the transaction that made it: (commit lsn, the position of its last change of the key)
+    start_ts: int  # commit time, microseconds since the Unix epoch
+    end: int | None = None  # commit lsn of the transaction that ended it (None: open)
+    end_ts: int | None = None
+    deleted: bool = False  # the row was not there after that transaction
+
+
+@dataclass(frozen=True, slots=True)
+class Close:
+    """The target's open version of ``key`` ends at the unit's first transaction that changed it."""
+
+    key: Key
+    end: int
+    end_ts: int
+    deleted: bool
+    pos: Position
+
+
+@dataclass
+class History:
+    """One table's versions from one unit."""
+
+    closes: list[Close] = field(default_factory=list)
+    versions: list[Version] = field(default_factory=list)
+    truncated: tuple[int, int] | None = None  # the unit's first TRUNCATE: (commit lsn, commit time)
+
+
+@dataclass(slots=True)
+class _State:
+    """A key's row after one transaction."""
+
+    lsn: int
+    ts: int
+    pos: Position  # the last change of the key in the transaction
+    image: dict[str, Value] | None  # None: not there
+    unchanged: set[str]
+    source: Key | None
+
+
+@dataclass(slots=True)
+class _Key:
+    existed: bool  # the row was there before the unit (its first change is an update or a delete)
+    first: Position
+    states: list[_State] = field(default_factory=list)
+    op: str = ""  # the last op on it, for the sequence checks
+    op_pos: Position = field(default_factory=lambda: Position(0, 0))
+
+
+def versions(changes: Iterable[Change], table: str) -> History:
+    """The versions of ``table``'s rows the unit's ``changes`` (in log order) make, and the target's versions they
+    close. Raises :class:`InvalidSequenceError` for a sequence the net-change rules refuse (an insert of a key that
+    is there, an update or delete of one that is not)."""
+    keys: dict[Key, _Key] = {}
+    out = History()
+    truncs: list[tuple[Position, int]] = []
+
+    def state(k: Key, c: Change, existed: bool) -> tuple[_Key, _State | None]:
+        """The key's record and its state before ``c`` (None: its first change in the unit)."""
+        rec = keys.get(k)
+        if rec is None:
+            rec = keys[k] = _Key(existed, c.pos)
+        return rec, (rec.states[-1] if rec.states else None)
+
+    def put(rec: _Key, c: Change, image: dict[str, Value] | None, unchanged: set[str], source: Key | None) -> None:
+        last = rec.states[-1] if rec.states else None
+        if last is not None and last.lsn == c.pos.lsn:
+            last.image, last.unchanged, last.source, last.pos = image, unchanged, source, c.pos
+        else:
+            rec.states.append(_State(c.pos.lsn, c.commit_ts, c.pos, image, unchanged, source))
+
+    def there(rec: _Key, prev: _State | None) -> bool:
+        return prev.image is not None if prev is not None else rec.existed
+
+    def check(rec: _Key, k: Key, op: str, c: Change, ok: bool) -> None:
+        if not ok:
+            raise InvalidSequenceError(table, k, rec.op or "(before the unit)", rec.op_pos, op, c.pos)
+        rec.op, rec.op_pos = op, c.pos
+
+    def delete(k: Key, c: Change) -> tuple[dict[str, Value] | None, set[str], Key | None]:
+        """The row of ``k`` goes (a delete, or a key change away): its image, unsent columns and their source."""
+        rec, prev = state(k, c, existed=True)
+        check(rec, k, "D", c, there(rec, prev))
+        if prev is None:
+            image: dict[str, Value] | None = {}
+            unchanged: set[str] | None = None  # every column: the target's row
+            source: Key | None = k
+        else:
+            image, unchanged, source = prev.image, prev.unchanged, prev.source
+        put(rec, c, None, set(), None)
+        return image, (unchanged if unchanged is not None else {"*"}), source
+
+    def image_of(
+        c: Change, base: dict[str, Value] | None, base_unchanged: set[str], base_source: Key | None
+    ) -> tuple[dict[str, Value], set[str], Key | None]:
+        new = dict(c.new or {})
+        left: set[str] = set()
+        for col in c.unchanged:
+            if col in new:
+                continue
+            if base is not None and col in base:
+                new[col] = base[col]
+            else:
+                left.add(col)
+        return new, left, (base_source if left else None)
+
+    for c in changes:
+        if c.table != table:
+            continue
+        if c.op == Op.TRUNCATE:
+            truncs.append((c.pos, c.commit_ts))
+            for rec in keys.values():
+                last = rec.states[-1] if rec.states else None
+                if last is not None and last.image is not None:
+                    put(rec, c, None, set(), None)
+                    rec.op, rec.op_pos = "T", c.pos
+            continue
+        if c.op == Op.DELETE:
+            delete(c.key, c)
+            continue
+        if c.op == Op.UPDATE and c.old_key is not None and tuple(c.old_key) != tuple(c.key):
+            old_image, old_left, old_source = delete(tuple(c.old_key), c)
+            rec, prev = state(c.key, c, existed=False)
+            check(rec, c.key, "I", c, not there(rec, prev))
+            if "*" in old_left:  # the old key's row as the target holds it
+                image, left, source = image_of(c, {}, set(), None)
+                source = tuple(c.old_key) if left else None
+            else:
+                image, left, source = image_of(c, old_image, old_left, old_source)
+            put(rec, c, image, left, source)
+            continue
+        if c.op == Op.INSERT:
+            rec, prev = state(c.key, c, existed=False)
+            check(rec, c.key, "I", c, not there(rec, prev))
+            image, left, _ = image_of(c, None, set(), None)
+            put(rec, c, image, left, None)
+            continue
+        # an update of the key's row
+        rec, prev = state(c.key, c, existed=True)
+        check(rec, c.key, "U", c, there(rec, prev))
+        if prev is None:
+            image, left, source = image_of(c, None, set(), c.key)
+        else:
+            image, left, source = image_of(c, prev.image, prev.unchanged, prev.source)
+        put(rec, c, image, left, source)
+
+    if truncs:
+        out.truncated = (truncs[0][0].lsn, truncs[0][1])
+    first_trunc = truncs[0][0] if truncs else None
+    for k, rec in keys.items():
+        states = rec.states
+        if rec.existed and (first_trunc is None or rec.first < first_trunc):
+            s0 = states[0]
+            out.closes.append(Close(k, s0.lsn, s0.ts, s0.image is None, s0.pos))
+        for i, st in enumerate(states):
+            if st.image is None:
+                continue
+            nxt = states[i + 1] if i + 1 < len(states) else None
+            out.versions.append(
+                Version(
+                    key=k,
+                    image=st.image,
+                    unchanged=frozenset(st.unchanged),
+                    source=st.source if st.unchanged else None,
+                    start=st.pos,
+                    start_ts=st.ts,
+                    end=nxt.lsn if nxt is not None else None,
+                    end_ts=nxt.ts if nxt is not None else None,
+                    deleted=nxt is not None and nxt.image is None,
+                )
+            )
+    return out
