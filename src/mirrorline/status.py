@@ -55,6 +55,8 @@ class TargetStatus:
     reload: str = ""  # why the target needs a reload
     # tables stopped alone at the target: table -> {"error", "kind", "since", "position"}
     stopped_tables: dict[str, dict[str, str]] = field(default_factory=dict)
+    # the tables it keeps other than as they are now (history mode): table -> mode; "*": its default for every table
+    history: dict[str, str] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -67,6 +69,7 @@ class TargetStatus:
             "tables": self.tables,
             "error": self.error or None,
             "stopped_tables": self.stopped_tables,
+            **({"history": self.history} if self.history else {}),
             **({"table_details": self.details} if self.details else {}),
         }
 
@@ -146,6 +149,8 @@ class Status:
                 lag = f", lag {t.lag_seconds or 0:.1f} s / {_size(t.lag_bytes or 0)}"
             err = f" ({t.error})" if t.error else ""
             lines.append(f"target {t.name} ({t.kind}): {t.state}, applied {t.position or '-'}{lag}{err}")
+            for table, mode in t.history.items():
+                lines.append(f"  {'every table' if table == '*' else table}: history {mode} (kept: every version)")
             for table, why in t.stopped_tables.items():
                 lines.append(f"  {table}: {_stopped_text(why)}")
             for table, d in t.details.items():
@@ -295,6 +300,10 @@ def _target(config: Config, name: str, st: Status, cl: Any) -> TargetStatus:
 
     tcfg = config.targets[name]
     ts = TargetStatus(name, tcfg.kind, snapstate.NEW, None)
+    if config.tables:
+        ts.history = {t: "versions" for t in sorted(config.tables) if tcfg.history_of(t) is not None}
+    elif tcfg.history != "none":
+        ts.history = {"*": tcfg.history}
     busy = False
     try:
         # (a database another process holds: reported from the log, not waited for)

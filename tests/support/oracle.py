@@ -233,3 +233,23 @@ def _equal(what: str, src: Counter[tuple[Any, ...]], got: Counter[tuple[Any, ...
             f"{what}: {sum(src.values())} source rows, {sum(got.values())} target rows; "
             f"missing {sorted(missing, key=repr)[:3]}, extra {sorted(extra, key=repr)[:3]}"
         )
+
+
+def versions(
+    dsn: str, kind: str, url: str, table: str, prefix: str = "_ml_"
+) -> list[tuple[tuple[Any, ...], int, int | None, bool, bool, tuple[Any, ...]]]:
+    """A table kept in versions at a target, every version (history mode), read by the kind's own client: per
+    version (its values of the source's current columns, by this file's rules; start lsn; end lsn; deleted; whether
+    its start and end times are set as its lsns are), ordered by start lsn."""
+    cols = columns(dsn, table)
+    meta = [f"{prefix}start_lsn", f"{prefix}end_lsn", f"{prefix}deleted", f"{prefix}start_at", f"{prefix}end_at"]
+    raw = read(kind, location(url), table, [n for n, _ in cols] + meta, pg_text=False)
+    assert raw is not None, f"{table} at the {kind} target {url}: no such table"
+    out = []
+    n = len(cols)
+    for r in raw:
+        vals = tuple(value(t, v) for (_, t), v in zip(cols, r[:n], strict=True))
+        start, end, deleted, start_at, end_at = r[n:]
+        timed = start_at is not None and (end is None) == (end_at is None)
+        out.append((vals, int(start), None if end is None else int(end), bool(deleted), timed))
+    return sorted(out, key=lambda v: (v[1], str(v[0])))

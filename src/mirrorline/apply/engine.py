@@ -75,8 +75,7 @@ class _SessionRead(TargetRead):
         d = self.target.dialect
         convs = [native_text(c.type_name) for c in ts.columns]
         cols = ", ".join(d.read_expr(quote_ident(c.name), d.type_info(ts.table, c)) for c in ts.columns)
-        hs = self.target.shape(ts)  # (a table kept in versions: its current ones)
-        where = f" WHERE {quote_ident(hs.open_column)} IS NULL" if isinstance(hs, HistoryShape) else ""
+        where = self.target.current_only(ts)
         for batch in self.s.fetch(f"SELECT {cols} FROM {self.target.dialect.table(ts.table)}{where}"):
             yield [[f(v) for f, v in zip(convs, row, strict=True)] for row in batch]
 
@@ -135,6 +134,13 @@ class SqlTarget(Target):
                 # the shape loaded, by content: the baseline the next schema change is followed from
                 write_shape(s, ts, 0)
         return done
+
+    def loaded(self, s: Session, schemas: Iterable[TableSchema], position: Position) -> None:
+        at = history.pg_time(int(time.time() * 1_000_000)) or ""
+        for ts in schemas:
+            hs = self.shape(ts)
+            if isinstance(hs, HistoryShape):
+                s.execute(self.dialect.open_versions(hs, position.lsn, at))
 
     def recreate(self, schemas: Iterable[TableSchema]) -> None:
         """Drop these tables where they exist and create them again from ``schemas`` (the source's catalog), their

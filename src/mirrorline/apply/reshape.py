@@ -133,7 +133,11 @@ def plan(
             target=target,
             table=new.table,
         )
-    if old is None or old == new or (old.columns == new.columns and old.key == new.key and old.bag == new.bag):
+    if (
+        old is None
+        or old == new
+        or (old.columns == new.columns and set(old.key) == set(new.key) and old.bag == new.bag)
+    ):
         return [Step("add", c) for c in missing]
     steps: list[Step] = []
     by_num = {c.attnum: c for c in old.columns if c.attnum}
@@ -180,7 +184,8 @@ def plan(
     if keep_dropped:
         steps = [s for s in steps if s.kind != "drop"]
     renamed = {s.old: s.column.name for s in steps if s.kind == "rename"}
-    if not (old.bag and new.bag) and (tuple(renamed.get(k, k) for k in old.key) != new.key or old.bag != new.bag):
+    # (a key is a set of columns: the snapshot reads the primary key's order, pgoutput the columns' order)
+    if not (old.bag and new.bag) and ({renamed.get(k, k) for k in old.key} != set(new.key) or old.bag != new.bag):
         # the rows are matched by the new key from here on: the table is built again with it (its rows copied,
         # which fails, and stops, if they cannot be told apart by it)
         rekey = Step("rekey", Column(", ".join(new.key) if not new.bag else "every column", ""), _key_text(old))

@@ -46,7 +46,7 @@ from mirrorline.apply.state import parse as parse_state
 from mirrorline.apply.state import write as write_state
 from mirrorline.apply.types import lossy_note
 from mirrorline.errors import ApplyError, TargetError, first_line
-from mirrorline.model import Change, TableSchema
+from mirrorline.model import Change, TableSchema, quote_ident
 from mirrorline.position import Position
 
 if TYPE_CHECKING:
@@ -388,11 +388,22 @@ class Target(ABC):
             with contextlib.suppress(Exception):
                 s.disconnect()
 
+    def loaded(self, s: Session, schemas: Iterable[TableSchema], position: Position) -> None:
+        """A snapshot's rows of ``schemas`` were loaded (in ``s``'s transaction, before it commits): the tables kept
+        in versions open a version per row at the snapshot's ``position``. Nothing for the others."""
+        return None
+
     def shape(self, ts: TableSchema) -> TableSchema:
         """``ts`` as this target holds its table: with the version columns where the table is kept in versions
         (:mod:`mirrorline.apply.history`), else as it is."""
         prefix = self.needs.history(ts.table)
         return ts if prefix is None or isinstance(ts, HistoryShape) else history_shape(ts, prefix)
+
+    def current_only(self, ts: TableSchema) -> str:
+        """What a SELECT of ``ts``'s rows appends to read the source's rows as they are now: `` WHERE`` the version
+        is current, for a table kept in versions; else nothing."""
+        hs = self.shape(ts)
+        return f" WHERE {quote_ident(hs.open_column)} IS NULL" if isinstance(hs, HistoryShape) else ""
 
     def _followed(self, table: str, recorded: int | None, state: AppliedState) -> TableSchema | None:
         """The shape the target's table has: as recorded with it, by content (what the snapshot loaded, or the

@@ -30,9 +30,11 @@ class BulkLoader:
         self.target = target
         self.s: Session = target.session()
         self.d = target.dialect
+        self.schemas: list[TableSchema] = []
 
     def begin(self, schemas: Sequence[TableSchema]) -> None:
         s = self.s
+        self.schemas = list(schemas)
         s.bulk_begin()
         s.begin()
         log.debug("target %s: snapshot load open: %s", self.target.name, [ts.table for ts in schemas])
@@ -45,6 +47,7 @@ class BulkLoader:
 
     def finish(self, loaded: Mapping[str, int], position: Position, end_lsn: int, origin: str, whole: bool) -> None:
         s = self.s
+        self.target.loaded(s, [ts for ts in self.schemas if ts.table in loaded], position)
         snapstate.write_positions(s, loaded, position, whole)
         stamp = snapstate.now()
         snapstate.write(
@@ -88,10 +91,12 @@ def finish_loading(
     origin: str,
     whole: bool,
     also: Callable[[Session], None] | None = None,
+    schemas: Sequence[TableSchema] = (),
 ) -> None:
     """The end of a load whose rows were committed by parallel tasks: positions and state in one transaction, with
-    ``also`` (the kind forgetting its records of the load's chunks)."""
+    ``also`` (the kind forgetting its records of the load's chunks); ``schemas``: the loaded tables'."""
     with target.transaction() as s:
+        target.loaded(s, [ts for ts in schemas if ts.table in loaded], position)
         snapstate.write_positions(s, loaded, position, whole)
         stamp = snapstate.now()
         snapstate.write(

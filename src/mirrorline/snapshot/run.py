@@ -260,7 +260,16 @@ def _wire_direct(
         prog.rows = sum(rows.values())
         prog.exact = True
     end_lsn = current_wal_lsn(config.source.dsn)
-    finish_loading(target, rows, cp.position, end_lsn, "wire", whole, lambda s: loader.forget(s, load_id))
+    finish_loading(
+        target,
+        rows,
+        cp.position,
+        end_lsn,
+        "wire",
+        whole,
+        lambda s: loader.forget(s, load_id),
+        [st.schema for st in stats.values()],
+    )
     return rows
 
 

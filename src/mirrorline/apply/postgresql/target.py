@@ -178,7 +178,7 @@ class _PgRead(TargetRead):
         cols = ", ".join(select_text(quote_ident(c.name), c.type_name) for c in ts.columns)
         with self.conn.cursor(name="mirrorline_verify_t") as cur:
             cur.itersize = 10_000
-            cur.execute(f"SELECT {cols} FROM {self.target.dialect.table(ts.table)}")
+            cur.execute(f"SELECT {cols} FROM {self.target.dialect.table(ts.table)}{self.target.current_only(ts)}")
             while batch := cur.fetchmany(10_000):
                 yield batch
 
