@@ -150,7 +150,7 @@ class Status:
             err = f" ({t.error})" if t.error else ""
             lines.append(f"target {t.name} ({t.kind}): {t.state}, applied {t.position or '-'}{lag}{err}")
             for table, mode in t.history.items():
-                lines.append(f"  {'every table' if table == '*' else table}: history {mode} (kept: every version)")
+                lines.append(f"  {'every table' if table == '*' else table}: history mode {mode}")
             for table, why in t.stopped_tables.items():
                 lines.append(f"  {table}: {_stopped_text(why)}")
             for table, d in t.details.items():
@@ -301,7 +301,7 @@ def _target(config: Config, name: str, st: Status, cl: Any) -> TargetStatus:
     tcfg = config.targets[name]
     ts = TargetStatus(name, tcfg.kind, snapstate.NEW, None)
     if config.tables:
-        ts.history = {t: "versions" for t in sorted(config.tables) if tcfg.history_of(t) is not None}
+        ts.history = {t: kept[0] for t in sorted(config.tables) if (kept := tcfg.history_of(t)) is not None}
     elif tcfg.history != "none":
         ts.history = {"*": tcfg.history}
     busy = False

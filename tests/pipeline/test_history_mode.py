@@ -28,14 +28,19 @@ BASE_TS = 1_700_000_000_000_000
 Version = tuple[int, str | None, str | None, int, int | None, bool, int, int | None]  # id, v, big, start, end, ...
 
 
-def _history(seed: int, txns: int) -> tuple[list[tuple[int, int, list[Change]]], list[Version]]:
-    """Transactions ``(commit_lsn, commit_ts, changes)`` and the versions they make, by the test's own rules: after
-    each transaction, every key it touched has its open version closed (deleted when the row is not there) and a
-    new one opened when the row is there."""
+Soft = dict[int, tuple[str | None, str | None, bool, int | None]]  # id -> v, big, deleted, deleted lsn
+
+
+def _history(seed: int, txns: int) -> tuple[list[tuple[int, int, list[Change]]], list[Version], Soft]:
+    """Transactions ``(commit_lsn, commit_ts, changes)``, the versions they make and the rows soft deletes keep, by
+    the test's own rules: after each transaction, every key it touched has its open version closed (deleted when the
+    row is not there) and a new one opened when the row is there; a key's last image stays, marked deleted by the
+    transaction after which it was not there."""
     rnd = random.Random(seed)
     rows: dict[int, tuple[str | None, str]] = {}
     open_: dict[int, list[Any]] = {}
     done: list[Version] = []
+    soft: Soft = {}
     out = []
     for i in range(txns):
         lsn, ts = 1000 + 100 * i, BASE_TS + 1_000_000 * i
@@ -99,11 +104,14 @@ def _history(seed: int, txns: int) -> tuple[list[tuple[int, int, list[Change]]],
                 done.append((k, v0[0], v0[1], v0[2], lsn, k not in rows, v0[3], ts))
             if k in rows:
                 open_[k] = [rows[k][0], rows[k][1], lsn, ts]
+                soft[k] = (rows[k][0], rows[k][1], False, None)
+            elif k in soft and not soft[k][2]:
+                soft[k] = (soft[k][0], soft[k][1], True, lsn)
         del before
         out.append((lsn, ts, changes))
     for k, v0 in open_.items():
         done.append((k, v0[0], v0[1], v0[2], None, False, v0[3], None))
-    return out, sorted(done, key=lambda x: (x[0], x[3]))
+    return out, sorted(done, key=lambda x: (x[0], x[3])), soft
 
 
 def _micros(v: Any) -> int | None:
@@ -153,7 +161,7 @@ def _versions(read: Any, prefix: str = "_ml_") -> list[Version]:
 def test_versions_match_a_reference_of_the_test(
     tmp_path: Path, spark: Any, kind: str, request: pytest.FixtureRequest
 ) -> None:
-    txns, want = _history(seed=7, txns=60)
+    txns, want, _ = _history(seed=7, txns=60)
     with LogWriter(tmp_path / "log") as w:
         w.record_schema(SCHEMA)
         for lsn, ts, changes in txns:
@@ -185,13 +193,44 @@ def test_versions_match_a_reference_of_the_test(
     assert _versions(read) == want
 
 
+@pytest.mark.spark
+@pytest.mark.parametrize("kind", ["sqlite", "duckdb", "postgresql"])
+def test_soft_deletes_match_a_reference_of_the_test(
+    tmp_path: Path, spark: Any, kind: str, request: pytest.FixtureRequest
+) -> None:
+    txns, _, want = _history(seed=11, txns=60)
+    with LogWriter(tmp_path / "log") as w:
+        w.record_schema(SCHEMA)
+        for lsn, ts, changes in txns:
+            w.add_transaction(lsn, ts, changes)
+    url, read = _url_and_reader(kind, tmp_path, request)
+    conf = parse(
+        {
+            "log": {"path": str(tmp_path / "log")},
+            "apply": {"max_changes": 9},
+            "tables": {T: {"history": "soft_delete", "history_prefix": "meta_"}},
+            "targets": {"x": {"url": url}},
+        },
+        tmp_path / "m.toml",
+    )
+    a = Applier(conf, spark=spark)
+    assert len(a.catch_up()) > 5
+    a.close()
+    got = read("SELECT id, v, big, meta_deleted, meta_deleted_lsn, meta_deleted_at FROM t ORDER BY id")
+    assert {int(r[0]): (r[1], r[2], bool(r[3]), r[4]) for r in got} == want
+    assert any(d for _, _, d, _ in want.values()) and any(not d for _, _, d, _ in want.values())
+    assert all((r[4] is None) == (r[5] is None) for r in got)
+    current = read("SELECT id FROM t WHERE NOT meta_deleted ORDER BY id")
+    assert [r[0] for r in current] == sorted(k for k, (_, _, d, _) in want.items() if not d)
+
+
 def test_history_mode_is_refused_where_a_kind_cannot_keep_versions(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="does not keep versions"):
+    with pytest.raises(ConfigError, match="does not keep the history of rows"):
         parse(
             {"log": {"path": str(tmp_path / "log")}, "targets": {"d": {"url": "delta:///x", "history": "versions"}}},
             tmp_path / "m.toml",
         )
-    with pytest.raises(ConfigError, match="does not keep versions"):
+    with pytest.raises(ConfigError, match="does not keep the history of rows"):
         parse(
             {
                 "log": {"path": str(tmp_path / "log")},

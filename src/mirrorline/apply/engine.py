@@ -139,7 +139,7 @@ class SqlTarget(Target):
         at = history.pg_time(int(time.time() * 1_000_000)) or ""
         for ts in schemas:
             hs = self.shape(ts)
-            if isinstance(hs, HistoryShape):
+            if isinstance(hs, HistoryShape) and hs.versions:
                 s.execute(self.dialect.open_versions(hs, position.lsn, at))
 
     def recreate(self, schemas: Iterable[TableSchema]) -> None:
@@ -187,8 +187,8 @@ class SqlTarget(Target):
             else:
                 old = self._followed(ts.table, recorded, state)
                 keep, follow = self.needs.table_policy(ts.table)
-                versions = self.needs.history(ts.table) is not None
-                keep = keep or versions  # (a version keeps the values it had: a dropped column stays)
+                kept = self.needs.history(ts.table)
+                keep = keep or (kept is not None and kept[0] == "versions")  # (a version keeps its values)
                 steps = plan(
                     old,
                     ts,
@@ -203,9 +203,9 @@ class SqlTarget(Target):
                     steps = [as_rebuild(old, ts, steps, have)]
                     made = [self.dialect.reshape(ts.table, steps[0], ts)]
                 if any(st.kind in ("rebuild", "rekey") for st in steps):
-                    if versions:
+                    if kept is not None:
                         what = "; ".join(st.describe() for st in steps)
-                        raise stop(ts, self.name, f"{what}, which would build again a table kept in versions")
+                        raise stop(ts, self.name, f"{what}, which would build again a table kept with its history")
                     rebuilt[ts.table] = s.user_indexes(ts.table)
                 for step, stmts in zip(steps, made, strict=True):
                     if stmts is None:
@@ -416,22 +416,31 @@ class SqlTarget(Target):
         return counts
 
     def _history_table(self, s: Session, u: UnitWork, hs: HistoryShape) -> dict[str, int]:
-        """A table kept in versions (:mod:`mirrorline.apply.history`): the unsent columns of the new versions read
-        from the current ones, the current versions of the keys the unit changed ended, a TRUNCATE's end of every
-        current version, the new versions inserted. Counts: U = versions ended, I = versions opened."""
+        """A table kept with its history (:mod:`mirrorline.apply.history`), from the unit's versions: the unsent
+        columns of the rows to write read from the current ones; in versions, the current versions of the keys the
+        unit changed ended (soft deletes: the rows only the target holds marked deleted); a TRUNCATE's end of every
+        current row; then (soft deletes: the keys written again deleted) the new rows inserted. Counts: U = rows
+        ended or marked, D = rows written again, I = rows inserted."""
         d, result = self.dialect, u.result
         h = history.unit_versions(u.batch, u.changes, hs.table)
         t0 = time.monotonic()
         counts = {"D": 0, "U": 0, "I": 0}
         names: list[str] = []
+        if hs.versions:
+            ends, again, new = history.closes_rows(h, hs), None, history.versions_rows(h, hs)
+            set_cols = [hs.end_lsn, hs.end_at, hs.deleted]
+        else:
+            ends, again, new = history.soft_rows(h, hs)
+            set_cols = [hs.deleted, hs.deleted_lsn, hs.deleted_at]
         try:
-            inserts = self._history_stage(s, hs, "I", history.versions_rows(h, hs), names)
-            closes = self._history_stage(s, hs, "U", history.closes_rows(h, hs), names)
+            inserts = self._history_stage(s, hs, "I", new, names)
+            closes = self._history_stage(s, hs, "U", ends, names)
+            deletes = self._history_stage(s, hs, "D", again, names) if again is not None else None
             t0 = result.timed("stage", t0)
             images = self._moved_images(s, hs, inserts[0]) if inserts else []
             if closes:
                 name, n = closes
-                got = s.dml(d.join_update(hs, name, [hs.end_lsn, hs.end_at, hs.deleted], None))
+                got = s.dml(d.join_update(hs, name, set_cols, None))
                 if got != n:
                     raise _Mismatch(hs.table, "U", n, got)
                 counts["U"] = n
@@ -439,6 +448,9 @@ class SqlTarget(Target):
             if h.truncated is not None:
                 counts["U"] += s.dml(d.close_open(hs, h.truncated[0], history.pg_time(h.truncated[1]) or ""))
                 t0 = result.timed("truncate", t0)
+            if deletes:  # (a key the unit inserted first may not be there)
+                counts["D"] = s.dml(d.join_delete(hs, deletes[0]))
+                t0 = result.timed("delete", t0)
             if inserts:
                 name, n = inserts
                 if images:

@@ -29,25 +29,27 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from mirrorline.compile.batch import NET_ARROW
-from mirrorline.compile.history import History, versions
+from mirrorline.compile.history import Final, History, versions
 from mirrorline.errors import ApplyError, TargetError
-from mirrorline.model import Column, TableSchema
+from mirrorline.model import Column, TableSchema, quote_ident
 
 if TYPE_CHECKING:
     from mirrorline.compile.batch import NetBatch
 
 VERSIONS = "versions"
-MODES = (VERSIONS,)
+SOFT_DELETE = "soft_delete"
+MODES = (VERSIONS, SOFT_DELETE)
 DEFAULT_PREFIX = "_ml_"
 
 
 @dataclass(frozen=True, slots=True)
 class HistoryShape(TableSchema):
-    """A table kept in versions, as the target holds it: the source's columns and the version columns. ``key`` is
-    the source's key (how a unit's rows find a key's current version: with ``open_column`` IS NULL); the table's
-    primary key is :attr:`primary`."""
+    """A table kept with its history, as the target holds it: the source's columns, then the columns of its
+    ``mode``. ``key`` is the source's key (in versions, how a unit's rows find a key's current version: with
+    :attr:`open_column` IS NULL); the table's primary key is :attr:`primary`."""
 
     prefix: str = DEFAULT_PREFIX
+    mode: str = VERSIONS
 
     @property
     def start_lsn(self) -> str:
@@ -70,20 +72,54 @@ class HistoryShape(TableSchema):
         return self.prefix + "deleted"
 
     @property
-    def open_column(self) -> str:
-        return self.end_lsn
+    def deleted_lsn(self) -> str:
+        return self.prefix + "deleted_lsn"
+
+    @property
+    def deleted_at(self) -> str:
+        return self.prefix + "deleted_at"
+
+    @property
+    def versions(self) -> bool:
+        return self.mode == VERSIONS
+
+    @property
+    def open_column(self) -> str | None:
+        """In versions, the column NULL on a key's current version (else None: a key has one row)."""
+        return self.end_lsn if self.versions else None
 
     @property
     def primary(self) -> tuple[str, ...]:
-        return (*self.key, self.start_lsn)
+        return (*self.key, self.start_lsn) if self.versions else self.key
+
+    @property
+    def current(self) -> str:
+        """SQL true for the rows the source has now (DuckDB, SQLite and PostgreSQL alike)."""
+        if self.versions:
+            return f"{quote_ident(self.end_lsn)} IS NULL"
+        return f"NOT {quote_ident(self.deleted)}"
+
+    @property
+    def defaults(self) -> dict[str, str]:
+        """The columns a snapshot's load leaves to their defaults (rows loaded are current)."""
+        if self.versions:
+            return {self.start_lsn: "0", self.deleted: "FALSE"}
+        return {self.deleted: "FALSE"}
 
     @property
     def source_columns(self) -> tuple[str, ...]:
-        n = len(version_columns(self.prefix))
+        n = len(mode_columns(self.mode, self.prefix))
         return self.column_names[:-n]
 
 
-def version_columns(prefix: str) -> tuple[Column, ...]:
+def mode_columns(mode: str, prefix: str) -> tuple[Column, ...]:
+    """The columns history mode ``mode`` adds after the source's."""
+    if mode == SOFT_DELETE:
+        return (
+            Column(prefix + "deleted", "boolean", 16, nullable=False),
+            Column(prefix + "deleted_lsn", "bigint", 20),
+            Column(prefix + "deleted_at", "timestamp with time zone", 1184),
+        )
     return (
         Column(prefix + "start_lsn", "bigint", 20, nullable=False),
         Column(prefix + "start_at", "timestamp with time zone", 1184),
@@ -93,9 +129,11 @@ def version_columns(prefix: str) -> tuple[Column, ...]:
     )
 
 
-def shape(ts: TableSchema, prefix: str = DEFAULT_PREFIX) -> HistoryShape:
-    """``ts`` kept in versions. A source column whose name starts with the prefix is an error (the version
-    columns could collide with it)."""
+def shape(ts: TableSchema, mode: str = VERSIONS, prefix: str = DEFAULT_PREFIX) -> HistoryShape:
+    """``ts`` kept in history mode ``mode``. A source column whose name starts with the prefix is an error (the
+    mode's columns could collide with it)."""
+    if mode not in MODES:
+        raise TargetError(f"{ts.table}: unknown history mode {mode!r}", table=ts.table)
     clash = [c.name for c in ts.columns if c.name.startswith(prefix)]
     if clash:
         raise TargetError(
@@ -106,13 +144,13 @@ def shape(ts: TableSchema, prefix: str = DEFAULT_PREFIX) -> HistoryShape:
         )
     if ts.bag:
         raise TargetError(
-            f"{ts.table} has no key (REPLICA IDENTITY FULL), so its versions cannot be told apart",
-            hint='give it a primary key at the source, or a key in [tables], or leave out history = "versions"',
+            f"{ts.table} has no key (REPLICA IDENTITY FULL), so its history cannot be told apart by row",
+            hint="give it a primary key at the source, or a key in [tables], or leave out its history setting",
             table=ts.table,
         )
     return HistoryShape(
         table=ts.table,
-        columns=ts.columns + version_columns(prefix),
+        columns=ts.columns + mode_columns(mode, prefix),
         key=ts.key,
         version=ts.version,
         since=ts.since,
@@ -120,6 +158,7 @@ def shape(ts: TableSchema, prefix: str = DEFAULT_PREFIX) -> HistoryShape:
         relid=ts.relid,
         resync=ts.resync,
         prefix=prefix,
+        mode=mode,
     )
 
 
@@ -185,3 +224,36 @@ def versions_rows(h: History, hs: HistoryShape) -> pa.Table:
         cols["seq"].append(v.start.seq)
         cols["moved_from"].append(list(v.source) if v.source is not None else None)
     return pa.table(cols, schema=NET_ARROW)
+
+
+def soft_rows(h: History, hs: HistoryShape) -> tuple[pa.Table, pa.Table, pa.Table]:
+    """Soft deletes: the unit's rows as (marks: kind U rows marking deleted a row only the target holds; deletes:
+    kind D rows of the keys written again; inserts: kind I rows writing them, marked deleted where the source
+    deleted them)."""
+    marks: dict[str, list[object]] = {n: [] for n in NET_ARROW.names}
+    deletes: dict[str, list[object]] = {n: [] for n in NET_ARROW.names}
+    inserts: dict[str, list[object]] = {n: [] for n in NET_ARROW.names}
+
+    def add(cols: dict[str, list[object]], kind: str, f: Final, new: Any, unchanged: list[str], moved: Any) -> None:
+        cols["table"].append(hs.table)
+        cols["kind"].append(kind)
+        cols["key"].append(list(f.key))
+        cols["new"].append(new)
+        cols["unchanged"].append(unchanged)
+        cols["lsn"].append(f.pos.lsn)
+        cols["seq"].append(f.pos.seq)
+        cols["moved_from"].append(moved)
+
+    for f in h.finals:
+        gone = [
+            (hs.deleted, _bool(not f.there)),
+            (hs.deleted_lsn, str(f.gone) if f.gone is not None else None),
+            (hs.deleted_at, pg_time(f.gone_ts)),
+        ]
+        if f.image is None:
+            add(marks, "U", f, gone, [], None)
+        else:
+            add(deletes, "D", f, None, [], None)
+            moved = list(f.source) if f.source is not None else None
+            add(inserts, "I", f, [*f.image.items(), *gone], sorted(f.unchanged), moved)
+    return pa.table(marks, schema=NET_ARROW), pa.table(deletes, schema=NET_ARROW), pa.table(inserts, schema=NET_ARROW)

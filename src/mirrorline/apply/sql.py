@@ -146,7 +146,7 @@ class Dialect(ABC):
         schema = self.schema(s.table)
         if schema is not None:
             out.append(f"CREATE SCHEMA IF NOT EXISTS {quote_ident(schema)}")
-        defaults = {s.start_lsn: " DEFAULT 0", s.deleted: " DEFAULT FALSE"} if isinstance(s, HistoryShape) else {}
+        defaults = {c: f" DEFAULT {v}" for c, v in s.defaults.items()} if isinstance(s, HistoryShape) else {}
         cols = [
             f"{quote_ident(c.name)} {self.type_info(s.table, c).target_type}"
             + ("" if c.nullable else " NOT NULL")
@@ -262,19 +262,20 @@ class Dialect(ABC):
             parts.append(
                 self.eq(*self.key_operands(f"{t}.{quote_ident(k)}", f"{w}.{src}", info, s.table, col), col.nullable)
             )
-        if isinstance(s, HistoryShape):  # a key's current version
+        if isinstance(s, HistoryShape) and s.open_column is not None:  # a key's current version
             parts.append(f"{t}.{quote_ident(s.open_column)} IS NULL")
         return " AND ".join(parts)
 
     def close_open(self, s: HistoryShape, end_lsn: int, end_at: str) -> str:
-        """History mode's TRUNCATE: every current version ends, deleted."""
-        info = self.type_info(s.table, s.column(s.end_at))
+        """History mode's TRUNCATE: every current row ends, deleted (in versions: its version closed; soft
+        deletes: marked)."""
+        lsn_col, at_col = (s.end_lsn, s.end_at) if s.versions else (s.deleted_lsn, s.deleted_at)
+        info = self.type_info(s.table, s.column(at_col))
         yes = self.conv(lit("t"), self.type_info(s.table, s.column(s.deleted)), s.table, s.deleted)
         return (
-            f"UPDATE {self.table(s.table)} SET {quote_ident(s.end_lsn)} = {int(end_lsn)}, "
-            f"{quote_ident(s.end_at)} = {self.conv(lit(end_at), info, s.table, s.end_at)}, "
-            f"{quote_ident(s.deleted)} = {yes} "
-            f"WHERE {quote_ident(s.open_column)} IS NULL"
+            f"UPDATE {self.table(s.table)} SET {quote_ident(lsn_col)} = {int(end_lsn)}, "
+            f"{quote_ident(at_col)} = {self.conv(lit(end_at), info, s.table, at_col)}, "
+            f"{quote_ident(s.deleted)} = {yes} WHERE {s.current}"
         )
 
     def open_versions(self, s: HistoryShape, start_lsn: int, start_at: str) -> str:

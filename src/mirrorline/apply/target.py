@@ -46,7 +46,7 @@ from mirrorline.apply.state import parse as parse_state
 from mirrorline.apply.state import write as write_state
 from mirrorline.apply.types import lossy_note
 from mirrorline.errors import ApplyError, TargetError, first_line
-from mirrorline.model import Change, TableSchema, quote_ident
+from mirrorline.model import Change, TableSchema
 from mirrorline.position import Position
 
 if TYPE_CHECKING:
@@ -64,14 +64,14 @@ class Needs:
     follow schema changes)``; without them (a target opened outside a pipeline) a table's shape is what the target
     recorded, and changes are followed. ``keeps_deleted``: the tables whose actions drop D (DESIGN §5), where the
     target keeps rows the source deleted, so that an insert replaces a row that may be there. ``history``: the tables
-    kept in versions, with the prefix of their version columns."""
+    kept with their history (history mode), with the mode and the prefix of its columns."""
 
     schema_version: Callable[[str, int], TableSchema] | None = None
     schema_at: Callable[[str, Position], TableSchema | None] | None = None
     table_policy: Callable[[str], tuple[bool, bool]] = lambda table: (False, True)
     keeps_deleted: Callable[[str], bool] = lambda table: False
-    # the tables kept in versions (history mode, apply/history.py): the prefix of their version columns; None: not
-    history: Callable[[str], str | None] = lambda table: None
+    # the tables kept with their history (history mode, apply/history.py): (mode, prefix of its columns); None: not
+    history: Callable[[str], tuple[str, str] | None] = lambda table: None
 
 
 class TargetRead(ABC):
@@ -396,14 +396,14 @@ class Target(ABC):
     def shape(self, ts: TableSchema) -> TableSchema:
         """``ts`` as this target holds its table: with the version columns where the table is kept in versions
         (:mod:`mirrorline.apply.history`), else as it is."""
-        prefix = self.needs.history(ts.table)
-        return ts if prefix is None or isinstance(ts, HistoryShape) else history_shape(ts, prefix)
+        kept = self.needs.history(ts.table)
+        return ts if kept is None or isinstance(ts, HistoryShape) else history_shape(ts, *kept)
 
     def current_only(self, ts: TableSchema) -> str:
-        """What a SELECT of ``ts``'s rows appends to read the source's rows as they are now: `` WHERE`` the version
-        is current, for a table kept in versions; else nothing."""
+        """What a SELECT of ``ts``'s rows appends to read the source's rows as they are now: `` WHERE`` the row is
+        current, for a table kept with its history; else nothing."""
         hs = self.shape(ts)
-        return f" WHERE {quote_ident(hs.open_column)} IS NULL" if isinstance(hs, HistoryShape) else ""
+        return f" WHERE {hs.current}" if isinstance(hs, HistoryShape) else ""
 
     def _followed(self, table: str, recorded: int | None, state: AppliedState) -> TableSchema | None:
         """The shape the target's table has: as recorded with it, by content (what the snapshot loaded, or the

@@ -59,13 +59,29 @@ class Close:
     pos: Position
 
 
+@dataclass(frozen=True, slots=True)
+class Final:
+    """A key's row after the unit (what soft deletes keep): there or not; its last image in the unit (None: the
+    unit never had the row, only deleted it), and when it went."""
+
+    key: Key
+    there: bool
+    image: dict[str, Value] | None
+    unchanged: frozenset[str]
+    source: Key | None
+    pos: Position  # the key's last change in the unit
+    gone: int | None = None  # not there: the commit lsn and time of the transaction that deleted it
+    gone_ts: int | None = None
+
+
 @dataclass
 class History:
-    """One table's versions from one unit."""
+    """One table's versions from one unit, and each key's row after it."""
 
     closes: list[Close] = field(default_factory=list)
     versions: list[Version] = field(default_factory=list)
     truncated: tuple[int, int] | None = None  # the unit's first TRUNCATE: (commit lsn, commit time)
+    finals: list[Final] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -194,6 +210,24 @@ def versions(changes: Iterable[Change], table: str) -> History:
         if rec.existed and (first_trunc is None or rec.first < first_trunc):
             s0 = states[0]
             out.closes.append(Close(k, s0.lsn, s0.ts, s0.image is None, s0.pos))
+        last, seen = states[-1], None
+        for st in reversed(states):
+            if st.image is not None:
+                seen = st
+                break
+        if seen is not None or rec.existed:  # (else the row was never there at a commit: nothing to keep)
+            out.finals.append(
+                Final(
+                    key=k,
+                    there=last.image is not None,
+                    image=seen.image if seen is not None else None,
+                    unchanged=frozenset(seen.unchanged) if seen is not None else frozenset(),
+                    source=seen.source if seen is not None and seen.unchanged else None,
+                    pos=last.pos,
+                    gone=last.lsn if last.image is None else None,
+                    gone_ts=last.ts if last.image is None else None,
+                )
+            )
         for i, st in enumerate(states):
             if st.image is None:
                 continue

@@ -156,8 +156,8 @@ class Config:
         """The tables that replicate only some kinds of change (``actions``), with the kinds they replicate."""
         return {t.name: t.actions for t in self.tables.values() if t.actions != frozenset("IDU")}
 
-    def history(self, target: str, table: str) -> str | None:
-        """The prefix of ``table``'s version columns at ``target`` where it is kept in versions; else None."""
+    def history(self, target: str, table: str) -> tuple[str, str] | None:
+        """How ``target`` keeps ``table`` other than as it is now (history mode): (mode, prefix); None: as it is."""
         return self.targets[target].history_of(table)
 
     def tables_in_load_order(self) -> list[TableConfig]:
@@ -269,7 +269,7 @@ def parse(data: dict[str, Any], path: Path) -> Config:
             raise r.fail(text, f"names the table {name} a second time")
         tables[name] = _table(file, name, spec)
 
-    versions = [t.name for t in tables.values() if t.history == "versions"]
+    versions = [t.name for t in tables.values() if t.history not in (None, "none")]
     targets = parse_targets(file, base, data.get("targets", {}), on_error, versions)
     own = tuple(
         (t.name, t.history or "", t.history_prefix or "") for t in tables.values() if t.history or t.history_prefix

@@ -40,23 +40,25 @@ class TargetConfig:
     # a kind with a catalog (kinds.Kind.catalog): the properties of the catalog its tables are in, values taken from
     # the environment where written ${NAME} (never printed); empty: the kind's embedded catalog
     catalog: tuple[tuple[str, str], ...] = field(default=(), repr=False)
-    # history mode of its tables unless a table says otherwise: "none" (the rows as they are now) or "versions"
-    # (every version of each row: apply/history.py), the version columns' names starting with history_prefix
+    # history mode of its tables unless a table says otherwise: "none" (the rows as they are now), "versions"
+    # (every version of each row) or "soft_delete" (rows deleted at the source kept, marked): apply/history.py; the
+    # names of the columns it adds start with history_prefix
     history: str = "none"
     history_prefix: str = "_ml_"
     # the tables whose [tables] entry says otherwise: (table, history, prefix or "")
     table_history: tuple[tuple[str, str, str], ...] = ()
 
-    def history_of(self, table: str) -> str | None:
-        """The prefix of ``table``'s version columns where this target keeps it in versions; else None."""
+    def history_of(self, table: str) -> tuple[str, str] | None:
+        """How this target keeps ``table`` other than as it is now (history mode): (mode, the prefix of its
+        columns); None: as it is now."""
         mode, prefix = self.history, self.history_prefix
         for name, m, p in self.table_history:
             if name == table:
                 mode, prefix = m or mode, p or prefix
-        return prefix if mode == "versions" else None
+        return (mode, prefix) if mode != "none" else None
 
 
-HISTORY = ("none", "versions")
+HISTORY = ("none", "versions", "soft_delete")
 
 
 def history_prefix_of(r: Reader) -> str | None:
@@ -160,12 +162,12 @@ def parse_targets(
             raise t.fail("history", f"expected one of {', '.join(map(repr, HISTORY))}, got {history!r}")
         history_prefix = history_prefix_of(t)
         if history != "none" and not KINDS[kind].history:
-            raise t.fail("history", f"{KINDS[kind].what} does not keep versions of rows yet")
+            raise t.fail("history", f"{KINDS[kind].what} does not keep the history of rows yet")
         if versions and not KINDS[kind].history:
             raise t.fail(
                 "url",
-                f'{KINDS[kind].what} does not keep versions of rows yet, and [tables."{versions[0]}"] asks for '
-                'history = "versions" at every target',
+                f'{KINDS[kind].what} does not keep the history of rows yet, and [tables."{versions[0]}"] asks '
+                "for history mode at every target",
             )
         targets[name] = TargetConfig(
             name=name,

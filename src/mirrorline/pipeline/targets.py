@@ -44,7 +44,7 @@ def schema_needs(config: Config, changelog: ChangeLog, target: str | None = None
     def keeps_deleted(table: str) -> bool:
         return "D" not in actions_of(config.actions, table)
 
-    def history(table: str) -> str | None:
+    def history(table: str) -> tuple[str, str] | None:
         return config.history(target, table) if target is not None else None
 
     return Needs(changelog.schemas.get, changelog.shape_at, policy, keeps_deleted, history)

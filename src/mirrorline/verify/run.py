@@ -268,7 +268,8 @@ def target_checksums(
 
 def compared_text(target: Target, table: str) -> str:
     """What of ``table`` at ``target`` verify compares, when not the whole table."""
-    return "its current versions" if target.needs.history(table) is not None else ""
+    kept = target.needs.history(table)
+    return "" if kept is None else "its current versions" if kept[0] == "versions" else "its rows not deleted"
 
 
 def target_rows_in(
