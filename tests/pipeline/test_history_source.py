@@ -22,7 +22,7 @@ from mirrorline.snapshot.run import snapshot_target
 from mirrorline.status import status
 from mirrorline.verify import verify
 
-KINDS = ("postgresql", "sqlite", "duckdb")
+KINDS = ("postgresql", "sqlite", "duckdb", "delta", "iceberg")
 HIST = "public.hist"
 ODD = 'My Schema.Order "Items" v2.0'  # as mirrorline names it ("schema.name")
 ODD_SQL = '"My Schema"."Order ""Items"" v2.0"'  # as SQL and the configuration file name it

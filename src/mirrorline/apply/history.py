@@ -22,6 +22,7 @@ NULL; the row as it was at time T: ``p``\\ start_at <= T AND (``p``\\ end_at IS 
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
@@ -31,7 +32,7 @@ import pyarrow as pa
 from mirrorline.compile.batch import NET_ARROW
 from mirrorline.compile.history import Final, History, versions
 from mirrorline.errors import ApplyError, TargetError
-from mirrorline.model import Column, TableSchema, quote_ident
+from mirrorline.model import Column, Key, TableSchema, quote_ident
 
 if TYPE_CHECKING:
     from mirrorline.compile.batch import NetBatch
@@ -257,3 +258,120 @@ def soft_rows(h: History, hs: HistoryShape) -> tuple[pa.Table, pa.Table, pa.Tabl
             moved = list(f.source) if f.source is not None else None
             add(inserts, "I", f, [*f.image.items(), *gone], sorted(f.unchanged), moved)
     return pa.table(marks, schema=NET_ARROW), pa.table(deletes, schema=NET_ARROW), pa.table(inserts, schema=NET_ARROW)
+
+
+def keyed_shape(hs: HistoryShape) -> TableSchema:
+    """``hs`` keyed by its primary key (in versions, the source's key and the version's start): the shape whose net
+    rows the table formats' plans take, one row per version."""
+    return TableSchema(
+        table=hs.table,
+        columns=hs.columns,
+        key=hs.primary,
+        version=hs.version,
+        since=hs.since,
+        relid=hs.relid,
+        resync=hs.resync,
+    )
+
+
+def keyed_rows(
+    h: History,
+    hs: HistoryShape,
+    starts: Mapping[Key, int],
+    current: Sequence[Key] | None,
+) -> pa.Table:
+    """The unit's rows as net rows of :func:`keyed_shape` (for a format that finds rows by their whole primary
+    key): ``starts``, the start of each current version the unit ends or takes unsent columns from (versions);
+    ``current``, after a TRUNCATE, the keys of every current row (each ended, or marked deleted, unless the unit
+    writes it). A current version ``starts`` lacks is the target's error, named."""
+    pk = keyed_shape(hs)
+    cols: dict[str, list[object]] = {n: [] for n in NET_ARROW.names}
+    value_cols = [c for c in pk.column_names if c not in pk.key]
+
+    def add(
+        kind: str,
+        key: list[str | None],
+        new: Any,
+        pos: tuple[int, int],
+        unchanged: Iterable[str] = (),
+        moved: Any = None,
+    ) -> None:
+        cols["table"].append(hs.table)
+        cols["kind"].append(kind)
+        cols["key"].append(key)
+        cols["new"].append(new)
+        cols["unchanged"].append(sorted(unchanged))
+        cols["lsn"].append(pos[0])
+        cols["seq"].append(pos[1])
+        cols["moved_from"].append(moved)
+
+    def ending(new: list[tuple[str, str | None]]) -> list[str]:
+        written = {c for c, _ in new}
+        return [c for c in value_cols if c not in written]
+
+    def start_of(k: Key) -> str:
+        if k not in starts:
+            raise ApplyError(
+                f"{hs.table}: the unit changes key {list(k)}, which has no current version at the target",
+                hint="the table's versions at the target are not the source's rows: reload it (snapshot --table)",
+                table=hs.table,
+                key=list(k),
+            )
+        return str(starts[k])
+
+    written: set[Key] = set()
+    if hs.versions:
+        for c in h.closes:
+            new = [(hs.end_lsn, str(c.end)), (hs.end_at, pg_time(c.end_ts)), (hs.deleted, _bool(c.deleted))]
+            add("U", [*c.key, start_of(c.key)], new, (c.pos.lsn, c.pos.seq), ending(new))
+            written.add(c.key)
+        for v in h.versions:
+            image = [
+                *v.image.items(),
+                (hs.start_lsn, str(v.start.lsn)),
+                (hs.start_at, pg_time(v.start_ts)),
+                (hs.end_lsn, str(v.end) if v.end is not None else None),
+                (hs.end_at, pg_time(v.end_ts)),
+                (hs.deleted, _bool(v.deleted)),
+            ]
+            moved = [*v.source, start_of(v.source)] if v.source is not None else None
+            add("I", [*v.key, str(v.start.lsn)], image, (v.start.lsn, v.start.seq), v.unchanged, moved)
+    else:
+        for f in h.finals:
+            gone = [
+                (hs.deleted, _bool(not f.there)),
+                (hs.deleted_lsn, str(f.gone) if f.gone is not None else None),
+                (hs.deleted_at, pg_time(f.gone_ts)),
+            ]
+            pos = (f.pos.lsn, f.pos.seq)
+            if f.image is None:
+                add("U", list(f.key), gone, pos, ending(gone))
+            else:
+                add("D", list(f.key), None, pos)
+                add("I", list(f.key), [*f.image.items(), *gone], pos, f.unchanged, list(f.source) if f.source else None)
+            written.add(f.key)
+    if h.truncated is not None and current is not None:
+        lsn, ts = h.truncated
+        if hs.versions:
+            new = [(hs.end_lsn, str(lsn)), (hs.end_at, pg_time(ts)), (hs.deleted, "t")]
+        else:
+            new = [(hs.deleted, "t"), (hs.deleted_lsn, str(lsn)), (hs.deleted_at, pg_time(ts))]
+        for k in current:
+            if k not in written:
+                add("U", [*k, start_of(k)] if hs.versions else list(k), new, (lsn, 0), ending(new))
+    return pa.table(cols, schema=NET_ARROW)
+
+
+def loaded_rows(part: pa.Table, hs: HistoryShape, schema: pa.Schema, lsn: int, at_us: int) -> pa.Table:
+    """A snapshot's loaded rows of a table kept with its history (its own columns null): current, and in versions
+    opened at the snapshot's position ``lsn`` and time."""
+    n = part.num_rows
+    values: dict[str, Any] = {hs.deleted: False}
+    if hs.versions:
+        values[hs.start_lsn] = lsn
+        values[hs.start_at] = datetime.fromtimestamp(at_us / 1_000_000, UTC)
+    for name, v in values.items():
+        i = part.column_names.index(name)
+        f = schema.field(name)
+        part = part.set_column(i, f, pa.array([v] * n).cast(f.type))
+    return part

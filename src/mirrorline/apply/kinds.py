@@ -24,7 +24,6 @@ class Kind:
     direct_inserts: bool = False  # a SQL kind: a unit's net inserts go straight into the table, not via a worktable
     chunk_loader: str = ""  # "module:Class": a snapshot's chunks loaded by the Spark tasks; "": the driver loads them
     catalog: bool = False  # its tables are in a catalog: a [targets.X.catalog] table names one (else its embedded one)
-    history: bool = False  # keeps versions of rows (history = "versions": apply/history.py)
     open_wait: float = 0.0  # seconds a connection waits while another process holds the database
     what: str = ""  # what a target of this kind is, for messages
 
@@ -39,7 +38,6 @@ KINDS: dict[str, Kind] = {
             False,
             direct_inserts=True,  # COPY parses text with the column's input function, exactly as CAST(text AS type)
             chunk_loader="mirrorline.apply.postgresql.load:PgChunkLoader",  # COPY piped into COPY, from each task
-            history=True,
             what="a PostgreSQL database",
         ),
         Kind(
@@ -48,7 +46,6 @@ KINDS: dict[str, Kind] = {
             ("sqlite",),
             True,
             direct_inserts=True,  # INSERTs of many rows of parameters, converted as by a worktable's insert-select
-            history=True,
             what="a SQLite database file",
         ),
         Kind(
@@ -58,7 +55,6 @@ KINDS: dict[str, Kind] = {
             True,
             direct_inserts=True,  # each chunk as it comes, by the conversions of the worktables' insert-select
             open_wait=10.0,  # one process at a time holds the file: wait for a status or a reader to close it
-            history=True,
             what="a DuckDB database file",
         ),
         Kind(

@@ -269,8 +269,7 @@ def parse(data: dict[str, Any], path: Path) -> Config:
             raise r.fail(text, f"names the table {name} a second time")
         tables[name] = _table(file, name, spec)
 
-    versions = [t.name for t in tables.values() if t.history not in (None, "none")]
-    targets = parse_targets(file, base, data.get("targets", {}), on_error, versions)
+    targets = parse_targets(file, base, data.get("targets", {}), on_error)
     own = tuple(
         (t.name, t.history or "", t.history_prefix or "") for t in tables.values() if t.history or t.history_prefix
     )

@@ -8,7 +8,6 @@ from __future__ import annotations
 import math
 import os
 import re
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -97,11 +96,9 @@ def target_location(url: str, base: Path) -> tuple[str, str]:
     return kind.name, str(p if p.is_absolute() else (base / p))
 
 
-def parse_targets(
-    file: str, base: Path, data: Any, on_error: str, versions: Sequence[str] = ()
-) -> dict[str, TargetConfig]:
+def parse_targets(file: str, base: Path, data: Any, on_error: str) -> dict[str, TargetConfig]:
     """The ``[targets]`` table of configuration file ``file`` (in folder ``base``); ``on_error``: ``[apply]``'s, the
-    targets' default; ``versions``: the tables ``[tables]`` keeps in versions at every target."""
+    targets' default."""
     targets: dict[str, TargetConfig] = {}
     r = Reader(file, "targets", data)
     for name, spec in r.data.items():
@@ -161,14 +158,6 @@ def parse_targets(
         if history not in HISTORY:
             raise t.fail("history", f"expected one of {', '.join(map(repr, HISTORY))}, got {history!r}")
         history_prefix = history_prefix_of(t)
-        if history != "none" and not KINDS[kind].history:
-            raise t.fail("history", f"{KINDS[kind].what} does not keep the history of rows yet")
-        if versions and not KINDS[kind].history:
-            raise t.fail(
-                "url",
-                f'{KINDS[kind].what} does not keep the history of rows yet, and [tables."{versions[0]}"] asks '
-                "for history mode at every target",
-            )
         targets[name] = TargetConfig(
             name=name,
             url=url,

@@ -134,11 +134,12 @@ class DeltaTarget(LakeTarget):
         from deltalake.schema import Field
 
         schemas = list(schemas)
-        for ts in schemas:
+        shaped = [self.shape(ts) for ts in schemas]  # (a table kept with its history: with its columns)
+        for ts in shaped:
             for c in ts.columns:
                 self.dialect.type_info(ts.table, c)
         done: list[str] = []
-        for ts in schemas:
+        for ts in shaped:
             path = self.path(ts.table)
             want = self.dialect.arrow_schema(ts)
             with self._writing(ts.table, ZERO, redo=False):

@@ -334,11 +334,12 @@ class IcebergTarget(LakeTarget):
         """Create missing tables (and their namespaces) and add missing columns (a snapshot's shape, or a unit's
         columns added), and, with ``record``, record each as the shape its table has (what a snapshot loaded)."""
         schemas = list(schemas)
-        for ts in schemas:
+        shaped = [self.shape(ts) for ts in schemas]  # (a table kept with its history: with its columns)
+        for ts in shaped:
             for c in ts.columns:
                 self.dialect.type_info(ts.table, c)
         done: list[str] = []
-        for ts in schemas:
+        for ts in shaped:
             with self._writing(ts.table, ZERO, redo=False):
                 t = self.table(ts.table)
                 if t is None:

@@ -4,7 +4,7 @@ snapshot's load, and the consistent read ``verify`` checksums; values typed by D
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -15,6 +15,7 @@ import pyarrow as pa
 from mirrorline.apply import types as type_map
 from mirrorline.apply.canonical import native_text
 from mirrorline.apply.chunks import read_chunk
+from mirrorline.apply.history import HistoryShape
 from mirrorline.apply.lake.dialect import STATE_FILE, LakeDialect, duck_connection
 from mirrorline.apply.session import Session
 from mirrorline.apply.sqlite import SqliteSession
@@ -118,9 +119,14 @@ class LakeSession(Session):
         n = 0
         for batch in read_chunk(path, ts.column_names, header):
             data = pa.Table.from_batches([batch]).rename_columns(list(ts.column_names))
-            self._pending[ts.table].append(typed(self._con, data, ts, list(ts.column_names), self.dialect))
+            shaped = self.target.shape(ts)  # (a table kept with its history: its columns filled by ``loaded``)
+            self._pending[ts.table].append(typed(self._con, data, shaped, list(ts.column_names), self.dialect))
             n += batch.num_rows
         return n
+
+    def rework(self, table: str, change: Callable[[pa.Table], pa.Table]) -> None:
+        """Each of the rows loaded into ``table`` in this transaction changed by ``change`` before they commit."""
+        self._pending[table] = [change(p) for p in self._pending.get(table, [])]
 
     def table_columns(self, table: str) -> list[str] | None:
         """A table's columns, or one of mirrorline's own tables' in the state file."""
@@ -205,11 +211,14 @@ class LakeRead(TargetRead):
             else quote_ident(c.name)
             for c, i in zip(ts.columns, infos, strict=True)
         )
+        hs = self.target.shape(ts)  # (a table kept with its history: its current rows)
+        current = f" WHERE {hs.current}" if isinstance(hs, HistoryShape) else ""
+        read = list(ts.column_names) + [c for c in hs.column_names if current and c not in ts.column_names]
         con = duck_connection()
         try:
-            for batch in self.target.batches(handle, list(ts.column_names)):
+            for batch in self.target.batches(handle, read):
                 con.register("mirrorline_rows", batch)
-                data = con.sql(f"SELECT {sel} FROM mirrorline_rows").to_arrow_table()
+                data = con.sql(f"SELECT {sel} FROM mirrorline_rows{current}").to_arrow_table()
                 con.unregister("mirrorline_rows")
                 cols = [data.column(i).to_pylist() for i in range(data.num_columns)]
                 yield [[f(v) for f, v in zip(convs, row, strict=True)] for row in zip(*cols, strict=True)]

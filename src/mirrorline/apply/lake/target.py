@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import json
 import logging
 import threading
@@ -22,6 +23,11 @@ import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from mirrorline.apply import history
+from mirrorline.apply import rows as work_rows
+from mirrorline.apply import types as type_map
+from mirrorline.apply.canonical import native_text
+from mirrorline.apply.history import HistoryShape
 from mirrorline.apply.lake.dialect import COMMIT_ATTEMPTS, LOCK_FILE, OP_COL, Conflict, LakeDialect, duck_connection
 from mirrorline.apply.lake.plan import BagPlan, Plan
 from mirrorline.apply.lake.session import Failure, LakeRead, LakeSession
@@ -35,7 +41,7 @@ from mirrorline.apply.state import now as now_stamp
 from mirrorline.apply.state import parse as parse_state
 from mirrorline.apply.target import Target, TargetRead, UnitWork, deal
 from mirrorline.errors import ApplyError, TransientTargetError, first_line
-from mirrorline.model import TableSchema, quote_ident
+from mirrorline.model import Key, TableSchema, quote_ident
 from mirrorline.position import Position
 
 log = logging.getLogger(__name__)
@@ -137,8 +143,13 @@ class LakeTarget(Target):
                 done += self.ensure_schema([ts], record=False)
             else:
                 keep, follow = self.needs.table_policy(ts.table)
+                kept = self.needs.history(ts.table)
+                keep = keep or (kept is not None and kept[0] == "versions")  # (a version keeps its values)
                 have = self.columns_of(handle)
                 steps = plan(shape, ts, have, target=self.name, keep_dropped=keep, follow=follow, rebuild=True)
+                if kept is not None and any(st.kind != "add" for st in steps):
+                    what = "; ".join(st.describe() for st in steps)
+                    raise stop(ts, self.name, f"{what}, which would build again a table kept with its history")
                 if any(st.kind != "add" or st.column.missing_value is not None for st in steps):
                     step = steps[0] if steps[0].kind == "rebuild" else as_rebuild(shape, ts, steps, have)
                     done.append(f"{ts.table}: {self.reshape(ts, step)}")
@@ -176,6 +187,19 @@ class LakeTarget(Target):
         finally:
             con.close()
         return pa.table(cols, schema=want)
+
+    def loaded(self, s: Session, schemas: Iterable[TableSchema], position: Position) -> None:
+        assert isinstance(s, LakeSession)
+        at = int(time.time() * 1_000_000)
+        for ts in schemas:
+            hs = self.shape(ts)
+            if isinstance(hs, HistoryShape):
+                s.rework(
+                    ts.table,
+                    functools.partial(
+                        history.loaded_rows, hs=hs, schema=self.dialect.arrow_schema(hs), lsn=position.lsn, at_us=at
+                    ),
+                )
 
     # -- state -----------------------------------------------------------------------------------------------------
     def applied_positions(self) -> AppliedState:
@@ -242,20 +266,93 @@ class LakeTarget(Target):
 
     def _apply_table(self, u: UnitWork, ts: TableSchema) -> tuple[dict[str, int], list[Failure]]:
         """One table's net rows as one commit: checked against its current rows, typed, then committed by the
-        format (:meth:`commit_rows`)."""
-        batch, result = u.batch, u.result
+        format (:meth:`commit_rows`). A table kept with its history: the rows of its history (:meth:`_history`)."""
         t0 = time.monotonic()
-        rows = {k: u.stager.rows(ts, k) for k in ("D", "U", "I")}
         handle = self.open_table(ts.table)
         assert handle is not None
-        t0 = result.timed("stage", t0)
+        hs = self.shape(ts)
+        if isinstance(hs, HistoryShape):
+            ts, rows, truncated = self._history(u, hs, handle)
+        else:
+            rows, truncated = {k: u.stager.rows(ts, k) for k in ("D", "U", "I")}, ts.table in u.batch.truncated
+        u.result.timed("stage", t0)
+        return self._apply_rows(u, ts, handle, rows, truncated)
+
+    def _history(
+        self, u: UnitWork, hs: HistoryShape, handle: Any
+    ) -> tuple[TableSchema, dict[str, pa.Table | None], bool]:
+        """A table kept with its history: the unit's rows of it (:func:`~mirrorline.apply.history.keyed_rows`) as
+        net rows of the table keyed by its primary key, the current versions they name read from the table."""
+        h = history.unit_versions(u.batch, u.changes, hs.table)
+        need = [c.key for c in h.closes] + [v.source for v in h.versions if v.source is not None] if hs.versions else []
+        starts, current = self._current(handle, hs, need, every=h.truncated is not None)
+        pk = history.keyed_shape(hs)
+        net = history.keyed_rows(h, hs, starts, current)
+        rows = {k: work_rows.flatten(work_rows.select(net, hs.table, k), pk, k) for k in ("D", "U", "I")}
+        return pk, dict(rows), False
+
+    def _current(
+        self, handle: Any, hs: HistoryShape, need: list[Key], every: bool
+    ) -> tuple[dict[Key, int], list[Key] | None]:
+        """The start of the current version of each key in ``need`` (versions); with ``every``, the keys of every
+        current row too (as text, as apply's rows carry them)."""
+        if not need and not every:
+            return {}, None
+        cols = list(hs.key) + ([hs.start_lsn, hs.end_lsn] if hs.versions else [hs.deleted])
+        parts = list(self.batches(handle, cols))
+        if not parts:
+            return {}, [] if every else None
+        data = pa.Table.from_batches(parts)
+        keys = [hs.column(k) for k in hs.key]
+        start = quote_ident(hs.start_lsn) if hs.versions else "NULL"
+        con = duck_connection()
+        try:
+            con.register("cur", data)
+            starts: dict[Key, int] = {}
+            if need:
+                con.register(
+                    "need",
+                    pa.table({f"k{i}": [k[i] for k in need] for i in range(len(keys))} | {"i": range(len(need))}),
+                )
+                match = " AND ".join(
+                    f"c.{quote_ident(c.name)} IS NOT DISTINCT FROM {self.dialect.convert(f'n.k{i}', hs, c)}"
+                    for i, c in enumerate(keys)
+                )
+                for i, st in con.sql(
+                    f"SELECT n.i, c.{start} FROM need n JOIN cur c ON {match} WHERE c.{hs.current}"
+                ).fetchall():
+                    starts[need[i]] = int(st)
+            current: list[Key] | None = None
+            if every:
+                infos = [self.dialect.type_info(hs.table, c) for c in keys]
+                sel = ", ".join(
+                    type_map.duck_text(quote_ident(c.name), i.target_type in self.dialect.zoned)
+                    if i.conv == "time"
+                    else quote_ident(c.name)
+                    for c, i in zip(keys, infos, strict=True)
+                )
+                convs = [native_text(c.type_name) for c in keys]
+                current = []
+                for row in con.sql(f"SELECT {sel}, {start} FROM cur WHERE {hs.current}").fetchall():
+                    k = tuple(f(v) for f, v in zip(convs, row[:-1], strict=True))
+                    current.append(k)
+                    if row[-1] is not None:
+                        starts.setdefault(k, int(row[-1]))
+        finally:
+            con.close()
+        return starts, current
+
+    def _apply_rows(
+        self, u: UnitWork, ts: TableSchema, handle: Any, rows: dict[str, pa.Table | None], truncated: bool
+    ) -> tuple[dict[str, int], list[Failure]]:
+        batch, result = u.batch, u.result
+        t0 = time.monotonic()
         con = duck_connection()
         try:
             for k, r in rows.items():
                 assert r is not None
                 con.register(f"w_{k.lower()}", r.append_column("_ml_row", pa.array(range(r.num_rows), pa.int64())))
             con.register("tgt", self.current_rows(handle, ts, rows))
-            truncated = ts.table in batch.truncated
             plan = (BagPlan if ts.bag else Plan)(self, ts, truncated)
             try:
                 plan.check(con)
