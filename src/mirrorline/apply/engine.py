@@ -185,27 +185,29 @@ class SqlTarget(Target):
                 done.append(f"created {ts.table}")
                 self._lossy_note(ts)
             else:
-                old = self._followed(ts.table, recorded, state)
+                # (a table kept with its history: both shapes with its columns, which every step keeps)
+                found = self._followed(ts.table, recorded, state)
+                old, new = (self.shape(found) if found is not None else None), self.shape(ts)
                 keep, follow = self.needs.table_policy(ts.table)
                 kept = self.needs.history(ts.table)
                 keep = keep or (kept is not None and kept[0] == "versions")  # (a version keeps its values)
                 steps = plan(
                     old,
-                    ts,
+                    new,
                     have,
                     target=self.name,
                     keep_dropped=keep,
                     follow=follow,
                     rebuild=self.dialect.rebuilds_to_alter,
                 )
-                made = [self.dialect.reshape(ts.table, step, ts) for step in steps]
+                if kept is not None and any(st.kind == "rekey" for st in steps):
+                    what = "; ".join(st.describe() for st in steps)
+                    raise stop(ts, self.name, f"{what}, which the versions of its rows at the target do not have")
+                made = [self.dialect.reshape(ts.table, step, new) for step in steps]
                 if old is not None and any(m is None for m in made):  # (a type this kind alters only so)
-                    steps = [as_rebuild(old, ts, steps, have)]
-                    made = [self.dialect.reshape(ts.table, steps[0], ts)]
+                    steps = [as_rebuild(old, new, steps, have)]
+                    made = [self.dialect.reshape(ts.table, steps[0], new)]
                 if any(st.kind in ("rebuild", "rekey") for st in steps):
-                    if kept is not None:
-                        what = "; ".join(st.describe() for st in steps)
-                        raise stop(ts, self.name, f"{what}, which would build again a table kept with its history")
                     rebuilt[ts.table] = s.user_indexes(ts.table)
                 for step, stmts in zip(steps, made, strict=True):
                     if stmts is None:

@@ -107,11 +107,6 @@ class HistoryShape(TableSchema):
             return {self.start_lsn: "0", self.deleted: "FALSE"}
         return {self.deleted: "FALSE"}
 
-    @property
-    def source_columns(self) -> tuple[str, ...]:
-        n = len(mode_columns(self.mode, self.prefix))
-        return self.column_names[:-n]
-
 
 def mode_columns(mode: str, prefix: str) -> tuple[Column, ...]:
     """The columns history mode ``mode`` adds after the source's."""
@@ -260,12 +255,13 @@ def soft_rows(h: History, hs: HistoryShape) -> tuple[pa.Table, pa.Table, pa.Tabl
     return pa.table(marks, schema=NET_ARROW), pa.table(deletes, schema=NET_ARROW), pa.table(inserts, schema=NET_ARROW)
 
 
-def keyed_shape(hs: HistoryShape) -> TableSchema:
-    """``hs`` keyed by its primary key (in versions, the source's key and the version's start): the shape whose net
-    rows the table formats' plans take, one row per version."""
+def keyed_shape(hs: HistoryShape, kept: Sequence[Column] = ()) -> TableSchema:
+    """``hs`` keyed by its primary key (in versions, the source's key and the version's start), with the columns
+    the source dropped that the table keeps (``kept``): the shape whose net rows the table formats' plans take, one
+    row per version."""
     return TableSchema(
         table=hs.table,
-        columns=hs.columns,
+        columns=hs.columns + tuple(kept),
         key=hs.primary,
         version=hs.version,
         since=hs.since,
@@ -279,12 +275,14 @@ def keyed_rows(
     hs: HistoryShape,
     starts: Mapping[Key, int],
     current: Sequence[Key] | None,
+    pk: TableSchema | None = None,
 ) -> pa.Table:
     """The unit's rows as net rows of :func:`keyed_shape` (for a format that finds rows by their whole primary
     key): ``starts``, the start of each current version the unit ends or takes unsent columns from (versions);
     ``current``, after a TRUNCATE, the keys of every current row (each ended, or marked deleted, unless the unit
-    writes it). A current version ``starts`` lacks is the target's error, named."""
-    pk = keyed_shape(hs)
+    writes it); ``pk``: :func:`keyed_shape`'s (its kept columns). A current version ``starts`` lacks is the target's
+    error, named."""
+    pk = pk or keyed_shape(hs)
     cols: dict[str, list[object]] = {n: [] for n in NET_ARROW.names}
     value_cols = [c for c in pk.column_names if c not in pk.key]
 

@@ -34,7 +34,7 @@ from mirrorline import limits
 from mirrorline.apply import lock
 from mirrorline.apply import state as applied
 from mirrorline.apply.chunks import ChunkLoader
-from mirrorline.apply.history import HistoryShape
+from mirrorline.apply.history import HistoryShape, mode_columns
 from mirrorline.apply.history import shape as history_shape
 from mirrorline.apply.kinds import KINDS
 from mirrorline.apply.kinds import load as load_kind_class
@@ -420,7 +420,8 @@ class Target(ABC):
 
     def _lossy_note(self, ts: TableSchema) -> None:
         """Say once, when a table is created, which of its columns hold some values otherwise (README, "Types")."""
-        note = lossy_note((c.name, self.dialect.type_info(ts.table, c)) for c in ts.columns)
+        own = {c.name for c in mode_columns(ts.mode, ts.prefix)} if isinstance(ts, HistoryShape) else set()
+        note = lossy_note((c.name, self.dialect.type_info(ts.table, c)) for c in ts.columns if c.name not in own)
         if note:
             log.warning("target %s: %s: %s", self.name, ts.table, note)
 

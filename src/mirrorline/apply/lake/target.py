@@ -41,7 +41,7 @@ from mirrorline.apply.state import now as now_stamp
 from mirrorline.apply.state import parse as parse_state
 from mirrorline.apply.target import Target, TargetRead, UnitWork, deal
 from mirrorline.errors import ApplyError, TransientTargetError, first_line
-from mirrorline.model import Key, TableSchema, quote_ident
+from mirrorline.model import Column, Key, TableSchema, quote_ident
 from mirrorline.position import Position
 
 log = logging.getLogger(__name__)
@@ -146,13 +146,14 @@ class LakeTarget(Target):
                 kept = self.needs.history(ts.table)
                 keep = keep or (kept is not None and kept[0] == "versions")  # (a version keeps its values)
                 have = self.columns_of(handle)
-                steps = plan(shape, ts, have, target=self.name, keep_dropped=keep, follow=follow, rebuild=True)
-                if kept is not None and any(st.kind != "add" for st in steps):
+                old, new = self.shape(shape), self.shape(ts)  # (kept with its history: with its columns)
+                steps = plan(old, new, have, target=self.name, keep_dropped=keep, follow=follow, rebuild=True)
+                if kept is not None and any(st.kind == "rekey" for st in steps):
                     what = "; ".join(st.describe() for st in steps)
-                    raise stop(ts, self.name, f"{what}, which would build again a table kept with its history")
+                    raise stop(ts, self.name, f"{what}, which the versions of its rows at the target do not have")
                 if any(st.kind != "add" or st.column.missing_value is not None for st in steps):
-                    step = steps[0] if steps[0].kind == "rebuild" else as_rebuild(shape, ts, steps, have)
-                    done.append(f"{ts.table}: {self.reshape(ts, step)}")
+                    step = steps[0] if steps[0].kind == "rebuild" else as_rebuild(old, new, steps, have)
+                    done.append(f"{ts.table}: {self.reshape(new, step)}")
                     log.info("target %s: schema change committed: %s", self.name, done[-1])
                 elif steps:
                     done += self.ensure_schema([ts], record=False)
@@ -286,10 +287,28 @@ class LakeTarget(Target):
         h = history.unit_versions(u.batch, u.changes, hs.table)
         need = [c.key for c in h.closes] + [v.source for v in h.versions if v.source is not None] if hs.versions else []
         starts, current = self._current(handle, hs, need, every=h.truncated is not None)
-        pk = history.keyed_shape(hs)
-        net = history.keyed_rows(h, hs, starts, current)
+        pk = history.keyed_shape(hs, self._kept_columns(hs, self.columns_of(handle)))
+        net = history.keyed_rows(h, hs, starts, current, pk)
         rows = {k: work_rows.flatten(work_rows.select(net, hs.table, k), pk, k) for k in ("D", "U", "I")}
         return pk, dict(rows), False
+
+    def _kept_columns(self, hs: HistoryShape, have: Sequence[str]) -> list[Column]:
+        """The table's columns the source dropped and the target keeps (``have``: the table's), as the log's
+        earlier schemas of the table define them: rows written keep (or leave NULL) their values."""
+        out: list[Column] = []
+        missing = [c for c in have if c not in hs.column_names]
+        for v in range(hs.version - 1, 0, -1):
+            if not missing or self.needs.schema_version is None:
+                break
+            try:
+                earlier = self.needs.schema_version(hs.table, v)
+            except Exception:  # (a version the log no longer holds)
+                break
+            for c in earlier.columns:
+                if c.name in missing:
+                    out.append(c)
+                    missing.remove(c.name)
+        return out
 
     def _current(
         self, handle: Any, hs: HistoryShape, need: list[Key], every: bool
