@@ -33,6 +33,11 @@ For each workload, on the same WAL:
   buckets (no shuffle): ``layout_fold_<layout>_<way>_s``, and ``a_over_layout_floor_<layout>_<way>`` = a / (that
   + ``floor_worktable_s``). See bench/layout_floor.py.
 
+- (h) with ``--history``: (b) into another PostgreSQL target whose table is kept in versions (``history =
+  "versions"``: a version per source transaction that changed a key), from another copy of the log, in the same
+  process after (b2): ``history_s``, ``history_over_plain`` (h / b2: the same work into a plain table, JIT-warm as (h)
+  is), ``history_versions`` (the rows it holds), ``a_over_history``. Its current versions are compared with the
+  source by the benchmark's own reader. For ``distinct_keys`` its table is seeded as a snapshot leaves it.
 - (d) with ``--iceberg``: (b) into an Iceberg target (the embedded catalog in a folder) from another copy of the log,
   in the same process after (b) and (b2): ``iceberg_s``, ``a_over_iceberg`` (PostgreSQL's subscriber beside it), its
   units' apply phases (``iceberg_unit_apply_s``: ``check`` reads the rows of the unit's keys, ``commit`` is pyiceberg's
@@ -58,7 +63,7 @@ its Spark check and the driver's read of its rows running on while PostgreSQL lo
 its (b) holds that work and its compile figure does not.
 
     .venv/bin/python bench/apply.py [--changes 1000000] [--workloads update_heavy,insert_only,distinct_keys]
-                                    [--runs 1] [--layouts] [--unit-changes N] [--iceberg]
+                                    [--runs 1] [--layouts] [--unit-changes N] [--iceberg] [--history]
 """
 
 from __future__ import annotations
@@ -91,6 +96,12 @@ def say(msg: str) -> None:
 
 
 SEED = "INSERT INTO bench SELECT g, 0, md5(g::text), '2026-01-01 00:00+00' FROM generate_series(1, %s) g"
+# the table as history mode keeps it (apply/history.py), its seeded rows versions opened at position 1
+HISTORY_DDL = (
+    "CREATE TABLE bench (id bigint, v bigint NOT NULL, pad text, at timestamptz, _ml_start_lsn bigint NOT NULL "
+    "DEFAULT 1, _ml_start_at timestamptz, _ml_end_lsn bigint, _ml_end_at timestamptz, _ml_deleted boolean NOT NULL "
+    "DEFAULT false, PRIMARY KEY (id, _ml_start_lsn))"
+)
 
 
 def run_workload(dsn: str, kind: str, changes: int) -> int:
@@ -124,11 +135,12 @@ def run_workload(dsn: str, kind: str, changes: int) -> int:
     return end
 
 
-def content(cluster: PgCluster, db: str) -> tuple[int, str]:
-    """The table's rows and a digest of all of them in key order: the benchmark's own reader, not mirrorline's."""
+def content(cluster: PgCluster, db: str, where: str = "") -> tuple[int, str]:
+    """The table's rows (``where``: those for which it holds) and a digest of all of them in key order: the
+    benchmark's own reader, not mirrorline's."""
     row = cluster.execute(
         "SELECT count(*), md5(coalesce(string_agg(concat_ws(',', id, v, pad, extract(epoch FROM at)), ';' "
-        "ORDER BY id), '')) FROM bench",
+        f"ORDER BY id), '')) FROM bench{where}",
         db,
     )[0]
     return int(row[0]), str(row[1])
@@ -272,6 +284,7 @@ def one(
     layouts: bool = False,
     unit_changes: int | None = None,
     iceberg: bool = False,
+    history: bool = False,
 ) -> dict[str, Any]:
     db = f"src_{kind}"
     source.create_database(db)
@@ -280,6 +293,8 @@ def one(
     if seeded:
         source.execute(SEED % changes, db)
     source.execute("CREATE PUBLICATION pgpub FOR TABLE bench", db)
+    if history:  # (its table made by mirrorline, or below: seeded as a snapshot leaves it, a version per row)
+        target.create_database(f"mlh_{kind}")
     for tdb in (f"sub_{kind}", f"ml_{kind}", f"mlw_{kind}", f"copy_{kind}", f"floor_{kind}"):
         target.create_database(tdb)
         target.execute(DDL, tdb)
@@ -293,14 +308,14 @@ def one(
         f"sub_{kind}",
     )
 
-    def config(log: str, tdb: str, name: str = "pg", url: str = "") -> Any:
+    def config(log: str, tdb: str, name: str = "pg", url: str = "", mode: str = "none") -> Any:
         return parse_config(
             {
                 "source": {"dsn": source.dsn(db), "slot": f"ml_{kind}"},
                 "log": {"path": str(work / log)},
                 "apply": {"max_changes": unit_changes or changes * 2, "latency": "1s"},
                 "tables": {"public.bench": {}},
-                "targets": {name: {"url": url or target.url(tdb)}},
+                "targets": {name: {"url": url or target.url(tdb), "history": mode}},
             },
             work / "bench.toml",
         )
@@ -330,6 +345,8 @@ def one(
     shutil.copytree(work / f"log_{kind}", work / f"log3_{kind}")  # for the floor's scan
     if iceberg:
         shutil.copytree(work / f"log_{kind}", work / f"log4_{kind}")
+    if history:
+        shutil.copytree(work / f"log_{kind}", work / f"log5_{kind}")
     conf2 = config(f"log2_{kind}", f"mlw_{kind}")
 
     say(f"{kind}: (b) mirrorline catching up from the log")
@@ -357,6 +374,28 @@ def one(
             "a_over_iceberg": round(a / d, 2),
             "iceberg_unit_compile_s": compiles4,
             "iceberg_unit_apply_s": applies4,
+        }
+
+    hist: dict[str, Any] = {}
+    if history:
+        say(f"{kind}: (h) mirrorline catching up into a PostgreSQL target keeping every version (history mode)")
+        if seeded:
+            target.execute(HISTORY_DDL, f"mlh_{kind}")
+            target.execute(SEED % changes, f"mlh_{kind}")
+            target.execute("VACUUM ANALYZE bench", f"mlh_{kind}")
+        h, compiles5, applies5 = catch_up(
+            Applier(config(f"log5_{kind}", f"mlh_{kind}", mode="versions"), spark=get_spark())
+        )
+        got = content(target, f"mlh_{kind}", " WHERE _ml_end_lsn IS NULL")
+        assert got == want, f"the history target's current versions differ: {got} != {want}"
+        versions = int(target.execute("SELECT count(*) FROM bench", f"mlh_{kind}")[0][0])
+        hist = {
+            "history_s": round(h, 3),
+            "history_versions": versions,
+            "history_over_plain": round(h / b2, 2),
+            "a_over_history": round(a / h, 2),
+            "history_unit_compile_s": compiles5,
+            "history_unit_apply_s": applies5,
         }
 
     say(f"{kind}: (c) COPY of the net rows into an empty table")
@@ -422,6 +461,7 @@ def one(
         "b2_over_c": round(b2 / c, 2),
         **floors,
         **ice,
+        **hist,
     }
 
 
@@ -432,6 +472,7 @@ def repeated(
     layouts: bool = False,
     unit_changes: int | None = None,
     iceberg: bool = False,
+    history: bool = False,
 ) -> dict[str, Any]:
     """The benchmark run ``runs`` times, each in a process of its own (a new JVM, so that (b) is the first large
     unit after start-up every time) with clusters of its own: the median of every figure, ratios taken per run."""
@@ -445,7 +486,8 @@ def repeated(
             [sys.executable, __file__, "--changes", str(changes), "--workloads", workloads]
             + (["--layouts"] if layouts else [])
             + (["--unit-changes", str(unit_changes)] if unit_changes else [])
-            + (["--iceberg"] if iceberg else []),
+            + (["--iceberg"] if iceberg else [])
+            + (["--history"] if history else []),
             stdout=subprocess.PIPE,
             text=True,
             check=True,
@@ -468,6 +510,7 @@ def repeated(
                 "mirrorline_unit_compile_s",
                 "mirrorline_jit_warm_unit_compile_s",
                 *(("iceberg_s", "a_over_iceberg") if iceberg else ()),
+                *(("history_s", "history_over_plain") if history else ()),
             )
         }
     return merged
@@ -492,10 +535,17 @@ def main() -> None:
         help="catch up in units of at most this many changes (default: the workload in one unit)",
     )
     p.add_argument("--iceberg", action="store_true", help="also catch up into an Iceberg target (d)")
+    p.add_argument(
+        "--history", action="store_true", help="also catch up into a PostgreSQL target keeping every version (h)"
+    )
     args = p.parse_args()
     if args.runs > 1:
         print(
-            json.dumps(repeated(args.runs, args.changes, args.workloads, args.layouts, args.unit_changes, args.iceberg))
+            json.dumps(
+                repeated(
+                    args.runs, args.changes, args.workloads, args.layouts, args.unit_changes, args.iceberg, args.history
+                )
+            )
         )
         return
     t0 = time.monotonic()
@@ -513,6 +563,7 @@ def main() -> None:
                 args.layouts and kind == "update_heavy",
                 args.unit_changes,
                 args.iceberg,
+                args.history,
             )
     print(json.dumps(out))
 

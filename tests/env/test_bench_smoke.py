@@ -36,7 +36,7 @@ def test_each_benchmark_module_imports(module: str) -> None:
 
 
 TINY = {
-    "apply.py": (["--changes", "2000"], "distinct_keys"),
+    "apply.py": (["--changes", "2000", "--history"], "distinct_keys"),
     "apply_targets.py": (["--rows", "1000"], "bench"),
     "bigtxn.py": (["--rows", "500"], "equal"),
     "capture.py": (["--changes", "2000"], "changes_per_s"),

@@ -53,6 +53,7 @@ if TYPE_CHECKING:
     import pyarrow as pa
 
     from mirrorline.compile.batch import NetBatch
+    from mirrorline.compile.history import Frames
 
 _images = itertools.count(1)
 
@@ -424,6 +425,9 @@ class SqlTarget(Target):
         current row; then (soft deletes: the keys written again deleted) the new rows inserted. Counts: U = rows
         ended or marked, D = rows written again, I = rows inserted."""
         d, result = self.dialect, u.result
+        frames = u.batch.history.get(hs.table) if hs.versions else None
+        if frames is not None:
+            return self._versions_table(s, u, hs, frames)
         h = history.unit_versions(u.batch, u.changes, hs.table)
         t0 = time.monotonic()
         counts = {"D": 0, "U": 0, "I": 0}
@@ -462,6 +466,56 @@ class SqlTarget(Target):
                         s.execute(d.drop_table(image))
                 else:
                     got = s.dml(d.insert_select(hs, name, hs.column_names, key_order=True))
+                if got != n:
+                    raise _Mismatch(hs.table, "I", n, got)
+                counts["I"] = n
+                t0 = result.timed("insert", t0)
+        finally:
+            for name in names:
+                s.drop_worktable(name)
+        result.timed("stage", t0)
+        return counts
+
+    def _versions_table(self, s: Session, u: UnitWork, hs: HistoryShape, frames: Frames) -> dict[str, int]:
+        """:meth:`_history_table` from the versions compile derived set-based (:class:`Frames`): worktables straight
+        from its columns, and the new versions straight into the table where none takes a column from another."""
+        d, result = self.dialect, u.result
+        t0 = time.monotonic()
+        counts = {"D": 0, "U": 0, "I": 0}
+        names: list[str] = []
+        work, closes = work_rows.versions_work(frames, hs), work_rows.closes_work(frames, hs)
+        direct = work_rows.direct_inserts(work, hs) if self.spec.direct_inserts else None
+        try:
+            inserts = None
+            if direct is None and work.num_rows:
+                name = f"mirrorline_h{next(_images)}_i"
+                s.load(name, work.column_names, work)
+                names.append(name)
+                inserts = name, work.num_rows
+            if closes.num_rows:
+                name = f"mirrorline_h{next(_images)}_u"
+                s.load(name, closes.column_names, closes)
+                names.append(name)
+            t0 = result.timed("stage", t0)
+            images = self._moved_images(s, hs, inserts[0]) if inserts else []
+            if closes.num_rows:
+                got = s.dml(d.join_update(hs, names[-1], [hs.end_lsn, hs.end_at, hs.deleted], None))
+                if got != closes.num_rows:
+                    raise _Mismatch(hs.table, "U", closes.num_rows, got)
+                counts["U"] = got
+                t0 = result.timed("update", t0)
+            if direct is not None and direct.num_rows:
+                got = s.insert_rows(hs, [direct])
+                if got != direct.num_rows:
+                    raise _Mismatch(hs.table, "I", direct.num_rows, got)
+                counts["I"] = got
+                t0 = result.timed("insert", t0)
+            elif inserts:
+                name, n = inserts
+                got = s.dml(d.insert_select(hs, name, hs.column_names, [""] if images else None, key_order=True))
+                for image in images:
+                    got += s.dml(d.insert_typed(hs, image, list(hs.column_names)))
+                    s.execute(d.drop_table(image))
                 if got != n:
                     raise _Mismatch(hs.table, "I", n, got)
                 counts["I"] = n

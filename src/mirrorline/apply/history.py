@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from mirrorline.compile.batch import NET_ARROW
-from mirrorline.compile.history import Final, History, versions
+from mirrorline.compile.history import Final, History, pg_text_time, versions
 from mirrorline.errors import ApplyError, TargetError
 from mirrorline.model import Column, Key, TableSchema, quote_ident
 
@@ -172,11 +172,7 @@ def unit_versions(batch: NetBatch, changes: Any, table: str) -> History:
     )
 
 
-def pg_time(us: int | None) -> str | None:
-    """Microseconds since the Unix epoch -> PostgreSQL's text of a timestamp with time zone, in UTC."""
-    if us is None:
-        return None
-    return datetime.fromtimestamp(us / 1_000_000, UTC).strftime("%Y-%m-%d %H:%M:%S.%f+00")
+pg_time = pg_text_time  # (apply names it so)
 
 
 def _bool(b: bool) -> str:

@@ -4,13 +4,16 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from mirrorline.apply.history import HistoryShape
 from mirrorline.apply.sql import MASK_COL, MASK_SEP, POS_COLS, key_col, moved_col
 from mirrorline.compile.batch import POSITION_COLUMNS, Inserts
+from mirrorline.compile.history import Frames
 from mirrorline.log.columns import image_columns
 from mirrorline.model import TableSchema
 
@@ -142,3 +145,30 @@ def _ascending(col: pa.ChunkedArray | pa.Array) -> bool:
 def _all_ints(col: pa.ChunkedArray) -> bool:
     """Is every value of a text column an integer literal (else it sorts as text, and the load reports it)?"""
     return bool(pc.all(pc.match_substring_regex(col, r"^-?[0-9]{1,18}$")).as_py() is not False)
+
+
+def versions_work(frames: Frames, hs: HistoryShape) -> pa.Table:
+    """The new versions of :class:`~mirrorline.compile.history.Frames` as the insert worktable's rows of ``hs``
+    (:func:`mirrorline.apply.rows.work_columns` ``"I"``), in key order."""
+    v = frames.versions
+    meta = {hs.start_lsn: "start_lsn", hs.start_at: "start_at", hs.end_lsn: "end_lsn", hs.end_at: "end_at"}
+    meta[hs.deleted] = "deleted"
+    source = {c: f"c{i}" for i, c in enumerate(frames.columns)}
+    out: dict[str, Any] = {}
+    for c in hs.column_names:
+        name = meta.get(c) or source.get(c)
+        out[c] = v[name] if name is not None else pa.nulls(v.num_rows, pa.string())
+    out[MASK_COL] = pc.fill_null(pc.binary_join(v["unsent"], MASK_SEP), "")
+    for i in range(len(hs.key)):
+        out[moved_col(i)] = v[f"m{i}"]
+    out[POS_COLS[0]], out[POS_COLS[1]] = v["lsn"], v["seq"]
+    return key_order(pa.table(out), hs, list(hs.key))
+
+
+def closes_work(frames: Frames, hs: HistoryShape) -> pa.Table:
+    """The ends of current versions of :class:`~mirrorline.compile.history.Frames` as a worktable: the key as
+    ``_ml_k0..``, then the end columns of ``hs`` by name."""
+    c = frames.closes
+    cols = {key_col(i): c[f"k{i}"] for i in range(len(hs.key))}
+    cols.update({hs.end_lsn: c["end_lsn"], hs.end_at: c["end_at"], hs.deleted: c["deleted"]})
+    return pa.table(cols)

@@ -346,6 +346,9 @@ class NetBatch:
     # the background work the route left running (release() waits for it): see compile/inserts.py
     check: Callable[[], None] | None = field(default=None, repr=False)
     settle: Callable[[], None] | None = field(default=None, repr=False)
+    # the versions of the unit's tables some target keeps in versions, set-based (compile/history.py): table ->
+    # Frames; a table missing here is derived by apply from the unit's changes
+    history: dict[str, Any] = field(default_factory=dict, repr=False)
     _derived: dict[Hashable, _Once] = field(default_factory=dict, init=False, repr=False, compare=False)
     _derived_lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False, compare=False)
     _verified: list[BaseException | None] = field(default_factory=list, init=False, repr=False, compare=False)

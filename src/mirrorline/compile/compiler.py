@@ -46,6 +46,7 @@ from mirrorline import limits
 from mirrorline.compile.batch import NET_ARROW, NetBatch
 from mirrorline.compile.distinct import compile_distinct
 from mirrorline.compile.driver import fold_unit
+from mirrorline.compile.history import frames as history_frames
 from mirrorline.compile.inserts import compile_inserts
 from mirrorline.compile.reference import ALL_ACTIONS, Actions, actions_of, normalised
 from mirrorline.compile.small import shared, unit_rows
@@ -315,6 +316,7 @@ class Compiler:
         self.keep_on_driver = keep_on_driver
         self.routes = routes
         self.last_route: str | None = None  # the route the last unit took (for logs and tests)
+        self.versions: Callable[[str], bool] = lambda table: False  # a table some target keeps in versions
         self.small_unit = limits.SMALL_UNIT
         self.driver_unit = limits.DRIVER_UNIT
 
@@ -367,8 +369,28 @@ class Compiler:
                 batch = route.compile(span)
                 if batch is not None:
                     self.last_route = route.name
+                    self._history(span, batch)
                     return batch
         raise MirrorlineError(f"unit {start}..{end}: no compile route took it", start=str(start), end=str(end))
+
+    def _history(self, span: Span, batch: NetBatch) -> None:
+        """The versions of the unit's tables some target keeps in versions, set-based (compile/history.py), on
+        ``batch``: one read of the unit's changes on the driver."""
+        tables = [t for t in span.stats if self.versions(t)]
+        if not tables:
+            return
+        parts = list(span.rows())
+        rows = pa.concat_tables(parts) if parts else None
+        if rows is None:
+            return
+        schemas = span.schemas()
+        for t in tables:
+            ts = schemas.get(t)
+            if ts is None or ts.bag:
+                continue
+            got = history_frames(rows, t, ts.column_names, len(ts.key))
+            if got is not None:
+                batch.history[t] = got
 
     def compile_part(self, rows: pa.Table, start: Position, end: Position) -> NetBatch | None:
         """A part of a streamed transaction not yet committed (``rows``: its changes in log order, the log layout),

@@ -25,8 +25,12 @@ of their own, for generated histories (``tests/compile/test_history.py``).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import pyarrow as pa
 
 from mirrorline.errors import InvalidSequenceError
 from mirrorline.model import Change, Key, Op, Value
@@ -246,3 +250,169 @@ def versions(changes: Iterable[Change], table: str) -> History:
                 )
             )
     return out
+
+
+def pg_text_time(us: int | None) -> str | None:
+    """Microseconds since the Unix epoch -> PostgreSQL's text of a timestamp with time zone, in UTC (as
+    :func:`frames` writes it)."""
+    if us is None:
+        return None
+    return datetime.fromtimestamp(us / 1_000_000, UTC).strftime("%Y-%m-%d %H:%M:%S.%f+00")
+
+
+# -- the same, set-based -------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Frames:
+    """One table's versions from one unit, set-based (:func:`frames`): flat text columns, ready for apply's
+    worktables. ``versions``: ``k0..kN`` (the key), the table's :attr:`columns` as ``c0..cN`` (NULL where unsent),
+    ``unsent`` (a list: the columns to take from the target's current version of ``m0..mN``), ``m0..mN``,
+    ``lsn``/``seq`` (the position of the version's last change), ``start_lsn``, ``start_at``, ``end_lsn``, ``end_at``,
+    ``deleted``; ``closes``: ``k0..kN``, ``end_lsn``, ``end_at``, ``deleted``, ``lsn``, ``seq``. Times as
+    PostgreSQL's text in UTC, LSNs as decimal text, ``deleted`` as ``t``/``f``."""
+
+    versions: pa.Table
+    closes: pa.Table
+    columns: tuple[str, ...] = ()  # the table's columns, in the versions as c0..cN
+
+
+def _lit(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
+
+
+def frames(rows: pa.Table, table: str, columns: Sequence[str], nkey: int) -> Frames | None:
+    """:func:`versions` of ``table`` (its ``columns``, a key of ``nkey`` columns) from the unit's changes ``rows``
+    (the log's layout, in log order) by DuckDB's set-based SQL: the same versions, as flat columns
+    (:class:`Frames`). None where the plain fold must do it: a TRUNCATE of the table in the unit, or a key change
+    leaving columns unsent. The images are read out of their maps by pyarrow first (DuckDB's import of a map column
+    costs more than all the rest: bench/apply.py --history)."""
+    import duckdb
+    import numpy as np
+    import pyarrow.compute as pc
+
+    from mirrorline.log.columns import image_columns
+
+    mine = pc.equal(rows["table"], table)
+    if pc.all(mine).as_py() is not True:  # (a copy of every column, the images too: only where others are there)
+        rows = rows.filter(mine)
+    n = rows.num_rows
+    ops = rows["op"]
+    if pc.any(pc.equal(ops, "T")).as_py():
+        return None
+    has_old = pc.fill_null(pc.equal(pc.list_value_length(rows["old_key"]), nkey), False)
+    old_keys = pc.if_else(has_old, rows["old_key"], rows["key"])  # (no old key: the key itself, unused)
+    keys = [pc.list_element(rows["key"], i) for i in range(nkey)] if n else [pa.nulls(0, pa.string())] * nkey
+    olds = [pc.list_element(old_keys, i) for i in range(nkey)] if n else [pa.nulls(0, pa.string())] * nkey
+
+    def joined(parts: list[Any]) -> Any:
+        if nkey == 1:
+            return parts[0]
+        return pc.binary_join_element_wise(*parts, "\x1f", null_handling="replace", null_replacement="\\N")
+
+    kk, okk = joined(keys), joined(olds)
+    moved = pc.and_(pc.and_(pc.equal(ops, "U"), has_old), pc.fill_null(pc.not_equal(kk, okk), False))
+    lengths = pc.fill_null(pc.list_value_length(rows["unchanged"]), 0)
+    unsent = bool(n) and bool(pc.any(pc.greater(lengths, 0)).as_py())
+    if unsent and pc.any(pc.and_(moved, pc.greater(lengths, 0))).as_py():
+        return None
+    flat: dict[str, Any] = {
+        "rid": pa.array(np.arange(n, dtype=np.int64)),
+        "lsn": rows["lsn"],
+        "seq": rows["seq"],
+        "ts": rows["ts"],
+        "op": ops,
+        "moved": moved,
+        "kk": kk,
+        "okk": okk,
+        **{f"k{i}": k for i, k in enumerate(keys)},
+        **{f"o{i}": k for i, k in enumerate(olds)},
+    }
+    values = image_columns(rows["new"], columns) if n else {c: pa.nulls(0, pa.string()) for c in columns}
+    flat.update({f"c{i}": values[c] for i, c in enumerate(columns)})
+    if unsent:  # per column, was it sent (not named unchanged)
+        parent = pc.list_parent_indices(rows["unchanged"]).to_numpy()
+        names = pc.list_flatten(rows["unchanged"])
+        for i, c in enumerate(columns):
+            sent = np.ones(n, dtype=bool)
+            sent[parent[pc.equal(names, c).to_numpy(zero_copy_only=False)]] = False
+            flat[f"s{i}"] = pa.array(sent)
+    con = duckdb.connect()
+    try:
+        con.register("unit", pa.table(flat))
+        key_of = ", ".join(f"k{i}" for i in range(nkey))
+        # the key's changes (a key change: a delete of its old key, then an insert of its new one)
+        con.execute(
+            f"""
+            CREATE TEMP TABLE ops AS
+            SELECT rid, lsn, seq, ts, 0 AS sub, CASE WHEN moved THEN 'D' ELSE op END AS kind,
+                   CASE WHEN moved THEN okk ELSE kk END AS kk,
+                   {", ".join(f"CASE WHEN moved THEN o{i} ELSE k{i} END AS k{i}" for i in range(nkey))}
+            FROM unit
+            UNION ALL
+            SELECT rid, lsn, seq, ts, 1, 'I', kk, {key_of} FROM unit WHERE moved
+            """
+        )
+        if unsent:  # each column's value: the last one sent before, in the key's order
+            filled = ", ".join(
+                f"last_value(CASE WHEN o.kind <> 'D' AND u.s{i} THEN {{'v': u.c{i}}} END IGNORE NULLS) OVER w AS f{i}"
+                for i in range(len(columns))
+            )
+            con.execute(
+                f"CREATE TEMP TABLE vals AS SELECT o.rid, o.sub, {filled} FROM ops o JOIN unit u ON u.rid = o.rid "
+                "WINDOW w AS (PARTITION BY o.kk ORDER BY o.lsn, o.seq, o.sub ROWS UNBOUNDED PRECEDING)"
+            )
+            source = "vals v ON v.rid = st.rid AND v.sub = st.sub"
+            picked = ", ".join(f"v.f{i} AS f{i}" for i in range(len(columns)))
+        else:  # every change sends every column: the last change's
+            source = "unit v ON v.rid = st.rid"
+            picked = ", ".join(
+                f"CASE WHEN st.kind <> 'D' THEN {{'v': v.c{i}}} END AS f{i}" for i in range(len(columns))
+            )
+        # per key and transaction its last change (and per key its first); per key, the transaction after each
+        con.execute(
+            f"""
+            CREATE TEMP TABLE st AS
+            WITH last AS (
+                SELECT kk, lsn, max(rid * 2 + sub) AS at FROM ops GROUP BY kk, lsn
+            ), first AS (
+                SELECT kk, arg_min(kind, rid * 2 + sub) AS first_kind FROM ops GROUP BY kk
+            ), states AS (
+                SELECT o.*, f.first_kind FROM last l JOIN ops o ON o.rid * 2 + o.sub = l.at JOIN first f
+                ON f.kk = l.kk
+            ), chained AS (
+                SELECT *, lead(lsn) OVER p AS next_lsn, lead(ts) OVER p AS next_ts, lead(kind) OVER p AS next_kind,
+                       row_number() OVER p AS nth
+                FROM states WINDOW p AS (PARTITION BY kk ORDER BY lsn)
+            )
+            SELECT st.*, {picked} FROM chained st LEFT JOIN {source}
+            """
+        )
+
+        def at(col: str) -> str:
+            text = f"strftime(make_timestamp({col}), '%Y-%m-%d %H:%M:%S.%f') || '+00'"
+            return f"CASE WHEN {col} IS NULL THEN NULL ELSE {text} END"
+
+        keys_out = ", ".join(f"k{i}" for i in range(nkey))
+        values_out = ", ".join(f"f{i}.v AS c{i}" for i in range(len(columns)))
+        unsent_list = (
+            "list_filter(["
+            + ", ".join(f"CASE WHEN f{i} IS NULL THEN {_lit(c)} END" for i, c in enumerate(columns))
+            + "], lambda x: x IS NOT NULL)"
+        )
+        moved_out = ", ".join(f"CASE WHEN len({unsent_list}) > 0 THEN k{i} END AS m{i}" for i in range(nkey))
+        versions = con.sql(
+            f"SELECT {keys_out}, {values_out}, {unsent_list} AS unsent, {moved_out}, "
+            f"CAST(lsn AS VARCHAR) AS lsn, CAST(seq AS VARCHAR) AS seq, CAST(lsn AS VARCHAR) AS start_lsn, "
+            f"{at('ts')} AS start_at, CAST(next_lsn AS VARCHAR) AS end_lsn, {at('next_ts')} AS end_at, "
+            f"CASE WHEN next_kind = 'D' THEN 't' ELSE 'f' END AS deleted "
+            f"FROM st WHERE kind <> 'D'"
+        ).to_arrow_table()
+        closes = con.sql(
+            f"SELECT {keys_out}, CAST(lsn AS VARCHAR) AS end_lsn, {at('ts')} AS end_at, "
+            f"CASE WHEN kind = 'D' THEN 't' ELSE 'f' END AS deleted, CAST(lsn AS VARCHAR) AS lsn, "
+            f"CAST(seq AS VARCHAR) AS seq FROM st WHERE nth = 1 AND first_kind IN ('U', 'D')"
+        ).to_arrow_table()
+    finally:
+        con.close()
+    return Frames(versions, closes, tuple(columns))

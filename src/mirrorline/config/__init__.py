@@ -160,6 +160,10 @@ class Config:
         """How ``target`` keeps ``table`` other than as it is now (history mode): (mode, prefix); None: as it is."""
         return self.targets[target].history_of(table)
 
+    def in_versions(self, table: str) -> bool:
+        """Does some target keep ``table`` in versions (history mode)?"""
+        return any((kept := t.history_of(table)) is not None and kept[0] == "versions" for t in self.targets.values())
+
     def tables_in_load_order(self) -> list[TableConfig]:
         """DESIGN §7: negative or missing sequence first (any order), then ascending sequence."""
         return sorted(self.tables.values(), key=lambda t: (max(t.sequence, -1), t.name))

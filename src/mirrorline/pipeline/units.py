@@ -87,6 +87,7 @@ class Units:
             bags=bags,
             keep_on_driver=not save,
         )
+        self.compiler.versions = config.in_versions
 
     @property
     def spark(self) -> Any:
@@ -112,6 +113,7 @@ class Units:
         tables_changed = set(config.tables) != set(self.config.tables)
         self.config = config
         self.compiler.configure(list(config.tables), config.actions, bags)
+        self.compiler.versions = config.in_versions
         if tables_changed:
             self.drop_ahead()
             self.store.prune(Position(1 << 62, 1 << 62))
