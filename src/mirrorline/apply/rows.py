@@ -10,7 +10,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from mirrorline.apply.history import HistoryShape
+from mirrorline.apply.history import HistoryShape, keyed_shape
 from mirrorline.apply.sql import MASK_COL, MASK_SEP, POS_COLS, key_col, moved_col
 from mirrorline.compile.batch import POSITION_COLUMNS, Inserts
 from mirrorline.compile.history import Frames
@@ -149,7 +149,7 @@ def _all_ints(col: pa.ChunkedArray) -> bool:
 
 def versions_work(frames: Frames, hs: HistoryShape) -> pa.Table:
     """The new versions of :class:`~mirrorline.compile.history.Frames` as the insert worktable's rows of ``hs``
-    (:func:`mirrorline.apply.rows.work_columns` ``"I"``), in key order."""
+    (:func:`work_columns` ``"I"``), in the order of the table's primary key."""
     v = frames.versions
     meta = {hs.start_lsn: "start_lsn", hs.start_at: "start_at", hs.end_lsn: "end_lsn", hs.end_at: "end_at"}
     meta[hs.deleted] = "deleted"
@@ -162,7 +162,8 @@ def versions_work(frames: Frames, hs: HistoryShape) -> pa.Table:
     for i in range(len(hs.key)):
         out[moved_col(i)] = v[f"m{i}"]
     out[POS_COLS[0]], out[POS_COLS[1]] = v["lsn"], v["seq"]
-    return key_order(pa.table(out), hs, list(hs.key))
+    primary = keyed_shape(hs)  # (in the order of the table's primary key: each key's versions in start order)
+    return key_order(pa.table(out), primary, list(primary.key))
 
 
 def closes_work(frames: Frames, hs: HistoryShape) -> pa.Table:

@@ -35,6 +35,7 @@ not). A route also warms itself up (``warm``): the small route's plan at start, 
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass
 from functools import cached_property
@@ -361,36 +362,43 @@ class Compiler:
         ``warming``: Spark's warm-up, still running (or Spark not started at all): a route on the driver may take the
         unit meanwhile, one on Spark waits for it first."""
         span = self.span(start, end, warm=warming is None)
-        for route in self.routes if not general else (GENERAL,):
-            if route.qualifies(span):
-                if route.spark and warming is not None:
-                    warming.wait()
-                    warming = None
-                batch = route.compile(span)
-                if batch is not None:
-                    self.last_route = route.name
-                    self._history(span, batch)
-                    return batch
+        # (the versions of tables kept so, beside the route: DuckDB on the driver while the route runs on Spark)
+        versions = _Background(self._history, span) if any(self.versions(t) for t in span.stats) else None
+        try:
+            for route in self.routes if not general else (GENERAL,):
+                if route.qualifies(span):
+                    if route.spark and warming is not None:
+                        warming.wait()
+                        warming = None
+                    batch = route.compile(span)
+                    if batch is not None:
+                        self.last_route = route.name
+                        if versions is not None:
+                            batch.history.update(versions.result())
+                        return batch
+        finally:
+            if versions is not None:
+                versions.join()
         raise MirrorlineError(f"unit {start}..{end}: no compile route took it", start=str(start), end=str(end))
 
-    def _history(self, span: Span, batch: NetBatch) -> None:
-        """The versions of the unit's tables some target keeps in versions, set-based (compile/history.py), on
-        ``batch``: one read of the unit's changes on the driver."""
+    def _history(self, span: Span) -> dict[str, Any]:
+        """The versions of the unit's tables some target keeps in versions, set-based (compile/history.py): one read
+        of the unit's changes on the driver. A table it does not take is left out (apply derives it)."""
         tables = [t for t in span.stats if self.versions(t)]
-        if not tables:
-            return
         parts = list(span.rows())
-        rows = pa.concat_tables(parts) if parts else None
-        if rows is None:
-            return
+        if not tables or not parts:
+            return {}
+        rows = pa.concat_tables(parts)
         schemas = span.schemas()
+        out: dict[str, Any] = {}
         for t in tables:
             ts = schemas.get(t)
             if ts is None or ts.bag:
                 continue
             got = history_frames(rows, t, ts.column_names, len(ts.key))
             if got is not None:
-                batch.history[t] = got
+                out[t] = got
+        return out
 
     def compile_part(self, rows: pa.Table, start: Position, end: Position) -> NetBatch | None:
         """A part of a streamed transaction not yet committed (``rows``: its changes in log order, the log layout),
@@ -464,3 +472,29 @@ def warm_up(
 
     acts = normalised(actions)
     return WarmUp(spark, lambda session: SMALL.warm(session, acts, bags), on_ready=on_ready)
+
+
+class _Background:
+    """``make(*args)`` in a thread of its own; :meth:`result` waits for it and raises what it raised."""
+
+    def __init__(self, make: Callable[..., Any], *args: Any) -> None:
+        self._out: list[Any] = []
+        self._error: list[BaseException] = []
+
+        def run() -> None:
+            try:
+                self._out.append(make(*args))
+            except BaseException as e:
+                self._error.append(e)
+
+        self._thread = threading.Thread(target=run, name="compile-versions", daemon=True)
+        self._thread.start()
+
+    def join(self) -> None:
+        self._thread.join()
+
+    def result(self) -> Any:
+        self._thread.join()
+        if self._error:
+            raise self._error[0]
+        return self._out[0]
