@@ -7,6 +7,7 @@ source's rows; ``verify`` says it compared the current versions, and ``status`` 
 
 from __future__ import annotations
 
+import sqlite3
 from collections import defaultdict
 from itertools import pairwise
 from pathlib import Path
@@ -14,6 +15,7 @@ from typing import Any
 
 import configs
 import oracle
+import psycopg2
 import pytest
 from pipeline_support import capture_and_apply, target_url
 
@@ -150,3 +152,16 @@ def test_versions_from_a_real_source(pg: Any, pg_cluster: Any, spark: Any, tmp_p
     assert "its current versions" in report.text()
     (st,) = status(conf).targets
     assert st.history == {HIST: "versions", ODD: "versions"}
+    if kind in ("sqlite", "postgresql"):  # a current version changed by hand: verify --diff names that row alone
+        sql = "UPDATE hist SET v = 'tampered' WHERE id = 1 AND _ml_end_lsn IS NULL"
+        if kind == "sqlite":
+            with sqlite3.connect(oracle.location(url)) as db:
+                db.execute(sql)
+        else:
+            with psycopg2.connect(url) as conn, conn.cursor() as cur:
+                cur.execute(sql.replace("hist", "public.hist"))
+        report = verify(conf, diff=10)
+        assert not report.ok
+        (tc,) = report.targets
+        (bad,) = [c for c in tc.tables if not c.equal]
+        assert bad.table == HIST and bad.differing_rows == 1 and bad.compared == "its current versions"

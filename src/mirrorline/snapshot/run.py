@@ -178,6 +178,14 @@ def snapshot_target(
                     stats = tables_at(config, cp, only)
                     schemas = [s.schema for s in stats.values()]
                     if only is not None:  # a table reloaded whole takes the source's shape of now
+                        for ts in schemas:
+                            if tcfg.history_of(ts.table) is not None:
+                                log.warning(
+                                    "target %s: %s is kept with its history: reloaded, its history starts again "
+                                    "at the snapshot (the versions before it are dropped)",
+                                    name,
+                                    ts.table,
+                                )
                         target.recreate(schemas)
                     target.ensure_schema(schemas)
                     register_reader(config.log.path, name, cp.position)
