@@ -6,6 +6,7 @@ clients."""
 from __future__ import annotations
 
 import random
+import sqlite3
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -226,3 +227,64 @@ def test_history_settings_are_checked(tmp_path: Path) -> None:
             },
             tmp_path / "m.toml",
         )
+
+
+@pytest.mark.spark
+def test_a_refusal_is_named_for_the_table_it_is_in(tmp_path: Path, spark: Any) -> None:
+    """A unit of a table kept in versions and a plain one, in one transaction at a SQLite target: a row the plain
+    table refuses takes the failure path (set aside with ``on_error = "reject"``) and the versions are written beside
+    it; a row the versioned table refuses stops that table, named, while the plain one goes on."""
+    from mirrorline.errors import ApplyError
+
+    plain = TableSchema("public.p", SCHEMA.columns, ("id",))
+    with LogWriter(tmp_path / "log") as w:
+        w.record_schema(SCHEMA)
+        w.record_schema(plain)
+        w.add_transaction(
+            100,
+            BASE_TS,
+            [
+                Change(ZERO, 0, 1, T, Op.INSERT, ("1",), {"id": "1", "v": "a", "big": "b"}),
+                Change(ZERO, 0, 1, "public.p", Op.INSERT, ("1",), {"id": "1", "v": "bad", "big": "b"}),
+                Change(ZERO, 0, 1, "public.p", Op.INSERT, ("2",), {"id": "2", "v": "ok", "big": "b"}),
+            ],
+        )
+    db = tmp_path / "t.db"
+    with sqlite3.connect(db) as c:
+        c.execute("CREATE TABLE p (id INTEGER PRIMARY KEY, v TEXT, big TEXT)")
+        c.execute("CREATE TRIGGER no_bad BEFORE INSERT ON p WHEN NEW.v = 'bad' BEGIN SELECT RAISE(ABORT, 'bad'); END")
+    conf = parse(
+        {
+            "log": {"path": str(tmp_path / "log")},
+            "tables": {T: {"history": "versions"}, "public.p": {}},
+            "targets": {"x": {"url": f"sqlite:///{db}", "on_error": "reject"}},
+        },
+        tmp_path / "m.toml",
+    )
+    a = Applier(conf, spark=spark)
+    (report,) = [r for r in a.catch_up() if r.results]
+    a.close()
+    assert report.results["x"].rejects == 1 and report.results["x"].serial == ["public.p"]
+    with sqlite3.connect(db) as c:
+        assert c.execute("SELECT id, v, _ml_end_lsn FROM t").fetchall() == [(1, "a", None)]
+        assert c.execute("SELECT id FROM p").fetchall() == [(2,)]
+    # the versioned table refuses the next unit's row: that table stops, named; the plain one goes on
+    with LogWriter(tmp_path / "log") as w:
+        w.add_transaction(
+            200,
+            BASE_TS + 1,
+            [
+                Change(ZERO, 0, 1, T, Op.UPDATE, ("1",), {"id": "1", "v": "bad", "big": "b"}),
+                Change(ZERO, 0, 1, "public.p", Op.INSERT, ("3",), {"id": "3", "v": "ok", "big": "b"}),
+            ],
+        )
+    with sqlite3.connect(db) as c:
+        c.execute("CREATE TRIGGER no_bad_t BEFORE INSERT ON t WHEN NEW.v = 'bad' BEGIN SELECT RAISE(ABORT, 'bad'); END")
+    a = Applier(conf, spark=spark)
+    with pytest.raises(ApplyError, match=r"versions of public\.t") as e:
+        a.catch_up()
+    a.close()
+    assert e.value.context["table"] == T
+    with sqlite3.connect(db) as c:
+        assert c.execute("SELECT id FROM p ORDER BY id").fetchall() == [(2,), (3,)]
+        assert c.execute("SELECT v, _ml_end_lsn FROM t").fetchall() == [("a", None)]

@@ -23,6 +23,7 @@ SQL text is generated in ``apply/sql.py``, worktables staged in ``apply/stage.py
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import logging
 import time
@@ -327,18 +328,9 @@ class SqlTarget(Target):
                     target=self.name,
                     position=str(batch.end),
                 ) from e
+            # (a table kept with its history has no change-by-change path: it is written whole after the others'
+            # changes, so that what fails there is named as its own)
             kept = [t for t in tables if t in u.schemas and isinstance(self.shape(u.schemas[t]), HistoryShape)]
-            if kept:  # (its versions come from the unit's transactions: no change-by-change path)
-                table = e.table if isinstance(e, _Mismatch) and e.table in kept else kept[0]
-                raise ApplyError(
-                    f"target {self.name}: writing the versions of {table} for the unit up to {batch.end} failed: "
-                    f"{s.error_text(e) if not isinstance(e, _Mismatch) else e}",
-                    hint="nothing of the unit was applied; the table's current versions at the target are not the "
-                    "rows the unit changes: reload it (snapshot --table) once the cause is found",
-                    target=self.name,
-                    table=table,
-                    position=str(batch.end),
-                ) from e
             if u.changes is None:
                 raise ApplyError(
                     f"target {self.name}: the bulk apply of {', '.join(tables)} failed: {s.error_text(e)}",
@@ -347,8 +339,10 @@ class SqlTarget(Target):
                     position=str(batch.end),
                     db_message=s.error_text(e),
                 ) from e
-            result.rejects += reapply(self, s, u, tables, unit)
-            result.serial.extend(tables)
+            whole = functools.partial(self._history_whole, u=u, tables=kept) if kept else None
+            serial = [t for t in tables if t not in kept]
+            result.rejects += reapply(self, s, u, tables, unit, whole, serial)
+            result.serial.extend(serial)
         for t in tables:
             if t in counts:
                 result.rows[t] = counts[t]
@@ -417,6 +411,25 @@ class SqlTarget(Target):
         stager.finish(s, ts.table)
         result.timed("stage", t0)
         return counts
+
+    def _history_whole(self, s: Session, *, u: UnitWork, tables: list[str]) -> None:
+        """The failure path's writes of the tables kept with their history (:func:`reapply`'s ``whole``): each by
+        its set-based statements; one the target refuses stops, named."""
+        for t in tables:
+            try:
+                self._bulk_table(s, u, u.schemas[t])
+            except Exception as e:
+                if not (isinstance(e, _Mismatch) or s.is_data_error(e)):
+                    raise
+                raise ApplyError(
+                    f"target {self.name}: writing the versions of {t} for the unit up to {u.batch.end} failed: "
+                    f"{e if isinstance(e, _Mismatch) else s.error_text(e)}",
+                    hint="nothing of the unit was applied; if the table's current rows at the target are not the "
+                    "source's, reload it (snapshot --table) once the cause is found",
+                    target=self.name,
+                    table=t,
+                    position=str(u.batch.end),
+                ) from e
 
     def _history_table(self, s: Session, u: UnitWork, hs: HistoryShape) -> dict[str, int]:
         """A table kept with its history (:mod:`mirrorline.apply.history`), from the unit's versions: the unsent

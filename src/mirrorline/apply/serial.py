@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import json
+from collections.abc import Callable, Collection
 from typing import TYPE_CHECKING, Any
 
 from mirrorline.apply.session import RowMissing, Session
@@ -29,12 +30,22 @@ if TYPE_CHECKING:
 _images = itertools.count(1)
 
 
-def reapply(target: Target, s: Session, u: Unit, tables: list[str], unit: bool) -> int:
+def reapply(
+    target: Target,
+    s: Session,
+    u: Unit,
+    tables: list[str],
+    unit: bool,
+    whole: Callable[[Session], None] | None = None,
+    serial: Collection[str] | None = None,
+) -> int:
     """Re-apply the tables' changes one by one in log order. Stop: the first failing change is an ApplyError
     (nothing applied). Reject: each failing change is set aside (rolled back to a savepoint taken before it; on
     an engine without savepoints the pass restarts without it); the passing changes, the rejects and the position
-    commit together. Returns the number of rejects."""
-    scope, schemas, state, end = set(tables), u.schemas, u.state, u.batch.end
+    commit together. Returns the number of rejects. ``serial``: the tables re-applied so (default: all); the others
+    are written by ``whole`` in the same transaction, after them (tables kept with their history, which have no
+    change-by-change path: what fails there is theirs)."""
+    scope, schemas, state, end = set(tables if serial is None else serial), u.schemas, u.state, u.batch.end
     src = u.changes() if callable(u.changes) else u.changes
     todo = [c for c in (src or ()) if c.table in scope and state.table(c.table) < c.pos <= end]
     rejected: dict[int, str] = {}
@@ -62,6 +73,8 @@ def reapply(target: Target, s: Session, u: Unit, tables: list[str], unit: bool) 
                 if guarded:
                     s.execute("RELEASE SAVEPOINT mirrorline_change")
             if failed is None:
+                if whole is not None:
+                    whole(s)
                 now = now_stamp()
                 for i, msg in sorted(rejected.items()):
                     c = todo[i]
