@@ -153,7 +153,7 @@ def _versions(read: Any, prefix: str = "_ml_") -> list[Version]:
 def test_versions_match_a_reference_of_the_test(
     tmp_path: Path, spark: Any, kind: str, request: pytest.FixtureRequest
 ) -> None:
-    txns, want, _ = _history(seed=7, txns=60)
+    txns, want, _ = _history(seed=7, txns=45)
     with LogWriter(tmp_path / "log") as w:
         w.record_schema(SCHEMA)
         for lsn, ts, changes in txns:
@@ -162,7 +162,7 @@ def test_versions_match_a_reference_of_the_test(
     conf = parse(
         {
             "log": {"path": str(tmp_path / "log")},
-            "apply": {"max_changes": 9},
+            "apply": {"max_changes": 15},
             "tables": {T: {}},
             "targets": {"x": {"url": url, "history": "versions"}},
         },
@@ -188,7 +188,7 @@ def test_versions_match_a_reference_of_the_test(
 def test_soft_deletes_match_a_reference_of_the_test(
     tmp_path: Path, spark: Any, kind: str, request: pytest.FixtureRequest
 ) -> None:
-    txns, _, want = _history(seed=11, txns=60)
+    txns, _, want = _history(seed=11, txns=45)
     with LogWriter(tmp_path / "log") as w:
         w.record_schema(SCHEMA)
         for lsn, ts, changes in txns:
@@ -197,7 +197,7 @@ def test_soft_deletes_match_a_reference_of_the_test(
     conf = parse(
         {
             "log": {"path": str(tmp_path / "log")},
-            "apply": {"max_changes": 9},
+            "apply": {"max_changes": 15},
             "tables": {T: {"history": "soft_delete", "history_prefix": "meta_"}},
             "targets": {"x": {"url": url}},
         },
