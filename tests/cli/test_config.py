@@ -209,3 +209,31 @@ def test_table_names_with_spaces_quotes_and_dots(tmp_path, written, name):
     key = "'" + written + "'"
     p = write(tmp_path, f"[tables.{key}]\n")
     assert list(config.load(p).tables) == [name]
+
+
+def test_secrets_come_from_the_environment_and_are_never_shown(tmp_path, monkeypatch):
+    """``${NAME}`` in the source's DSN and a target's URL is read from the environment when the file is read (a
+    password kept out of the file); the target's URL as written stays what is shown, and status names a target it
+    cannot reach without the secret."""
+    from mirrorline.status import status
+
+    monkeypatch.setenv("ML_TEST_SOURCE_PW", "s0urce-secret")
+    monkeypatch.setenv("ML_TEST_TARGET_PW", "t4rget-secret")
+    f = tmp_path / "m.toml"
+    f.write_text(
+        '[source]\ndsn = "host=127.0.0.1 port=1 user=me password=${ML_TEST_SOURCE_PW} dbname=src"\n'
+        f'[log]\npath = "{tmp_path / "log"}"\n'
+        '[targets.dw]\nurl = "postgresql://dw:${ML_TEST_TARGET_PW}@127.0.0.1:1/dw"\n'
+    )
+    conf = config.load(f)
+    assert conf.source is not None and "password=s0urce-secret" in conf.source.dsn
+    dw = conf.targets["dw"]
+    assert dw.location == "postgresql://dw:t4rget-secret@127.0.0.1:1/dw"
+    assert dw.url == "postgresql://dw:${ML_TEST_TARGET_PW}@127.0.0.1:1/dw"
+    assert "secret" not in repr(conf.targets) and "secret" not in config.redact_dsn(conf.source.dsn)
+    st = status(conf)
+    shown = st.text() + str(st.to_json())
+    assert "dw" in shown and "secret" not in shown
+    monkeypatch.delenv("ML_TEST_TARGET_PW")
+    with pytest.raises(ConfigError, match=r"targets\.dw\.url: the environment variable ML_TEST_TARGET_PW is not set"):
+        config.load(f)

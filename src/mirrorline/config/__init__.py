@@ -56,7 +56,7 @@ def table_name(text: str) -> str | None:
 
 @dataclass(frozen=True)
 class SourceConfig:
-    dsn: str
+    dsn: str = field(repr=False)  # (its password: never printed; redact_dsn where it is shown)
     slot: str = "mirrorline"
     publication: str = "mirrorline"
     # the slot is created as a failover slot (PostgreSQL 17 and later): kept in step on standbys that sync slots, so
@@ -211,6 +211,7 @@ def parse(data: dict[str, Any], path: Path) -> Config:
         dsn = r.get("dsn", str, required=True)
         if not dsn.strip():
             raise r.fail("dsn", "is empty")
+        dsn = r.expand("dsn", dsn)  # (${NAME}: a password from the environment)
         source = SourceConfig(
             dsn=dsn, slot=slot, publication=r.get("publication", str, slot), failover=r.get("failover", bool, False)
         )

@@ -6,7 +6,6 @@ or a DSN), its mode, what it does with a change it cannot apply, how it is first
 from __future__ import annotations
 
 import math
-import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,7 +22,7 @@ class TargetConfig:
     name: str
     url: str
     kind: str  # a name in mirrorline.apply.kinds.KINDS
-    location: str  # a path for file targets, a DSN for PostgreSQL
+    location: str = field(repr=False)  # a path for file targets, a DSN for PostgreSQL (its password: never printed)
     mode: str = "update"
     on_error: str = "stop"
     # a table that fails stops the whole target (its units then apply whole or not at all), not that table alone
@@ -119,8 +118,9 @@ def parse_targets(file: str, base: Path, data: Any, on_error: str) -> dict[str, 
             "history_prefix",
         )
         url = t.get("url", str, required=True)
+        secret = t.expand("url", url)  # (${NAME}: a password from the environment; the URL kept as written)
         try:
-            kind, location = target_location(url, base)
+            kind, location = target_location(secret, base)
         except ValueError as e:
             raise t.fail("url", str(e)) from None
         mode = t.get("mode", str, "update")
@@ -189,12 +189,5 @@ def _catalog(t: Reader, kind: Any) -> tuple[tuple[str, str], ...]:
         if not isinstance(value, str | int | float | bool):
             raise t.fail(f"catalog.{key}", "expected a string")
         text = str(value).lower() if isinstance(value, bool) else str(value)
-
-        def env(m: re.Match[str], key: str = key) -> str:
-            got = os.environ.get(m.group(1))
-            if got is None:
-                raise t.fail(f"catalog.{key}", f"the environment variable {m.group(1)} is not set")
-            return got
-
-        out.append((str(key), re.sub(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}", env, text)))
+        out.append((str(key), t.expand(f"catalog.{key}", text)))
     return tuple(out)

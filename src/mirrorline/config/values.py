@@ -5,11 +5,13 @@ keys. Shared by every section's parsing (:mod:`mirrorline.config`, :mod:`mirrorl
 
 from __future__ import annotations
 
+import os
 import re
 from typing import Any
 
 from mirrorline.errors import ConfigError
 
+_ENV_RE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
 
 
@@ -89,6 +91,19 @@ class Reader:
         if not isinstance(value, kind):
             raise self.fail(name, f"expected {_kind_name(kind)}, got {type(value).__name__} {value!r}")
         return value
+
+    def expand(self, name: str, text: str) -> str:
+        """``text`` with each ``${NAME}`` replaced by that environment variable's value, read now (a secret kept out
+        of the file: a password in a DSN, a catalog's token); a variable not set is an error naming it, never a
+        value."""
+
+        def env(m: re.Match[str]) -> str:
+            got = os.environ.get(m.group(1))
+            if got is None:
+                raise self.fail(name, f"the environment variable {m.group(1)} is not set")
+            return got
+
+        return _ENV_RE.sub(env, text)
 
     def duration(self, name: str, default: Any) -> float:
         """A duration setting in seconds (``parse_duration``), or an error naming the key."""
