@@ -388,17 +388,7 @@ class SqlTarget(Target):
             counts["U"] = n
             t0 = result.timed("update", t0)
         if inserts:
-            name, n = inserts
-            if images:  # the rows sending every column, then the completed images
-                got = s.dml(d.insert_select(ts, name, ts.column_names, [""], key_order=True))
-                for image in images:
-                    got += s.dml(d.insert_typed(ts, image, list(ts.column_names)))
-                    s.execute(d.drop_table(image))
-            else:
-                got = s.dml(d.insert_select(ts, name, ts.column_names, key_order=True))
-            if got != n:
-                raise _Mismatch(ts.table, "I", n, got)
-            counts["I"] = n
+            counts["I"] = self._insert_staged(s, ts, *inserts, images)
             t0 = result.timed("insert", t0)
         elif direct is not None:
             chunks = _Counted(direct)
@@ -471,17 +461,7 @@ class SqlTarget(Target):
                 counts["D"] = s.dml(d.join_delete(hs, deletes[0]))
                 t0 = result.timed("delete", t0)
             if inserts:
-                name, n = inserts
-                if images:
-                    got = s.dml(d.insert_select(hs, name, hs.column_names, [""], key_order=True))
-                    for image in images:
-                        got += s.dml(d.insert_typed(hs, image, list(hs.column_names)))
-                        s.execute(d.drop_table(image))
-                else:
-                    got = s.dml(d.insert_select(hs, name, hs.column_names, key_order=True))
-                if got != n:
-                    raise _Mismatch(hs.table, "I", n, got)
-                counts["I"] = n
+                counts["I"] = self._insert_staged(s, hs, *inserts, images)
                 t0 = result.timed("insert", t0)
         finally:
             for name in names:
@@ -524,14 +504,7 @@ class SqlTarget(Target):
                 counts["I"] = got
                 t0 = result.timed("insert", t0)
             elif inserts:
-                name, n = inserts
-                got = s.dml(d.insert_select(hs, name, hs.column_names, [""] if images else None, key_order=True))
-                for image in images:
-                    got += s.dml(d.insert_typed(hs, image, list(hs.column_names)))
-                    s.execute(d.drop_table(image))
-                if got != n:
-                    raise _Mismatch(hs.table, "I", n, got)
-                counts["I"] = n
+                counts["I"] = self._insert_staged(s, hs, *inserts, images)
                 t0 = result.timed("insert", t0)
         finally:
             for name in names:
@@ -548,6 +521,21 @@ class SqlTarget(Target):
         s.load(name, work_rows.work_columns(hs, kind), work_rows.flatten(net, hs, kind))
         names.append(name)
         return name, net.num_rows
+
+    def _insert_staged(self, s: Session, ts: TableSchema, work: str, n: int, images: list[str]) -> int:
+        """Insert the worktable's ``n`` rows (those sending every column, then the completed ``images``, dropped);
+        a count other than ``n`` is a mismatch."""
+        d = self.dialect
+        if images:
+            got = s.dml(d.insert_select(ts, work, ts.column_names, [""], key_order=True))
+            for image in images:
+                got += s.dml(d.insert_typed(ts, image, list(ts.column_names)))
+                s.execute(d.drop_table(image))
+        else:
+            got = s.dml(d.insert_select(ts, work, ts.column_names, key_order=True))
+        if got != n:
+            raise _Mismatch(ts.table, "I", n, got)
+        return n
 
     def _moved_images(self, s: Session, ts: TableSchema, work: str) -> list[str]:
         """For the inserts marking columns unchanged: typed temp tables of their full images, those columns read from
