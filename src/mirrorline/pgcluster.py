@@ -31,6 +31,7 @@ DEFAULT_SETTINGS: dict[str, str] = {
     "shared_buffers": "128MB",
     "max_wal_size": "2GB",
     "wal_sender_timeout": "60s",
+    "max_slot_wal_keep_size": "10GB",  # bounded, as README "Prepare the source" advises
     "logging_collector": "off",
     "log_min_messages": "warning",
 }

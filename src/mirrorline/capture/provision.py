@@ -71,6 +71,13 @@ class PublicationReport:
 OWNER_MARK = "mirrorline: the publication of the log at "
 
 
+def _owns_publication(conn: Any, publication: str) -> bool:
+    """The role may change the publication's comment: it owns it (one an administrator made for it, holding the
+    configured tables already, is used without the mark that says which log it belongs to)."""
+    rows = fetch(conn, "SELECT pg_has_role(pubowner, 'USAGE') FROM pg_publication WHERE pubname = %s", (publication,))
+    return bool(rows and rows[0][0])
+
+
 def reconcile_publication(
     conn: Any, publication: str, tables: Iterable[str], owner: str, specs: Mapping[str, str] | None = None
 ) -> PublicationReport:
@@ -137,7 +144,7 @@ def reconcile_publication(
             if not publishes_all:
                 fetch(conn, f"ALTER PUBLICATION {pub} SET (publish = 'insert, update, delete, truncate')")
                 report.publish_fixed = True
-        if not rows or rows[0][3] != mark:
+        if (not rows or rows[0][3] != mark) and _owns_publication(conn, publication):
             fetch(conn, f"COMMENT ON PUBLICATION {pub} IS {_literal(mark)}")
         conn.commit()
     except BaseException:

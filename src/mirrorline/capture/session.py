@@ -40,6 +40,7 @@ from mirrorline.capture.events import (
     TableInfo,
 )
 from mirrorline.capture.partition_watch import PartitionWatch
+from mirrorline.capture.prerequisites import check_ready
 from mirrorline.capture.provision import PublicationReport, check_failover, ensure_slot, reconcile_publication
 from mirrorline.capture.selection import changed_parts, publication_specs, read_parts, write_parts
 from mirrorline.capture.source import (
@@ -61,7 +62,7 @@ from mirrorline.log.retention import readers
 from mirrorline.log.schemas import SchemaStore
 from mirrorline.log.stream import StreamSpill, StreamWatcher
 from mirrorline.log.writer import LogWriter
-from mirrorline.model import TableSchema
+from mirrorline.model import TableSchema, quote_ident
 from mirrorline.position import Position, format_lsn
 
 log = logging.getLogger("mirrorline.capture")
@@ -171,12 +172,10 @@ class Capture:
                         () if s.bag else s.key,
                         frozenset(c.name for c in s.columns if not c.nullable),
                     )
+                specs = publication_specs(self.config, tables)
+                check_ready(conn, self.source.slot, self.source.publication, tables, specs)
                 self.stats.publication = reconcile_publication(
-                    conn,
-                    self.source.publication,
-                    tables,
-                    str(self.config.log.path),
-                    publication_specs(self.config, tables),
+                    conn, self.source.publication, tables, str(self.config.log.path), specs
                 )
                 log.debug("%s", self.stats.publication.summary())
                 self._check_source(conn)
@@ -418,7 +417,7 @@ class Capture:
                     status_interval=5,
                     options={
                         "proto_version": "2",
-                        "publication_names": self.source.publication,
+                        "publication_names": quote_ident(self.source.publication),  # a list of names
                         "streaming": "on",
                         "messages": "true",
                     },

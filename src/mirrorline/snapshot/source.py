@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mirrorline.apply.canonical import SESSION_SETTINGS
+from mirrorline.capture.prerequisites import check_ready
 from mirrorline.capture.provision import check_failover, reconcile_publication
 from mirrorline.capture.selection import publication_specs
 from mirrorline.capture.source import check_server, connect, describe_tables, source_error
@@ -80,9 +81,9 @@ def consistent_point(config: Config, *, reconcile: bool = True, create_main: boo
             check_failover(conn, src.failover)
             if reconcile and config.tables:
                 described = describe_tables(conn, config)
-                reconcile_publication(
-                    conn, src.publication, described, str(config.log.path), publication_specs(config, described)
-                )
+                specs = publication_specs(config, described)
+                check_ready(conn, src.slot, src.publication, described, specs)
+                reconcile_publication(conn, src.publication, described, str(config.log.path), specs)
             main_exists = _slot_exists(conn, src.slot)
         except psycopg2.Error as e:
             raise source_error(e, src.dsn, "source check failed") from None
