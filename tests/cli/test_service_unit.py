@@ -52,7 +52,7 @@ def _environment(service: Any, etc: Path) -> dict[str, str]:
 def test_systemd_accepts_the_unit(tmp_path: Path) -> None:
     if shutil.which("systemd-analyze") is None:
         pytest.skip("systemd-analyze is not installed")
-    text = UNIT.read_text().replace("/opt/mirrorline/.venv/bin/mirrorline", str(MIRRORLINE))
+    text = UNIT.read_text().replace("/opt/mirrorline/bin/mirrorline", str(MIRRORLINE))
     unit = tmp_path / "mirrorline.service"
     unit.write_text(text)
     r = subprocess.run(["systemd-analyze", "verify", str(unit)], capture_output=True, text=True, cwd=tmp_path)
@@ -61,7 +61,7 @@ def test_systemd_accepts_the_unit(tmp_path: Path) -> None:
 
 def test_the_units_commands_run_reload_and_stop_as_systemd_runs_them(pg: Any, tmp_path: Path) -> None:
     service = _unit()["Service"]
-    assert service["ExecStart"].split()[0] == "/opt/mirrorline/.venv/bin/mirrorline"
+    assert service["ExecStart"].split()[0] == "/opt/mirrorline/bin/mirrorline"
     assert int(service["RestartPreventExitStatus"]) == ConfigError.exit_code  # a wrong file is not restarted
     role = "svc_" + uuid.uuid4().hex[:8]
     pg.execute(
