@@ -36,7 +36,7 @@ import psycopg2.extras
 from mirrorline.capture.session import Capture
 from mirrorline.config import parse as parse_config
 from mirrorline.pgcluster import PgCluster
-from mirrorline.position import format_lsn
+from mirrorline.position import format_lsn, parse_lsn
 
 TXN = 1000
 CPU: dict[str, list[float]] = {"bare": [], "recvlogical": [], "capture": []}  # client CPU seconds per run
@@ -162,6 +162,7 @@ def main() -> None:
             c.execute(f"SELECT pg_create_logical_replication_slot('recv_{r}', 'test_decoding')")
             c.execute(f"CREATE PUBLICATION cap_{r} FOR TABLE bench")
             c.execute(f"SELECT pg_create_logical_replication_slot('cap_{r}', 'pgoutput')")
+        ((start,),) = c.execute("SELECT pg_current_wal_lsn()::text")
         t0 = time.perf_counter()
         end, commits = workload(c, args.changes)
         load_s = time.perf_counter() - t0
@@ -181,6 +182,8 @@ def main() -> None:
                         raise SystemExit(f"capture got {captured} changes, expected {args.changes}")
                 times[who].append(t)
         med = {k: statistics.median(v) for k, v in times.items()}
+        wal = end - parse_lsn(str(start))
+        log_bytes = sum(f.stat().st_size for f in (Path(tmp) / "cap_0").rglob("*") if f.is_file())
         print(
             json.dumps(
                 {
@@ -193,6 +196,9 @@ def main() -> None:
                     "changes_per_s": {k: round(args.changes / v) for k, v in med.items()},
                     "capture_vs_bare": round(med["capture"] / med["bare"], 3),
                     "capture_vs_recvlogical": round(med["capture"] / med["recvlogical"], 3),
+                    # sizing: the WAL the workload wrote and the change log that holds the same changes
+                    "wal_bytes_per_change": round(wal / args.changes, 1),
+                    "log_bytes_per_change": round(log_bytes / args.changes, 1),
                     "client_cpu_s": {k: round(statistics.median(v), 3) for k, v in CPU.items()},
                     "all_seconds": {k: [round(x, 3) for x in v] for k, v in times.items()},
                 }

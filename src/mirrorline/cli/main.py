@@ -8,6 +8,7 @@ its traceback.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import logging
 import os
@@ -15,6 +16,7 @@ import signal
 import sys
 import threading
 from collections.abc import Sequence
+from typing import NoReturn
 
 from mirrorline import __version__
 from mirrorline.errors import MirrorlineError
@@ -197,7 +199,23 @@ def entry() -> None:
     # the command is done: a Ctrl-C while the interpreter and Spark's JVM shut down changes nothing (it would end the
     # process by the signal, exit status -2, after the command's own report)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    sys.exit(code)
+    _finish(code)
+
+
+def _finish(code: int) -> NoReturn:
+    """End the process as the interpreter's exit would (its other threads joined, the exit handlers run: Spark
+    stopped, scratch removed, streams flushed) but without tearing the interpreter down: native threads of the
+    targets' libraries (DuckDB, delta-rs, Arrow) that outlive the command could take the GIL while it is torn down,
+    and the process then aborted (SIGABRT, "PyGILState_Release ... finalizing") after the command had succeeded."""
+    import atexit
+
+    threading._shutdown()  # type: ignore[attr-defined]  # what the exit does first: executors shut, threads joined
+    atexit._run_exitfuncs()
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
 
 
 if __name__ == "__main__":
