@@ -31,7 +31,7 @@ COMMANDS: list[tuple[str, str, str]] = [
     ("log", "mirrorline.cli.log_cmd", "import or export the change log as deltaflood/daystream lines"),
     ("status", "mirrorline.cli.status_cmd", "targets, positions, lag and the slot's retained WAL"),
     ("verify", "mirrorline.cli.verify_cmd", "compare source and target tables (exit 1 on any difference)"),
-    ("maintain", "mirrorline.cli.maintain_cmd", "compact and clean up the files of Delta targets"),
+    ("maintain", "mirrorline.cli.maintain_cmd", "compact and clean up the files of Delta and Iceberg targets"),
     ("target", "mirrorline.cli.target_cmd", "list or drop the targets the change log keeps changes for"),
     ("reload", "mirrorline.cli.reload_cmd", "ask a live run to read its configuration again (SIGHUP)"),
     (
