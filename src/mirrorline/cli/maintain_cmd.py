@@ -1,7 +1,7 @@
-"""Compact and clean up the files of Delta and Iceberg targets: each table's small files (one per unit's commit) rewritten into
-few (a commit that changes no rows), then the files no version younger than the retention reads removed. Safe while
-``run`` applies: a unit whose commit meets a compaction's is applied again on the new version. ``run`` does the same
-every ``compact_every`` of each such target."""
+"""Compact and clean up the files of Delta and Iceberg targets: each table's small files (one per unit's commit)
+rewritten into few (a commit that changes no rows), then the files no version younger than the retention reads
+removed. Safe while ``run`` applies: a unit whose commit meets a compaction's is applied again on the new version.
+``run`` does the same every ``compact_every`` of each such target."""
 
 from __future__ import annotations
 
@@ -16,7 +16,9 @@ from mirrorline.errors import ConfigError
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_config_argument(p)
-    p.add_argument("--target", action="append", help="only this target (repeatable; default: every Delta and Iceberg target)")
+    p.add_argument(
+        "--target", action="append", help="only this target (repeatable; default: every Delta and Iceberg target)"
+    )
     p.add_argument(
         "--retention",
         metavar="DURATION",
