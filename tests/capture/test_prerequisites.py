@@ -49,7 +49,7 @@ def test_each_missing_thing_names_its_statement() -> None:
         'CREATE PUBLICATION "pub" FOR TABLE "My Schema"."Order ""Items""", "public"."t" '
         "WITH (publish_via_partition_root = true);"
     )
-    assert statements[6].startswith("ALTER SYSTEM SET max_replication_slots = 11;")
+    assert statements[6].startswith("ALTER SYSTEM SET max_replication_slots = 12;")
     assert len(found) == 7  # WAL senders: 3 of 10 in use
 
 
@@ -131,12 +131,17 @@ def test_a_role_that_owns_its_tables_needs_only_to_replicate(tmp_path: Path, pg:
     pg.execute(
         f'CREATE SCHEMA "My Schema" AUTHORIZATION "{role}"; '
         'CREATE TABLE "My Schema"."Order Items" (id int PRIMARY KEY, note text); '
-        f'ALTER TABLE "My Schema"."Order Items" OWNER TO "{role}"; GRANT CREATE ON DATABASE "{pg.name}" TO "{role}"'
+        f'ALTER TABLE "My Schema"."Order Items" OWNER TO "{role}"'
     )
     cfg = _config(tmp_path, pg, role, publication="its own")
     assert main(["capture", "--once", "-c", str(cfg)]) == 3
-    assert _statements(capsys.readouterr().err) == [f'ALTER ROLE "{role}" WITH REPLICATION;']
-    pg.execute(f'ALTER ROLE "{role}" WITH REPLICATION')
+    statements = _statements(capsys.readouterr().err)
+    assert statements == [
+        f'ALTER ROLE "{role}" WITH REPLICATION;',
+        f'GRANT CREATE ON DATABASE "{pg.name}" TO "{role}";',
+    ]
+    for statement in statements:
+        pg.execute(statement)
     assert main(["capture", "--once", "-c", str(cfg)]) == 0
     assert pg.execute("SELECT pubname FROM pg_publication") == [("its own",)]
 
@@ -152,6 +157,42 @@ def test_a_full_set_of_slots_is_named_before_anything_is_made(
     assert main(["capture", "--once", "-c", str(p)]) == 3
     err = capsys.readouterr().err
     assert "every replication slot is in use (1 of max_replication_slots = 1)" in err
-    assert "ALTER SYSTEM SET max_replication_slots = 2;" in err
+    assert "ALTER SYSTEM SET max_replication_slots = 3;" in err
     assert "max_slot_wal_keep_size is unbounded" in caplog.text  # the advice, logged beside the stop
     assert cluster.execute("SELECT count(*) FROM pg_publication") == [(0,)]
+
+
+def test_a_publication_made_by_an_administrator_is_used_as_made(
+    tmp_path: Path, pg: Any, role: str, capsys: Any
+) -> None:
+    """Part of a table, a role that owns nothing: the statements the start names, run by the owner, give a
+    publication the role uses at every start without changing it; a table configured later is named the same way."""
+    pg.execute(
+        "CREATE TABLE public.accounts (id int PRIMARY KEY, secret text, region text);"
+        "INSERT INTO public.accounts VALUES (1, 's', 'eu'), (2, 't', 'us');"
+        "CREATE TABLE public.more (id int PRIMARY KEY);"
+        f'ALTER ROLE "{role}" WITH REPLICATION; GRANT SELECT (id, region) ON public.accounts TO "{role}"'
+    )
+    dsn = f"{pg.dsn.replace('user=postgres', '')} user='{role}'"
+    source = {"dsn": dsn, "slot": "s_" + uuid.uuid4().hex[:8], "publication": "Admin Made"}
+    cfg = tmp_path / "m.toml"
+    accounts = {"columns": ["id", "region"]}
+    configs.write(cfg, source=source, log=tmp_path / "log", tables={"public.accounts": accounts})
+    assert main(["capture", "--once", "-c", str(cfg)]) == 3
+    (statement,) = _statements(capsys.readouterr().err)
+    assert statement == (
+        'CREATE PUBLICATION "Admin Made" FOR TABLE "public"."accounts" ("id", "region") '
+        "WITH (publish_via_partition_root = true);"
+    )
+    pg.execute(statement)
+    for _ in range(2):  # the first start and a restart: the publication is not changed
+        assert main(["capture", "--once", "-c", str(cfg)]) == 0, capsys.readouterr().err
+        pg.execute("UPDATE public.accounts SET region = 'uk' WHERE id = 2")
+    assert pg.execute("SELECT obj_description(oid, 'pg_publication') FROM pg_publication") == [(None,)]
+
+    configs.write(cfg, source=source, log=tmp_path / "log", tables={"public.accounts": accounts, "public.more": {}})
+    pg.execute(f'GRANT SELECT ON public.more TO "{role}"')
+    assert main(["capture", "--once", "-c", str(cfg)]) == 3
+    assert _statements(capsys.readouterr().err) == ['ALTER PUBLICATION "Admin Made" ADD TABLE "public"."more";']
+    pg.execute('ALTER PUBLICATION "Admin Made" ADD TABLE "public"."more"')
+    assert main(["capture", "--once", "-c", str(cfg)]) == 0, capsys.readouterr().err

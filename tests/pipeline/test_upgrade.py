@@ -39,7 +39,16 @@ def _earlier_source(into: Path) -> Path:
         pytest.skip(f"commit {EARLIER[:12]} is not in this checkout's history: {r.stderr.decode().strip()}")
     with tarfile.open(fileobj=BytesIO(r.stdout)) as tar:
         tar.extractall(into, filter="data")
-    return into / "src"
+    src = into / "src"
+    where = subprocess.run(
+        [sys.executable, "-c", "import mirrorline; print(mirrorline.__file__)"],
+        env={**os.environ, "PYTHONPATH": str(src)},
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert where.startswith(str(src)), where  # the earlier code is the one that runs, not this checkout's
+    return src
 
 
 def _mirrorline(args: list[str], src: Path | None, cwd: Path) -> subprocess.CompletedProcess[str]:

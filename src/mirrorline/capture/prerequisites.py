@@ -48,6 +48,10 @@ class Facts:
     publication: str = "mirrorline"
     unpublished: tuple[str, ...] = ()  # configured tables the publication lacks (all of them when there is none)
     publication_exists: bool = True
+    publication_owned: bool = True  # the role owns the publication (may change it)
+    may_create: bool = True  # CREATE on the database: the role may make the publication
+    database: str = "postgres"
+    temporary_slot: bool = False  # a snapshot beside a live replication opens a second slot and WAL sender
     not_owned: tuple[str, ...] = ()  # of those, the ones the role cannot add to a publication (not their owner)
     specs: Mapping[str, str] = field(default_factory=dict)  # a table published in part, as the publication names it
 
@@ -101,35 +105,57 @@ def findings(f: Facts) -> list[Finding]:
                 f"GRANT SELECT ON {tables} TO {role};",
             )
         )
-    if f.not_owned:
-        named = ", ".join(f.specs.get(t, quote_table(t)) for t in f.unpublished)
-        pub = quote_ident(f.publication)
-        if f.publication_exists:
-            statement = f"ALTER PUBLICATION {pub} ADD TABLE {named};"
-        else:
-            statement = f"CREATE PUBLICATION {pub} FOR TABLE {named} WITH (publish_via_partition_root = true);"
+    partial = sorted(t for t, spec in f.specs.items() if spec != quote_table(t))
+    if partial and f.version < 150000:
+        out.append(
+            Finding(
+                f"{', '.join(partial)}: replicating part of a table (columns, exclude, where) needs PostgreSQL 15 or "
+                "later at the source, whose publications carry column lists and row filters",
+                "-- replicate the whole table (remove columns / exclude / where), or upgrade the server",
+            )
+        )
+    pub = quote_ident(f.publication)
+    named = ", ".join(f.specs.get(t, quote_table(t)) for t in f.unpublished)
+    if not f.publication_exists and f.not_owned:
         out.append(
             Finding(
                 f"publishing {', '.join(f.not_owned)} needs the tables' owner, which the role {f.role} is not "
                 f"(run the statement as the owner or a superuser; mirrorline then uses publication {f.publication})",
-                statement,
+                f"CREATE PUBLICATION {pub} FOR TABLE {named} WITH (publish_via_partition_root = true);",
             )
         )
-    if not f.slot_exists and f.slots_used >= f.max_slots:
+    elif not f.publication_exists and not f.may_create:
+        out.append(
+            Finding(
+                f"the role {f.role} may not create publication {f.publication} in database {f.database}",
+                f"GRANT CREATE ON DATABASE {quote_ident(f.database)} TO {role};",
+            )
+        )
+    elif f.publication_exists and f.unpublished and (f.not_owned or not f.publication_owned):
+        whose = "the tables' owner" if f.not_owned else "the publication's owner"
+        out.append(
+            Finding(
+                f"adding {', '.join(f.unpublished)} to publication {f.publication} needs {whose}, which the role "
+                f"{f.role} is not (run the statement as the owner or a superuser)",
+                f"ALTER PUBLICATION {pub} ADD TABLE {named};",
+            )
+        )
+    room = not f.slot_exists or f.temporary_slot
+    if room and f.slots_used >= f.max_slots:
         out.append(
             Finding(
                 f"every replication slot is in use ({f.slots_used} of max_replication_slots = {f.max_slots}): "
-                f"there is no room for mirrorline's slot {f.slot}",
-                f"ALTER SYSTEM SET max_replication_slots = {f.slots_used + 1};  -- then restart the server "
+                f"there is no room for {'a snapshot' if f.slot_exists else 'mirrorline'}'s slot",
+                f"ALTER SYSTEM SET max_replication_slots = {f.slots_used + 2};  -- then restart the server "
                 "(or drop a slot nothing uses: SELECT pg_drop_replication_slot('name');)",
             )
         )
-    if not f.slot_exists and f.senders_used >= f.max_senders:
+    if room and f.senders_used >= f.max_senders:
         out.append(
             Finding(
-                f"every WAL sender is in use ({f.senders_used} of max_wal_senders = {f.max_senders}): mirrorline's "
-                "replication connection would be refused",
-                f"ALTER SYSTEM SET max_wal_senders = {f.senders_used + 1};  -- then restart the server",
+                f"every WAL sender is in use ({f.senders_used} of max_wal_senders = {f.max_senders}): "
+                f"{'a snapshot' if f.slot_exists else 'mirrorline'}'s replication connection would be refused",
+                f"ALTER SYSTEM SET max_wal_senders = {f.senders_used + 2};  -- then restart the server",
             )
         )
     if f.wal_keep.strip() == "-1":
@@ -177,14 +203,15 @@ def _table_rights(conn: Any, tables: Mapping[str, Sequence[str]]) -> tuple[list[
 _SERVER_SQL = """
 SELECT current_setting('server_version_num')::int, current_setting('wal_level'), current_user,
   r.rolsuper OR r.rolreplication OR EXISTS (
-    SELECT 1 FROM pg_auth_members m JOIN pg_roles g ON g.oid = m.roleid
-    WHERE g.rolname = 'rds_replication' AND m.member = r.oid),
+    SELECT 1 FROM pg_roles g WHERE g.rolname = 'rds_replication' AND pg_has_role(r.oid, g.oid, 'MEMBER')),
   EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'rds_replication'),
   r.rolsuper,
   EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = %s),
   (SELECT count(*) FROM pg_replication_slots)::int, current_setting('max_replication_slots')::int,
   (SELECT count(*) FROM pg_stat_replication)::int, current_setting('max_wal_senders')::int,
-  current_setting('max_slot_wal_keep_size')
+  current_setting('max_slot_wal_keep_size'),
+  current_database(), has_database_privilege(current_database(), 'CREATE'),
+  coalesce((SELECT pg_has_role(p.pubowner, 'USAGE') FROM pg_publication p WHERE p.pubname = %s), true)
 FROM pg_roles r WHERE r.rolname = current_user
 """
 
@@ -196,13 +223,30 @@ def read_facts(
     tables: Mapping[str, Sequence[str]],
     published: Iterable[str] | None,
     specs: Mapping[str, str] | None = None,
+    temporary_slot: bool = False,
 ) -> Facts:
     """The source's facts for :func:`findings`. ``tables``: each configured table with the columns replicated;
     ``published``: the publication's members (None: there is no such publication)."""
     with conn.cursor() as cur:
-        cur.execute(_SERVER_SQL, (slot,))
+        cur.execute(_SERVER_SQL, (slot, publication))
         row = cur.fetchone()
-    (version, level, role, may, rds, superuser, exists, slots, max_slots, senders, max_senders, keep) = row
+    (
+        version,
+        level,
+        role,
+        may,
+        rds,
+        superuser,
+        exists,
+        slots,
+        max_slots,
+        senders,
+        max_senders,
+        keep,
+        db,
+        create,
+        owned,
+    ) = row
     unusable, unreadable, owned_not = _table_rights(conn, tables)
     members = set(published or ())
     unpublished = tuple(t for t in tables if t not in members)
@@ -225,6 +269,10 @@ def read_facts(
         publication=publication,
         unpublished=unpublished,
         publication_exists=published is not None,
+        publication_owned=bool(owned),
+        may_create=bool(create),
+        database=str(db),
+        temporary_slot=temporary_slot,
         not_owned=not_owned,
         specs=dict(specs or {}),
     )
@@ -241,12 +289,20 @@ def report(found: Sequence[Finding]) -> str:
     return "\n".join(lines)
 
 
-def check_ready(conn: Any, slot: str, publication: str, tables: Mapping[str, Any], specs: Mapping[str, str]) -> None:
-    """:func:`check` of the source's facts for the described ``tables`` (name -> :class:`SourceTable`)."""
+def check_ready(
+    conn: Any,
+    slot: str,
+    publication: str,
+    tables: Mapping[str, Any],
+    specs: Mapping[str, str],
+    temporary_slot: bool = False,
+) -> None:
+    """:func:`check` of the source's facts for the described ``tables`` (name -> :class:`SourceTable`);
+    ``temporary_slot``: a snapshot will open a slot and a WAL sender of its own beside the existing slot."""
     exists = bool(fetch(conn, "SELECT 1 FROM pg_publication WHERE pubname = %s", (publication,)))
     published = publication_members(conn, publication) if exists else None
     columns = {name: [c.name for c in t.columns] for name, t in tables.items()}
-    check(read_facts(conn, slot, publication, columns, published, specs))
+    check(read_facts(conn, slot, publication, columns, published, specs, temporary_slot))
 
 
 def check(facts: Facts) -> None:

@@ -78,6 +78,29 @@ def _owns_publication(conn: Any, publication: str) -> bool:
     return bool(rows and rows[0][0])
 
 
+def _check_foreign(publication: str, report: PublicationReport, via_root: bool, publishes_all: bool) -> None:
+    """A publication an administrator made for mirrorline's role (which cannot change it) is used as it is when it
+    publishes the configured tables, every operation, partitions as their root; otherwise what its owner must run
+    is named. Its column lists and row filters are taken as made (from the statement the start's checks gave)."""
+    pub = quote_ident(publication)
+    fixes = []
+    if report.added:
+        fixes.append(f"ALTER PUBLICATION {pub} ADD TABLE {', '.join(quote_table(t) for t in report.added)};")
+    if report.removed:
+        fixes.append(f"ALTER PUBLICATION {pub} DROP TABLE {', '.join(quote_table(t) for t in report.removed)};")
+    if not via_root or not publishes_all:
+        fixes.append(
+            f"ALTER PUBLICATION {pub} SET (publish_via_partition_root = true, "
+            "publish = 'insert, update, delete, truncate');"
+        )
+    if fixes:
+        raise SourceError(
+            f"publication {publication} is not the configured tables' as mirrorline publishes them, and its role "
+            "does not own it to change it; as its owner run:\n      " + "\n      ".join(fixes),
+            hint="then start mirrorline again",
+        )
+
+
 def reconcile_publication(
     conn: Any, publication: str, tables: Iterable[str], owner: str, specs: Mapping[str, str] | None = None
 ) -> PublicationReport:
@@ -129,11 +152,15 @@ def reconcile_publication(
                     "with the configured tables",
                     hint="set [source] publication to a name of mirrorline's own",
                 )
-            if not via_root:
-                fetch(conn, f"ALTER PUBLICATION {pub} SET (publish_via_partition_root = true)")
             current = publication_members(conn, publication)
             report.added = [t for t in wanted if t not in current]
             report.removed = [t for t in current if t not in wanted]
+            if not _owns_publication(conn, publication):
+                _check_foreign(publication, report, via_root, publishes_all)
+                conn.commit()
+                return report
+            if not via_root:
+                fetch(conn, f"ALTER PUBLICATION {pub} SET (publish_via_partition_root = true)")
             partial = bool(parts) or _has_parts(conn, publication)
             if partial:  # column lists and row filters set as configured, with the members, at once
                 fetch(conn, f"ALTER PUBLICATION {pub} SET TABLE {named}")
@@ -144,7 +171,7 @@ def reconcile_publication(
             if not publishes_all:
                 fetch(conn, f"ALTER PUBLICATION {pub} SET (publish = 'insert, update, delete, truncate')")
                 report.publish_fixed = True
-        if (not rows or rows[0][3] != mark) and _owns_publication(conn, publication):
+        if not rows or rows[0][3] != mark:
             fetch(conn, f"COMMENT ON PUBLICATION {pub} IS {_literal(mark)}")
         conn.commit()
     except BaseException:

@@ -82,7 +82,7 @@ def consistent_point(config: Config, *, reconcile: bool = True, create_main: boo
             if reconcile and config.tables:
                 described = describe_tables(conn, config)
                 specs = publication_specs(config, described)
-                check_ready(conn, src.slot, src.publication, described, specs)
+                check_ready(conn, src.slot, src.publication, described, specs, _slot_exists(conn, src.slot))
                 reconcile_publication(conn, src.publication, described, str(config.log.path), specs)
             main_exists = _slot_exists(conn, src.slot)
         except psycopg2.Error as e:
