@@ -46,7 +46,7 @@ def test_apply_killed_at_random_applies_everything_exactly_once(pg, pg_cluster, 
     assert (log.count() or 0) > 150 * 20, "enough units that kills land between and inside them"
 
     def more_work() -> None:  # keep something to apply if a run got far
-        work.run(transactions=30)
+        work.run(transactions=150)  # several units: the process must not finish before a kill
         Capture(conf, once=True).run()
 
     # apply --once folds these units on the driver without starting Spark: a unit takes a fraction of a second,
