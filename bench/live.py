@@ -39,9 +39,11 @@ means falling behind) and ``end`` (the last sample). Per phase the units ``run``
 unit: ``unit A..B: N changes, compiled in Xs, applied: sqlite Ys, duckdb Zs, pg Ws``): how many, changes p50 and sum,
 compile p50, apply p50 per target, whole unit p50 (compile + the slowest target's apply: targets apply in parallel).
 ``cpu_s``: the CPU seconds used from the phase's start to 2 s before its end, by mirrorline's Python process, its
-Spark JVM, this benchmark's own probes, the source's walsenders, the subscriber's apply worker, pgbench, the other
-PostgreSQL processes (pgbench's backends, mirrorline's target connection) and the rest, beside the machine's busy
-time and capacity (cores x wall).
+Spark JVM, this benchmark's own probes, the source's walsenders (mirrorline's and the subscriber's apart), the
+subscriber's apply worker, pgbench, the other PostgreSQL processes (pgbench's backends, mirrorline's target
+connection) and the rest, beside the machine's busy time and capacity (cores x wall). ``cpu_per_1000_changes``:
+mirrorline's tree and walsender per 1,000 changes applied (and per target), the subscriber's apply worker and
+walsender per 1,000 changes of the source, and the ratio of the two (per target over the subscriber).
 
 After the phases: the source's WAL position is taken and one marker update committed after it; ``drain_s`` is how long
 each mirrorline target (applied position past that WAL position, from the reader registry) and the subscriber
@@ -88,7 +90,7 @@ import tempfile
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
@@ -146,7 +148,9 @@ def _proc_cpu() -> dict[int, tuple[int, str, str, float]]:
     return out
 
 
-def _cpu_kind(pid: int, procs: dict[int, tuple[int, str, str, float]], run_pid: int) -> str:
+def _cpu_kind(
+    pid: int, procs: dict[int, tuple[int, str, str, float]], run_pid: int, sub_senders: frozenset[int] = frozenset()
+) -> str:
     """Who a process works for: mirrorline's Python process, its Spark JVM, this benchmark (its probes), the
     source's walsenders, the subscriber's apply worker, pgbench, or any other PostgreSQL process (pgbench's backends,
     mirrorline's target connections, background workers) or anything else on the machine."""
@@ -163,7 +167,7 @@ def _cpu_kind(pid: int, procs: dict[int, tuple[int, str, str, float]], run_pid: 
     if comm == "pgbench":
         return "pgbench"
     if "walsender" in cmdline:
-        return "pg_walsenders"
+        return "pg_walsender_subscriber" if pid in sub_senders else "pg_walsender_mirrorline"
     if "logical replication" in cmdline:  # the subscriber's apply worker (PostgreSQL 15: "... worker for ...")
         return "pg_subscriber_apply"
     if comm == "postgres" or cmdline.startswith("postgres"):
@@ -181,8 +185,9 @@ class CpuMeter:
     """CPU seconds by who used them between :meth:`start` and :meth:`stop`, from ``/proc`` (processes that ended
     in between are counted in ``unaccounted``, the machine's busy time minus what the processes show)."""
 
-    def __init__(self, run_pid: int) -> None:
+    def __init__(self, run_pid: int, sub_senders: Callable[[], frozenset[int]] = frozenset) -> None:
         self.run_pid = run_pid
+        self.sub_senders = sub_senders  # the subscriber's walsenders' pids (the others serve mirrorline)
         self.before: dict[int, tuple[int, str, str, float]] = {}
         self.busy = 0.0
         self.t0 = 0.0
@@ -192,11 +197,12 @@ class CpuMeter:
 
     def stop(self) -> dict[str, float]:
         after, busy, wall = _proc_cpu(), _busy_seconds(), time.monotonic() - self.t0
+        senders = self.sub_senders()
         used: dict[str, float] = collections.defaultdict(float)
         for pid, (_, comm, _, cpu) in after.items():
             prev = self.before.get(pid)
             base = prev[3] if prev is not None and prev[1] == comm else 0.0
-            used[_cpu_kind(pid, after, self.run_pid)] += max(0.0, cpu - base)
+            used[_cpu_kind(pid, after, self.run_pid, senders)] += max(0.0, cpu - base)
         out = {k: round(v, 1) for k, v in sorted(used.items())}
         out["unaccounted"] = round(max(0.0, (busy - self.busy) - sum(used.values())), 1)
         out["busy"] = round(busy - self.busy, 1)
@@ -536,6 +542,12 @@ class Probe:
             out[n] = (None, registry_lag(self.config.log.path, n)[1])
         return out
 
+    def subscriber_senders(self) -> frozenset[int]:
+        """The pids of the subscriber's walsenders (its apply worker's and any table sync's)."""
+        with self.src.cursor() as cur:
+            cur.execute("SELECT pid FROM pg_stat_replication WHERE application_name LIKE %s", (SUB + "%",))
+            return frozenset(int(p) for (p,) in cur.fetchall())
+
     def subscriber(self) -> tuple[float | None, float | None]:
         """(replay_lag, heartbeat lag) in seconds."""
         with self.src.cursor() as cur:
@@ -764,7 +776,7 @@ def run_phase(
         t0 = time.monotonic()
         pb = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd="/")
         children.append(pb)
-        meter = CpuMeter(runlog.proc.pid)
+        meter = CpuMeter(runlog.proc.pid, probe.subscriber_senders)
         meter.start()
         cpu: dict[str, float] | None = None
         nxt = t0
@@ -817,12 +829,37 @@ def run_phase(
         **unit_figures(units, targets),
     }
     res["applied_changes_per_s"] = r(res["changes_sum"] / (t1 - t0), 1)
+    res["cpu_per_1000_changes"] = cpu_per_1000(cpu, res["changes_sum"], fig["tps"], t1 - t0, len(targets))
     say(
         f"phase {name}: tps {fig['tps']}, {res['units']} units, lag end "
         + ", ".join(f"{n} {res['lag'][n]['end']}" for n in targets)
         + f"; subscriber replay {res['subscriber']['replay_lag']['end']}"
     )
     return res
+
+
+def cpu_per_1000(
+    cpu: Mapping[str, float], applied: float, tps: float | None, seconds: float, targets: int
+) -> dict[str, Any]:
+    """CPU seconds per 1,000 changes: mirrorline's whole tree (Python, JVM, Spark's workers) and its walsender per
+    1,000 changes applied, and per target; the subscriber's apply worker and walsender per 1,000 changes of the
+    source (pgbench's transaction changes 4 rows of the replicated tables); ``per_target_over_subscriber`` their
+    ratio (the issue's aim: at most 2)."""
+    window = cpu.get("capacity", 0.0) / (os.cpu_count() or 1)  # the meter stops 2 s before the phase ends
+    scale = seconds / window if window else 1.0
+    ml = sum(cpu.get(k, 0.0) for k in ("mirrorline_python", "mirrorline_jvm", "mirrorline_other"))
+    ml = (ml + cpu.get("pg_walsender_mirrorline", 0.0)) * scale
+    sub = (cpu.get("pg_subscriber_apply", 0.0) + cpu.get("pg_walsender_subscriber", 0.0)) * scale
+    source = (tps or 0.0) * 4 * seconds
+    out: dict[str, Any] = {"mirrorline": None, "mirrorline_per_target": None, "subscriber": None}
+    if applied:
+        out["mirrorline"] = round(ml / applied * 1000, 3)
+        out["mirrorline_per_target"] = round(ml / applied * 1000 / max(1, targets), 3)
+    if source:
+        out["subscriber"] = round(sub / source * 1000, 3)
+    if out["mirrorline_per_target"] is not None and out["subscriber"]:
+        out["per_target_over_subscriber"] = round(out["mirrorline_per_target"] / out["subscriber"], 2)
+    return out
 
 
 def drain(probe: Probe, cluster: PgCluster, runlog: RunLog, timeout: float) -> dict[str, Any]:
