@@ -196,3 +196,16 @@ def test_a_publication_made_by_an_administrator_is_used_as_made(
     assert _statements(capsys.readouterr().err) == ['ALTER PUBLICATION "Admin Made" ADD TABLE "public"."more";']
     pg.execute('ALTER PUBLICATION "Admin Made" ADD TABLE "public"."more"')
     assert main(["capture", "--once", "-c", str(cfg)]) == 0, capsys.readouterr().err
+
+
+def test_a_server_without_logical_decoding_is_named_with_the_setting(
+    pg_cluster_factory: Any, tmp_path: Path, capsys: Any
+) -> None:
+    cluster = pg_cluster_factory(wal_level="replica", max_wal_senders="10")
+    cluster.execute("CREATE TABLE t (id int PRIMARY KEY)")
+    p = tmp_path / "m.toml"
+    configs.write(p, source=cluster.dsn(), log=tmp_path / "log", tables=["public.t"])
+    assert main(["capture", "--once", "-c", str(p)]) == 3
+    err = capsys.readouterr().err
+    assert "wal_level is replica; logical decoding needs wal_level = logical" in err
+    assert _statements(err)[0].startswith("ALTER SYSTEM SET wal_level = logical;")

@@ -289,6 +289,16 @@ def report(found: Sequence[Finding]) -> str:
     return "\n".join(lines)
 
 
+def check_server(conn: Any) -> None:
+    """The server's version and ``wal_level`` (:func:`findings`' first two), before the tables are looked at."""
+    ((version, level, role),) = fetch(
+        conn, "SELECT current_setting('server_version_num')::int, current_setting('wal_level'), current_user"
+    )
+    found = findings(Facts(role=str(role), version=int(version), wal_level=str(level)))
+    if found:
+        raise SourceError(report(found), missing=[f.statement for f in found])
+
+
 def check_ready(
     conn: Any,
     slot: str,

@@ -40,12 +40,11 @@ from mirrorline.capture.events import (
     TableInfo,
 )
 from mirrorline.capture.partition_watch import PartitionWatch
-from mirrorline.capture.prerequisites import check_ready
+from mirrorline.capture.prerequisites import check_ready, check_server
 from mirrorline.capture.provision import PublicationReport, check_failover, ensure_slot, reconcile_publication
 from mirrorline.capture.selection import changed_parts, publication_specs, read_parts, write_parts
 from mirrorline.capture.source import (
     TypeNames,
-    check_server,
     connect,
     current_wal_lsn,
     describe_tables,

@@ -96,21 +96,6 @@ def fetch(conn: Any, sql: str, args: Iterable[Any] = ()) -> list[tuple[Any, ...]
 # --------------------------------------------------------------------------------------------------------- checks
 
 
-def check_server(conn: Any) -> None:
-    ((version,),) = fetch(conn, "SELECT current_setting('server_version_num')::int")
-    if version < 140000:
-        raise SourceError(
-            f"the source runs PostgreSQL {version // 10000}; mirrorline needs 14 or newer "
-            "(pgoutput protocol version 2 with streaming)"
-        )
-    ((level,),) = fetch(conn, "SELECT current_setting('wal_level')")
-    if level != "logical":
-        raise SourceError(
-            f"the source has wal_level = {level}; logical decoding needs wal_level = logical",
-            hint="set wal_level = logical in postgresql.conf and restart the server",
-        )
-
-
 def current_wal_lsn(conn: Any) -> int:
     ((lsn,),) = fetch(conn, "SELECT pg_current_wal_lsn()::text")
     return parse_lsn(lsn)

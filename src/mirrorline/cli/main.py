@@ -204,9 +204,9 @@ def entry() -> None:
 
 def _finish(code: int) -> NoReturn:
     """End the process as the interpreter's exit would (its other threads joined, the exit handlers run: Spark
-    stopped, scratch removed, streams flushed) but without tearing the interpreter down: native threads of the
-    targets' libraries (DuckDB, delta-rs, Arrow) that outlive the command could take the GIL while it is torn down,
-    and the process then aborted (SIGABRT, "PyGILState_Release ... finalizing") after the command had succeeded."""
+    stopped, scratch removed, streams flushed) but without tearing the interpreter down: a native thread of a
+    target's library (DuckDB, delta-rs, Arrow) that outlives the command can take the GIL while the interpreter is
+    torn down, which aborts the process (SIGABRT, "PyGILState_Release ... finalizing") after the command succeeded."""
     import atexit
 
     threading._shutdown()  # type: ignore[attr-defined]  # what the exit does first: executors shut, threads joined

@@ -19,10 +19,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mirrorline.apply.canonical import SESSION_SETTINGS
-from mirrorline.capture.prerequisites import check_ready
+from mirrorline.capture.prerequisites import check_ready, check_server
 from mirrorline.capture.provision import check_failover, reconcile_publication
 from mirrorline.capture.selection import publication_specs
-from mirrorline.capture.source import check_server, connect, describe_tables, source_error
+from mirrorline.capture.source import connect, describe_tables, source_error
 from mirrorline.config import Config
 from mirrorline.errors import ConfigError, SnapshotError, SourceError
 from mirrorline.log.layout import Layout
