@@ -16,6 +16,7 @@ from compile_histories import pack, random_histories
 
 from mirrorline.errors import LogError
 from mirrorline.log import ChangeLog, LogWriter
+from mirrorline.log import stream as spill
 from mirrorline.log.layout import META_KEY
 from mirrorline.log.rows import changes_to_table
 from mirrorline.log.segments import write_segment
@@ -140,6 +141,33 @@ def test_every_segment_kind_carries_its_statistics_and_the_reader_sums_any_range
         and stream.tables is not None
         and stream.tables["s.o"].truncates == (Position(70, 1), Position(70, 5))
     )
+
+
+def test_a_streams_statistics_counted_as_it_spills_are_those_of_its_rows(tmp_path: Path, monkeypatch) -> None:
+    """Counted a few rows at a time as the parts spill (parts closed and opened again, a subtransaction aborted after
+    some of its rows were counted, a TRUNCATE, key changes), then moved to the commit's LSN: the same statistics as
+    its rows read back from the log, and as a plain count of them."""
+    monkeypatch.setattr(spill, "SPILL_ROWS", 3)
+    monkeypatch.setattr(spill, "STATS_ROWS", 5)
+    monkeypatch.setattr(spill, "MAX_OPEN_PARTS", 2)
+    with LogWriter(tmp_path) as w:
+        s = w.open_stream(900)
+        for i in range(40):
+            sub = 900 + i % 4
+            c = ch(i, Op.UPDATE, old_key=(str(i - 1),)) if i % 7 == 0 else ch(i, table="s.o" if i % 3 else "public.t")
+            s.add(sub, [c, ch(i, Op.DELETE)] if i % 5 == 0 else [c])
+            if i == 17:
+                s.add(900, [ch(0, Op.TRUNCATE, table="s.o")])
+            if i % 6 == 5:
+                s.end_block()
+        s.abort_subxact(903)
+        s.commit(70, 70)
+    log = ChangeLog(tmp_path)
+    (seg,) = log.segments()
+    assert seg.stream and len(seg.parts) > 4
+    assert seg.tables == merge(table_stats(b) for b in log.read_arrow(seg.prev, seg.last))
+    assert seg.tables == counted(list(log.read()))
+    assert seg.tables["s.o"].truncates[0].lsn == 70
 
 
 def test_segments_without_statistics_are_read_for_them(tmp_path: Path) -> None:

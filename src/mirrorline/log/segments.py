@@ -31,7 +31,6 @@ from mirrorline.log.layout import (
     temp_path,
 )
 from mirrorline.log.rows import ARROW_SCHEMA
-from mirrorline.log.stats import COLUMNS as STAT_COLUMNS
 from mirrorline.log.stats import Stats, merge, table_stats
 from mirrorline.position import Position
 
@@ -198,21 +197,6 @@ def read_columns(info: SegmentInfo, columns: list[str]) -> pa.Table:
         else:
             out[c] = t.column(c)
     return pa.table(out).cast(pa.schema([ARROW_SCHEMA.field(c) for c in columns]))
-
-
-def stream_stats(folder: Path, parts: Iterable[str], lsn: int, batch_rows: int = 65_536) -> Stats:
-    """The statistics of a stream's parts (each in seq order), a bounded batch at a time."""
-    stored = [c for c in STAT_COLUMNS if c != "lsn"]
-    found = []
-    for p in parts:
-        try:
-            with pq.ParquetFile(str(folder / p)) as f:
-                for b in f.iter_batches(batch_size=batch_rows, columns=stored):
-                    t = pa.Table.from_batches([b])
-                    found.append(table_stats(t.append_column("lsn", pa.array(np.full(t.num_rows, lsn, np.int64)))))
-        except (OSError, pa.ArrowException) as e:
-            raise damaged(folder / p, e) from None
-    return merge(found)
 
 
 def iter_batches(info: SegmentInfo, batch_rows: int = 8192, batch_bytes: int | None = None) -> Iterator[pa.Table]:

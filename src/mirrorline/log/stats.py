@@ -18,6 +18,7 @@ and last positions); :func:`merge` sums the statistics of disjoint row sets, suc
 from __future__ import annotations
 
 import base64
+import dataclasses
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -236,6 +237,24 @@ def table_stats(t: pa.Table) -> Stats:
             keys=sketches[name],
         )
         for name, a in acc.items()
+    }
+
+
+def at_lsn(stats: Stats, lsn: int) -> Stats:
+    """``stats`` with every position moved to ``lsn`` (its seq kept): a streamed transaction's statistics, counted
+    from its parts' rows while their commit LSN was unknown (0), once it commits."""
+
+    def moved(p: Position) -> Position:
+        return Position(lsn, p.seq)
+
+    return {
+        name: dataclasses.replace(
+            s,
+            first={k: moved(p) for k, p in s.first.items()},
+            last=moved(s.last),
+            truncates=tuple(moved(p) for p in s.truncates),
+        )
+        for name, s in stats.items()
     }
 
 

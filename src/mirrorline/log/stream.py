@@ -6,7 +6,10 @@ subtransaction deletes exactly its parts. A subtransaction's part stays open acr
 stream blocks of a few hundred rows), so the number of parts follows subtransaction switches, not blocks; at most
 ``MAX_OPEN_PARTS`` are open at once (the least recently used is closed; its subtransaction then starts a new part).
 Rows carry ``seq`` in arrival order, ``lsn = ts = 0`` (not known yet). Memory stays bounded: at most ``SPILL_ROWS``
-rows buffered per open part and ``MAX_BUFFERED_ROWS`` in all before they go to disk as row groups.
+rows buffered per open part and ``MAX_BUFFERED_ROWS`` in all before they go to disk as row groups. Each part's
+statistics (:mod:`mirrorline.log.stats`) are counted as its rows spill, from their small columns (about
+``STATS_ROWS`` rows at a time), so that the commit only sums them: reading them back from the parts after the commit
+was on the path from the source's commit to the log's (``./dev bench capture --shape delete``).
 
 A :class:`StreamWatcher` given to the writer (``run`` applying ahead of the commit, pipeline/ahead.py) is told of each
 cut: at the end of a stream block, once ``cut_rows`` rows or ``cut_bytes`` bytes came since the last cut, every open
@@ -30,7 +33,9 @@ from mirrorline import limits
 from mirrorline.errors import LogError
 from mirrorline.log.columns import changes_to_arrow, conform, with_constants, with_seq
 from mirrorline.log.layout import COMMIT_RECORD, SegmentInfo, publish, segment_name, write_json_atomic
-from mirrorline.log.segments import fsync_tree, merge_parts, open_parquet, remove_tree, stream_stats
+from mirrorline.log.segments import fsync_tree, merge_parts, open_parquet, remove_tree
+from mirrorline.log.stats import COLUMNS as STAT_COLUMNS
+from mirrorline.log.stats import Stats, at_lsn, merge, table_stats
 from mirrorline.model import Change
 from mirrorline.position import Position
 
@@ -40,6 +45,7 @@ if TYPE_CHECKING:
 SPILL_ROWS = 4096
 MAX_BUFFERED_ROWS = 65_536
 MAX_OPEN_PARTS = 64
+STATS_ROWS = 65_536
 
 
 @dataclass(frozen=True)
@@ -100,6 +106,15 @@ class _Part:
     rows: int = 0  # written and buffered
     first_seq: int = -1
     last_seq: int = -1
+    stats: list[Stats] = field(default_factory=list)  # of the rows counted so far (positions at LSN 0)
+    uncounted: list[pa.Table] = field(default_factory=list)  # the small columns of rows spilled, not yet counted
+    uncounted_rows: int = 0
+
+    def count(self, force: bool = False) -> None:
+        """Count the spilled rows' statistics once there are enough of them (or ``force``)."""
+        if self.uncounted and (force or self.uncounted_rows >= STATS_ROWS):
+            self.stats.append(table_stats(pa.concat_tables(self.uncounted)))
+            self.uncounted, self.uncounted_rows = [], 0
 
 
 class StreamSpill:
@@ -177,7 +192,11 @@ class StreamSpill:
             return
         if part.writer is None:
             part.writer = open_parquet(self.folder / part.name)
-        part.writer.write_table(pa.concat_tables(part.buffered), row_group_size=1 << 30)
+        rows = pa.concat_tables(part.buffered)
+        part.writer.write_table(rows, row_group_size=1 << 30)
+        part.uncounted.append(rows.select(STAT_COLUMNS))
+        part.uncounted_rows += rows.num_rows
+        part.count()
         self._buffered_rows -= part.buffered_rows
         part.buffered, part.buffered_rows = [], 0
 
@@ -267,8 +286,10 @@ class StreamSpill:
             parts=tuple(p.name for p in parts),
             xid=self.xid,
         )
-        # the statistics from the parts' small columns, a batch at a time (readers then plan from the record)
-        info = dataclasses.replace(info, tables=stream_stats(self.folder, info.parts, commit_lsn))
+        # the statistics counted as the parts spilled, at the commit's position (readers then plan from the record)
+        for p in parts:
+            p.count(force=True)
+        info = dataclasses.replace(info, tables=at_lsn(merge(s for p in parts for s in p.stats), commit_lsn))
         write_json_atomic(self.folder / COMMIT_RECORD, info.meta())
         fsync_tree(self.folder)  # every part and the folder itself
         publish(self.folder, info.path)
