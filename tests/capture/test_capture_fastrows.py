@@ -139,7 +139,17 @@ def history(draw: Any) -> list[bytes | str]:
     return out
 
 
-def run(msgs: list[bytes | str], fast: bool, chunk: int = 1_000_000) -> tuple[list[Event], list[Change], int]:
+class _Msg:
+    def __init__(self, payload: bytes) -> None:
+        self.payload = payload
+
+
+def run(
+    msgs: list[bytes | str], fast: bool, chunk: int = 1_000_000, pull: int = 0
+) -> tuple[list[Event], list[Change], int]:
+    """The events and rows of ``msgs`` through the reference path, or the hot path (``fast``): each message's bytes
+    to ``feed_bytes``, or with ``pull`` the messages read by ``BatchAssembler.pull`` at most ``pull`` at a time, from
+    a reader that runs dry before every third message."""
     recorded: list[TableSchema] = []
 
     def record(s: TableSchema) -> TableSchema:
@@ -153,6 +163,28 @@ def run(msgs: list[bytes | str], fast: bool, chunk: int = 1_000_000) -> tuple[li
     asm = BatchAssembler(lambda o, m: "text", record, TABLES, chunk_changes=chunk)
     events: list[Event] = []
     changes: list[Change] = []
+    if pull:
+        waiting: list[Any] = []
+        for i, m in enumerate(msgs):
+            waiting += [None] if i % 3 == 2 else []
+            waiting.append(m if m == "take" else _Msg(m))  # type: ignore[arg-type]
+        waiting.append(None)
+
+        def read() -> Any:
+            return waiting.pop(0) if waiting and waiting[0] != "take" else None
+
+        while waiting:
+            if waiting[0] == "take":
+                waiting.pop(0)
+                t = asm.take()
+                changes.extend(to_changes(t) if t is not None else [])
+                continue
+            taken, got, dry = asm.pull(read, pull)
+            assert 0 <= taken <= pull and not (got and dry)
+            events.extend(got)
+            if dry and waiting and waiting[0] is None:
+                waiting.pop(0)
+        msgs = []
     for m in msgs:
         if m == "take":
             t = asm.take()
@@ -187,6 +219,22 @@ def test_hot_path_gives_the_reference_rows_and_events(msgs: list[bytes | str]) -
     committed = [e for e in events if isinstance(e, Committed)]
     ref_committed = [e for e in ref_events if isinstance(e, Committed)]
     assert all(e.rows >= r.rows for e, r in zip(committed, ref_committed, strict=True))
+
+
+@settings(max_examples=60)
+@given(history(), st.integers(1, 7), st.integers(1, 5))
+def test_messages_pulled_a_budget_at_a_time_give_the_rows_and_events_of_each_fed_alone(
+    msgs: list[bytes | str], budget: int, batch: int
+) -> None:
+    """``BatchAssembler.pull`` (capture's loop: row messages gathered in a loop of its own) is ``feed_bytes`` of
+    each message in turn, whatever its budget, where the reader runs dry, and how few rows make a batch."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(batching_module, "RAW_ROWS", batch)
+        ref_events, ref_changes, ref_dropped = run(msgs, fast=True)
+        events, changes, dropped = run(msgs, fast=True, pull=budget)
+    assert changes == ref_changes
+    assert events == ref_events
+    assert dropped == ref_dropped
 
 
 @settings(max_examples=25)

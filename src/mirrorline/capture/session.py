@@ -443,7 +443,7 @@ class Capture:
 
     def _consume(self, cur: Any, asm: BatchAssembler, writer: LogWriter) -> None:
         stats = self.stats
-        feed = asm.feed_bytes
+        pull = asm.pull
         read = cur.read_message
         handle = self._handle
         once = self.once
@@ -452,18 +452,16 @@ class Capture:
         last_ask = 0.0
         n = 0
         while not self._stop:
-            msg = read()
-            if msg is not None:
-                n += 1
-                events = feed(msg.payload)
-                if events:
-                    handle(events, asm, writer, cur)
-                if n & 1023 == 0:
-                    stats.messages = n
-                    now = time.monotonic()
-                    if now >= next_check:
-                        next_check = now + 0.2
-                        self._periodic(cur, asm, writer)
+            taken, events, dry = pull(read, 1024)  # (at most 1,024 messages between two looks at the clock)
+            n += taken
+            if events:
+                handle(events, asm, writer, cur)
+            if not dry:
+                stats.messages = n
+                now = time.monotonic()
+                if now >= next_check:
+                    next_check = now + 0.2
+                    self._periodic(cur, asm, writer)
                 continue
             # nothing waiting from the server
             stats.messages = n
