@@ -20,6 +20,7 @@ from typing import NoReturn
 
 from mirrorline import __version__
 from mirrorline.errors import MirrorlineError
+from mirrorline.osthreads import name_threads
 
 # (command, module, one-line help). Order is the order of `mirrorline --help`.
 COMMANDS: list[tuple[str, str, str]] = [
@@ -192,6 +193,7 @@ def entry() -> None:
     whatever the umask: they hold the source's rows (PostgreSQL keeps its data folder 0700 likewise)."""
     os.umask(0o077)
     arrow_allocator()
+    name_threads()
     try:
         code = main()
     except KeyboardInterrupt:  # a Ctrl-C as the command returned: interrupted, as one a moment earlier would have been
