@@ -34,7 +34,12 @@ units that carried it: ``compile_s`` and ``apply_s`` per target (targets apply s
 ``insert``; ``commit``; ``other``: connecting, locks, the target's state). ``statement_s``: how
 long the source took to run the statement. ``peak_pss_mb`` / ``peak_rss_mb``: the peak memory of ``run``'s process
 tree (Python, JVM, Spark's Python workers) during that transaction's replication (proportional: shared pages
-counted once), and over the whole run (``peak``).
+counted once), and over the whole run (``peak``). ``cpu_s``: the CPU seconds each used from just before the
+statement until every copy had the transaction (as ``bench/live`` counts them, with mirrorline's PostgreSQL target's
+backends as ``pg_target_mirrorline``); ``python_threads_cpu_s``: ``run``'s Python process by thread (capture, each
+target's lane, the log's writer...); ``cpu_per_1000_changes``: mirrorline's tree, walsender and target backends per
+1,000 changes per target beside the subscriber's apply worker and walsender (the machine is shared by both, so CPU
+seconds say more steadily than wall seconds what each costs).
 
 At the end every target and the subscriber are compared with the source, every row and column, through this
 benchmark's own readers (``equal``). Prints one JSON line.
@@ -50,13 +55,15 @@ import contextlib
 import json
 import os
 import sys
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import psycopg2
 
-from live import RssMeter, RunLog, compare_table, run_in_folder, start_run, stop_run
+from live import CpuMeter, RssMeter, RunLog, compare_table, proc_cpu, run_in_folder, start_run, stop_run
 from mirrorline.log.layout import parse_segment_name
 from mirrorline.log.reader import ChangeLog
 from mirrorline.log.retention import readers
@@ -170,8 +177,18 @@ class Waiter:
         self.sub = psycopg2.connect(cluster.dsn(SUB_DB))
         self.sub.autocommit = True
 
+        self.src = psycopg2.connect(cluster.dsn(SRC_DB))
+        self.src.autocommit = True
+
     def close(self) -> None:
         self.sub.close()
+        self.src.close()
+
+    def subscriber_senders(self) -> frozenset[int]:
+        """The pids of the subscriber's walsenders (the others serve mirrorline)."""
+        with self.src.cursor() as cur:
+            cur.execute("SELECT pid FROM pg_stat_replication WHERE application_name LIKE %s", (SUB + "%",))
+            return frozenset(int(p) for (p,) in cur.fetchall())
 
     def _durable_lsn(self) -> int:
         """The last commit LSN the log holds, from its segments' names (no file is read: retention may remove
@@ -228,11 +245,120 @@ def wait_live(cluster: PgCluster, waiter: Waiter, timeout: float) -> float:
     raise RuntimeError(f"not every copy had the marker after {timeout:.0f}s: {got}")
 
 
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def thread_cpu(pid: int) -> dict[int, tuple[str, float]]:
+    """Each thread of process ``pid``: tid -> (the name the OS shows, CPU seconds used so far). mirrorline names its
+    threads at the OS as in Python (``mirrorline.osthreads``)."""
+    out: dict[int, tuple[str, float]] = {}
+    with contextlib.suppress(OSError):
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            with contextlib.suppress(OSError):
+                stat = (task / "stat").read_text()
+                fields = stat[stat.rindex(")") + 2 :].split()
+                out[int(task.name)] = (
+                    stat[stat.index("(") + 1 : stat.rindex(")")],
+                    (int(fields[11]) + int(fields[12])) / _TICK,
+                )
+    return out
+
+
+class ThreadSampler:
+    """The CPU seconds of each thread of process ``pid`` between :meth:`start` and :meth:`stop`, summed by name with
+    a pool's number cut off (``ahead-pg_0`` -> ``ahead-pg``): sampled every second, so that a thread that ended
+    meanwhile (a lane's pool) counts up to its last sample."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.first: dict[int, tuple[str, float]] = {}
+        self.last: dict[int, tuple[str, float]] = {}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def _sample(self) -> None:
+        self.last.update(thread_cpu(self.pid))
+
+    def _main(self) -> None:
+        while not self._stop.wait(1.0):
+            self._sample()
+
+    def start(self) -> None:
+        self.first = thread_cpu(self.pid)
+        self.last = dict(self.first)
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._main, name="thread-sampler", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> dict[str, float]:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        self._sample()
+        out: dict[str, float] = {}
+        for tid, (name, cpu) in self.last.items():
+            base = name.rsplit("_", 1)[0] if name.rsplit("_", 1)[-1].isdigit() else name
+            used = cpu - self.first.get(tid, (name, 0.0))[1]
+            out[base] = out.get(base, 0.0) + used
+        return {n: round(c, 1) for n, c in sorted(out.items()) if c >= 0.1}
+
+
+def target_backends_cpu(database: str) -> dict[int, float]:
+    """The CPU seconds used so far by each PostgreSQL backend connected to ``database`` (mirrorline's PostgreSQL
+    target: its writes are its apply's work, as the subscriber's apply worker's are its own)."""
+    return {
+        pid: cpu
+        for pid, (_, _, cmdline, cpu) in proc_cpu().items()
+        if cmdline.startswith("postgres: ") and f" {database} " in cmdline
+    }
+
+
+class TxnCpu:
+    """CPU seconds by who used them while one transaction ran at the source and reached every copy: the
+    processes as ``bench/live`` counts them, mirrorline's PostgreSQL target's backends apart from the other
+    PostgreSQL processes, and mirrorline's Python process by thread. ``per_1000_changes``: mirrorline's whole tree,
+    its walsender and its PostgreSQL target's backends per 1,000 changes per target, beside the subscriber's apply
+    worker and walsender per 1,000 changes."""
+
+    def __init__(self, run_pid: int, senders: Callable[[], frozenset[int]]) -> None:
+        self.run_pid = run_pid
+        self.meter = CpuMeter(run_pid, senders)
+        self.threads = ThreadSampler(run_pid)
+        self.backends: dict[int, float] = {}
+
+    def start(self) -> None:
+        self.meter.start()
+        self.threads.start()
+        self.backends = target_backends_cpu(ML_DB)
+
+    def stop(self, changes: int) -> dict[str, Any]:
+        used = self.meter.stop()
+        by_thread = self.threads.stop()
+        backends = target_backends_cpu(ML_DB)
+        target = sum(max(0.0, c - self.backends.get(p, 0.0)) for p, c in backends.items())
+        used["pg_target_mirrorline"] = round(target, 1)
+        used["pg_other"] = round(max(0.0, used.get("pg_other", 0.0) - target), 1)
+        ml = sum(used.get(k, 0.0) for k in ("mirrorline_python", "mirrorline_jvm", "mirrorline_other"))
+        ml += used.get("pg_walsender_mirrorline", 0.0) + target
+        sub = used.get("pg_subscriber_apply", 0.0) + used.get("pg_walsender_subscriber", 0.0)
+        k = max(changes, 1) / 1000
+        return {
+            "cpu_s": used,
+            "python_threads_cpu_s": by_thread,
+            "cpu_per_1000_changes": {
+                "mirrorline_per_target": round(ml / k / len(TARGETS), 4),
+                "subscriber": round(sub / k, 4),
+                "ratio": round(ml / len(TARGETS) / sub, 2) if sub else None,
+            },
+        }
+
+
 def one(
     cluster: PgCluster,
     waiter: Waiter,
     runlog: RunLog,
     meter: RssMeter,
+    cpu: TxnCpu,
     table: str,
     shape: str,
     rows: int,
@@ -241,8 +367,10 @@ def one(
     sql, probe, want = shape_sql(table, shape, rows)
     meter.mark()
     say(f"{table} {shape}: one transaction of {rows:,} rows")
+    cpu.start()
     before, t0, statement = commit(cluster, sql)
     got = waiter.wait(before, probe, want, t0, timeout)
+    used = cpu.stop(rows)
     peaks = meter.since_mark()
     deadline = time.monotonic() + 60  # the unit's line follows every target's apply and the unit's release
     while True:
@@ -266,11 +394,12 @@ def one(
         "apply_phases_s": {n: phases_of(units, n) for n in TARGETS},
         "peak_pss_mb": peaks["pss"],
         "peak_rss_mb": peaks["rss"],
+        **used,
     }
     say(
         f"{table} {shape}: subscriber {out['subscriber_s']}s, mirrorline {out['mirrorline_s']} (durable "
         f"{out['durable_s']}s, compile {out['compile_s']}s, apply {out['apply_s']}), ratio {out['ratio']}, "
-        f"peak PSS {peaks['pss']['total']} MB"
+        f"peak PSS {peaks['pss']['total']} MB, CPU per 1,000 changes {used['cpu_per_1000_changes']}"
     )
     return out
 
@@ -310,6 +439,7 @@ def bench(args: argparse.Namespace, work: Path, out: dict[str, Any]) -> None:
             proc, runlog = start_run(config_path, work)
             whole = RssMeter(proc.pid)
             waiter = Waiter(cluster, work / "log", runlog)
+            cpu = TxnCpu(proc.pid, waiter.subscriber_senders)
             out["live_s"] = wait_live(cluster, waiter, args.start_timeout)
             say("waiting for run's idle warm-up for large units")
             out["warm_wait_s"] = wait_warm(runlog, 300)  # (None: it failed, or is slow; the transactions go on)
@@ -318,7 +448,7 @@ def bench(args: argparse.Namespace, work: Path, out: dict[str, Any]) -> None:
             for table in tables:
                 for shape in args.shapes.split(","):
                     out["results"][f"{table}_{shape}"] = one(
-                        cluster, waiter, runlog, whole, table, shape, args.rows, args.timeout
+                        cluster, waiter, runlog, whole, cpu, table, shape, args.rows, args.timeout
                     )
             waiter.close()
             peaks = whole.stop()

@@ -1,10 +1,13 @@
 """Benchmark: capture throughput against a bare pgoutput receiver and pg_recvlogical (test_decoding), on the same WAL
 in the same run.
 
-Workload: 1,000,000 changes (200,000 inserts, then 800,000 updates over the same keys) in transactions of 1,000.
-Every slot is created before the workload, so each consumer decodes exactly the same WAL:
+Workload (``--shape``): ``small`` (the default), 1,000,000 changes (200,000 inserts, then 800,000 updates over the
+same keys) in transactions of 1,000; or one transaction of ``--changes`` rows that PostgreSQL streams before its
+commit, every row a different key: ``insert`` (new rows), ``update`` (``qty`` of every row, the table filled before
+the slots) or ``delete`` (every row). Every slot is created before the workload, so each consumer decodes exactly the
+same WAL:
 
-- ``bare``: a psycopg2 pgoutput receiver (protocol 2, streaming on) that only counts messages;
+- ``bare``: a psycopg2 pgoutput receiver (protocol 2, streaming on) that only reads and counts messages;
 - ``recvlogical``: ``pg_recvlogical`` with ``test_decoding`` writing to /dev/null, up to the workload's end LSN;
 - ``capture``: mirrorline's capture (``Capture(once=True)``): decode, assemble, write the change log (Parquet);
   each round a log and a publication of its own (a publication belongs to one log).
@@ -14,15 +17,16 @@ of each and the ratios capture/bare and capture/recvlogical (time ratios: 1.0 = 
 the client-side CPU seconds of each (the server's decoding is the same for all three; on a loaded machine the CPU
 figures show the client's own cost more steadily than wall time).
 
-    .venv/bin/python bench/capture.py [--changes 1000000] [--rounds 3] [--profile]
+    .venv/bin/python bench/capture.py [--changes 1000000] [--rounds 3] [--shape small|insert|update|delete]
+                                      [--profile]
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import resource
+import select
 import statistics
 import subprocess
 import sys
@@ -40,6 +44,24 @@ from mirrorline.position import format_lsn, parse_lsn
 
 TXN = 1000
 CPU: dict[str, list[float]] = {"bare": [], "recvlogical": [], "capture": []}  # client CPU seconds per run
+
+
+def big_workload(c: PgCluster, changes: int, shape: str) -> tuple[int, int]:
+    """One transaction of ``changes`` rows of ``shape``; the table holds ``changes`` rows already for an update or a
+    delete (:func:`fill`). Returns the WAL position after it and 1 (its one commit)."""
+    sql = {
+        "insert": "INSERT INTO bench SELECT g, 0, md5(g::text), now() "
+        f"FROM generate_series({changes + 1}, {2 * changes}) g",
+        "update": "UPDATE bench SET qty = qty + 1",
+        "delete": "DELETE FROM bench",
+    }[shape]
+    ((end,),) = c.execute(f"{sql}; SELECT pg_current_wal_lsn()::text")
+    return parse_lsn(end), 1
+
+
+def fill(c: PgCluster, rows: int) -> None:
+    c.execute(f"INSERT INTO bench SELECT g, 0, md5(g::text), now() FROM generate_series(1, {rows}) g")
+    c.execute("VACUUM bench")
 
 
 def workload(c: PgCluster, changes: int) -> tuple[int, int]:
@@ -72,28 +94,30 @@ def workload(c: PgCluster, changes: int) -> tuple[int, int]:
 
 
 def bare(c: PgCluster, slot: str, commits: int) -> tuple[float, int]:
+    """Read and count the messages until ``commits`` transactions committed: the least a pgoutput receiver in
+    Python does (``read_message`` in a loop, as capture reads; psycopg2's ``consume_stream`` takes about twice the
+    CPU a message)."""
     conn = psycopg2.connect(c.dsn(), connection_factory=psycopg2.extras.LogicalReplicationConnection)
     cur = conn.cursor()
-    count = {"msgs": 0, "commits": 0}
-
-    def consume(msg: psycopg2.extras.ReplicationMessage) -> None:
-        count["msgs"] += 1
-        if msg.payload[0] == 67:  # 'C'
-            count["commits"] += 1
-            if count["commits"] >= commits:
-                raise psycopg2.extras.StopReplication
-
+    msgs = done = 0
     t0 = time.perf_counter()
     c0 = time.process_time()
     cur.start_replication(
         slot_name=slot, decode=False, options={"proto_version": "2", "publication_names": "bench", "streaming": "on"}
     )
-    with contextlib.suppress(psycopg2.extras.StopReplication):
-        cur.consume_stream(consume)
+    read = cur.read_message
+    while done < commits:
+        msg = read()
+        if msg is None:
+            select.select([cur], [], [], 1.0)
+            continue
+        msgs += 1
+        if msg.payload[0] in (67, 99):  # 'C', or a streamed transaction's Stream Commit 'c'
+            done += 1
     elapsed = time.perf_counter() - t0
     CPU["bare"].append(time.process_time() - c0)
     conn.close()
-    return elapsed, count["msgs"]
+    return elapsed, msgs
 
 
 def recvlogical(c: PgCluster, slot: str, end: int) -> float:
@@ -151,11 +175,14 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--changes", type=int, default=1_000_000)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--shape", choices=("small", "insert", "update", "delete"), default="small")
     ap.add_argument("--profile", action="store_true", help="cProfile the capture runs (stderr)")
     args = ap.parse_args()
     with PgCluster() as c, tempfile.TemporaryDirectory(prefix="mirrorline-bench-") as tmp:
         c.execute("CREATE TABLE bench (id bigint PRIMARY KEY, qty int NOT NULL, note text, at timestamptz)")
         c.execute("CREATE PUBLICATION bench FOR TABLE bench")
+        if args.shape in ("update", "delete"):
+            fill(c, args.changes)
         rounds = range(args.rounds)
         for r in rounds:
             c.execute(f"SELECT pg_create_logical_replication_slot('bare_{r}', 'pgoutput')")
@@ -164,7 +191,7 @@ def main() -> None:
             c.execute(f"SELECT pg_create_logical_replication_slot('cap_{r}', 'pgoutput')")
         ((start,),) = c.execute("SELECT pg_current_wal_lsn()::text")
         t0 = time.perf_counter()
-        end, commits = workload(c, args.changes)
+        end, commits = workload(c, args.changes) if args.shape == "small" else big_workload(c, args.changes, args.shape)
         load_s = time.perf_counter() - t0
         times: dict[str, list[float]] = {"bare": [], "recvlogical": [], "capture": []}
         msgs = 0
@@ -189,6 +216,7 @@ def main() -> None:
                 {
                     "bench": "capture",
                     "changes": args.changes,
+                    "shape": args.shape,
                     "rounds": args.rounds,
                     "workload_s": round(load_s, 2),
                     "bare_msgs": msgs,

@@ -131,7 +131,7 @@ TOUCH = "UPDATE pgbench_branches SET bbalance = bbalance WHERE bid = 1"
 _TICK = os.sysconf("SC_CLK_TCK")
 
 
-def _proc_cpu() -> dict[int, tuple[int, str, str, float]]:
+def proc_cpu() -> dict[int, tuple[int, str, str, float]]:
     """Every process: pid -> (parent pid, command name, command line, CPU seconds used so far)."""
     out: dict[int, tuple[int, str, str, float]] = {}
     for d in os.listdir("/proc"):
@@ -193,10 +193,10 @@ class CpuMeter:
         self.t0 = 0.0
 
     def start(self) -> None:
-        self.before, self.busy, self.t0 = _proc_cpu(), _busy_seconds(), time.monotonic()
+        self.before, self.busy, self.t0 = proc_cpu(), _busy_seconds(), time.monotonic()
 
     def stop(self) -> dict[str, float]:
-        after, busy, wall = _proc_cpu(), _busy_seconds(), time.monotonic() - self.t0
+        after, busy, wall = proc_cpu(), _busy_seconds(), time.monotonic() - self.t0
         senders = self.sub_senders()
         used: dict[str, float] = collections.defaultdict(float)
         for pid, (_, comm, _, cpu) in after.items():
