@@ -94,9 +94,8 @@ def workload(c: PgCluster, changes: int) -> tuple[int, int]:
 
 
 def bare(c: PgCluster, slot: str, commits: int) -> tuple[float, int]:
-    """Read and count the messages until ``commits`` transactions committed: the least a pgoutput receiver in
-    Python does (``read_message`` in a loop, as capture reads; psycopg2's ``consume_stream`` takes about twice the
-    CPU a message)."""
+    """Read and count the messages until ``commits`` transactions committed (``read_message`` in a loop, as capture
+    reads; it sends no feedback)."""
     conn = psycopg2.connect(c.dsn(), connection_factory=psycopg2.extras.LogicalReplicationConnection)
     cur = conn.cursor()
     msgs = done = 0
