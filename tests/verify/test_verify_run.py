@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +20,7 @@ from deltalake import DeltaTable, write_deltalake
 from snapshot_support import create_items, target_urls, write_config
 
 from mirrorline.cli.main import main
+from mirrorline.log.writer import LogWriter, writer_pid
 from mirrorline.snapshot import Options, snapshot_target
 from mirrorline.verify import verify
 
@@ -135,3 +138,31 @@ def test_no_false_difference_and_diff_names_rows_and_columns(
     doc = json.loads(capsys.readouterr().out)
     (items_doc,) = [c for c in doc["targets"][0]["tables"] if c["table"] == "public.items"]
     assert items_doc["differing_rows"] == 7 and len(items_doc["rows"]) == 2 and items_doc["key"] == ["id"]
+
+
+def test_verify_captures_itself_once_the_capture_it_waited_for_stops(
+    pg: Any, spark: Any, tmp_path: Path, target_dbs: list[str]
+) -> None:
+    """A writer held the log when verify began (a ``run`` stopped while verify waited for it): once it lets go,
+    verify captures up to its point itself, well before its wait runs out, and the target is compared at it."""
+    create_items(pg.dsn, rows=500)
+    urls = target_urls(tmp_path, pg.cluster, ["sqlite"], target_dbs)
+    cfg = write_config(tmp_path, pg.dsn, urls, {"public.items": {}})
+    snapshot_target(cfg, "sqlite", options=SMALL)
+    conn = psycopg2.connect(pg.dsn)
+    with conn, conn.cursor() as cur:  # changes after the snapshot, in no log yet
+        cur.execute("UPDATE public.items SET qty = qty + 1 WHERE id <= 100")
+        cur.execute("DELETE FROM public.items WHERE id > 450")
+    conn.close()
+    writer = LogWriter(cfg.log.path)
+    release = threading.Timer(3.0, writer.close)
+    release.start()
+    t0 = time.monotonic()
+    try:
+        report = verify(cfg, wait_seconds=90)
+    finally:
+        release.join()
+    assert report.ok, report.text()
+    assert time.monotonic() - t0 < 60
+    assert writer_pid(cfg.log.path) is None
+    oracle.assert_same(pg.dsn, "sqlite", urls["sqlite"], "public.items")

@@ -214,19 +214,32 @@ def _nudge(config: Config) -> None:
 
 
 def ensure_log(config: Config, point: int, wait_seconds: float = 120.0) -> None:
-    """Return once the log holds every change committed before ``point``."""
-    if _confirmed(config) >= point:
+    """Return once the log holds every change committed before ``point``. A capture that runs (``run``,
+    ``capture``) is waited for; while none does, one runs here until the source's present, and again if it stopped
+    short of the point (a ``run`` stopped while it was waited for)."""
+    deadline = time.monotonic() + wait_seconds
+    confirmed = _confirmed(config)
+    if confirmed >= point:
         return
     _nudge(config)
-    if not _capture_running(config):
-        from mirrorline.capture.session import Capture
+    while True:
+        if not _capture_running(config):
+            from mirrorline.capture.session import Capture
+            from mirrorline.log.writer import writer_pid
 
-        Capture(config, once=True).run()
-    deadline = time.monotonic() + wait_seconds
-    while _confirmed(config) < point:
+            try:
+                Capture(config, once=True).run()
+            except MirrorlineError:
+                if writer_pid(config.log.path) is None:
+                    raise
+                # a capture started between the look and ours: it is the one waited for
+        confirmed = _confirmed(config)
+        if confirmed >= point:
+            return
         if time.monotonic() > deadline:
             raise VerifyError(
-                f"capture has not reached the verification point {format_lsn(point)} after {wait_seconds:.0f} s",
+                f"capture has not reached the verification point {format_lsn(point)} after {wait_seconds:.0f} s "
+                f"(the slot {require_source(config).slot} has confirmed {format_lsn(confirmed)})",
                 hint="is capture running and keeping up?",
             )
         time.sleep(0.2)
