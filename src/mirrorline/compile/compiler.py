@@ -407,7 +407,7 @@ class Compiler:
         unsent, a table replicating some kinds of change only where a key repeats). ``start``/``end``: the part's
         bounds as apply reports them."""
         rows = unit_rows(self.tables, [rows])
-        stats = table_stats(rows)
+        stats = table_stats(rows, sketch=False)  # (the route is chosen by the exact check, not by an estimate)
         if not stats:
             return NetBatch(start=start, end=end, tables=[], rows=NET_ARROW.empty_table(), changes=0)
         acts = self.actions

@@ -168,8 +168,9 @@ class TableStats:
 Stats = dict[str, TableStats]
 
 
-def table_stats(t: pa.Table) -> Stats:
-    """The statistics of rows in log order (at least the :data:`COLUMNS`)."""
+def table_stats(t: pa.Table, sketch: bool = True) -> Stats:
+    """The statistics of rows in log order (at least the :data:`COLUMNS`); ``sketch``: with each table's key sketch
+    (else ``keys`` is None: a hash of every key spared where nothing asks how many keys there are)."""
     n = t.num_rows
     if n == 0:
         return {}
@@ -215,10 +216,12 @@ def table_stats(t: pa.Table) -> Stats:
         if r["kind"] == "K":
             a["key_changes"] += r["i_count"]
             a["moves"] += r["mv_sum"]
-    names = t.column("table").dictionary_encode().combine_chunks()
-    groups = names.indices.to_numpy(zero_copy_only=False).astype(np.int64)
-    sketched = KeySketch.of(key_hashes(t.column("key")), groups, len(names.dictionary))
-    sketches = dict(zip(names.dictionary.to_pylist(), sketched, strict=True))
+    sketches: dict[str, KeySketch] = {}
+    if sketch:
+        names = t.column("table").dictionary_encode().combine_chunks()
+        groups = names.indices.to_numpy(zero_copy_only=False).astype(np.int64)
+        sketched = KeySketch.of(key_hashes(t.column("key")), groups, len(names.dictionary))
+        sketches = dict(zip(names.dictionary.to_pylist(), sketched, strict=True))
     truncs: dict[str, list[Position]] = {}
     if any("T" in a["first"] for a in acc.values()):
         ti = np.flatnonzero(pc.equal(op, "T").to_numpy(zero_copy_only=False))
@@ -234,7 +237,7 @@ def table_stats(t: pa.Table) -> Stats:
             key_changes=a["key_changes"],
             moves=a["moves"],
             marks=a["marks"],
-            keys=sketches[name],
+            keys=sketches.get(name),
         )
         for name, a in acc.items()
     }
