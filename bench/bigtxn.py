@@ -23,16 +23,17 @@ different key), committed one after the other, each waited for before the next:
 - ``insert``: ``--rows`` new rows;
 - ``delete``: those rows deleted.
 
-Timed from the moment the COMMIT returned: ``subscriber_s`` (the subscriber's copy shows the transaction: a row it
-changed, polled every 20 ms; the subscriber applies a transaction atomically), ``mirrorline_s`` per target (the
-target's applied position in the log's reader registry, written right after each unit's commit, past the WAL position
-taken just before the COMMIT) and ``last_target_s``; ``ratio`` = subscriber_s / last_target_s (> 1: mirrorline's
-last target had it sooner). The seconds split by phase: ``durable_s`` (the log holds the transaction, fsynced:
-capture received its commit and made its streamed changes log content), and from ``run``'s unit lines for the
-units that carried it: ``compile_s`` and ``apply_s`` per target (targets apply side by side), the latter by phase in
-``apply_phases_s`` (``stage``: net rows into worktables, waiting for rows still being read; ``delete``, ``update``,
-``insert``; ``commit``; ``other``: connecting, locks, the target's state). ``statement_s``: how
-long the source took to run the statement. ``peak_pss_mb`` / ``peak_rss_mb``: the peak memory of ``run``'s process
+Timed from the moment the COMMIT returned, each polled every 100 ms (a poll takes the cores from the work it
+times): ``subscriber_s`` (the subscriber's copy shows the transaction: a row it changed; the subscriber applies a
+transaction atomically), ``mirrorline_s`` per target (the target's applied position in the log's reader registry,
+written right after each unit's commit, past the WAL position taken just before the COMMIT) and ``last_target_s``;
+``ratio`` = subscriber_s / last_target_s (> 1: mirrorline's last target had it sooner). The seconds split by phase:
+``durable_s`` (the log holds the transaction, fsynced: capture received its commit and made its streamed changes log
+content), and from ``run``'s unit lines for the units that carried it: ``compile_s`` and ``apply_s`` per target
+(targets apply side by side), the latter by phase in ``apply_phases_s`` (``stage``: net rows into worktables,
+waiting for rows still being read; ``delete``, ``update``, ``insert``; ``commit``; ``other``: connecting, locks, the
+target's state). ``statement_s``: how long the source took to run the statement. ``peak_pss_mb`` /
+``peak_rss_mb``: the peak memory of ``run``'s process
 tree (Python, JVM, Spark's Python workers) during that transaction's replication (proportional: shared pages
 counted once), and over the whole run (``peak``). ``cpu_s``: the CPU seconds each used from just before the
 statement until every copy had the transaction (as ``bench/live`` counts them, with mirrorline's PostgreSQL target's
@@ -170,7 +171,7 @@ def commit(cluster: PgCluster, sql: str) -> tuple[int, float, float]:
 
 
 class Waiter:
-    """Polls, every 20 ms, when the log, each target and the subscriber have a transaction."""
+    """Polls, every 100 ms, when the log, each target and the subscriber have a transaction."""
 
     def __init__(self, cluster: PgCluster, log_path: Path, runlog: RunLog) -> None:
         self.log_path, self.runlog = log_path, runlog
@@ -229,7 +230,7 @@ class Waiter:
                     row = cur.fetchone()
                 if row is not None and row[0] == want:
                     got["subscriber"] = now - t0
-            time.sleep(0.02)
+            time.sleep(0.1)
         return {k: None if v is None else round(v, 3) for k, v in got.items()}
 
 
