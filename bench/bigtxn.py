@@ -28,7 +28,9 @@ times): ``subscriber_s`` (the subscriber's copy shows the transaction: a row it 
 transaction atomically), ``mirrorline_s`` per target (the target's applied position in the log's reader registry,
 written right after each unit's commit, past the WAL position taken just before the COMMIT) and ``last_target_s``;
 ``ratio`` = subscriber_s / last_target_s (> 1: mirrorline's last target had it sooner). The seconds split by phase:
-``durable_s`` (the log holds the transaction, fsynced: capture received its commit and made its streamed changes log
+``sent_s`` and ``subscriber_sent_s`` (mirrorline's walsender and the subscriber's have decoded the WAL past the
+position taken just before the COMMIT: what is left of the source's decoding after its commit), ``durable_s`` (the
+log holds the transaction, fsynced: capture received its commit and made its streamed changes log
 content), and from ``run``'s unit lines for the units that carried it: ``compile_s`` and ``apply_s`` per target
 (targets apply side by side), the latter by phase in ``apply_phases_s`` (``stage``: net rows into worktables,
 waiting for rows still being read; ``delete``, ``update``, ``insert``; ``commit``; ``other``: connecting, locks, the
@@ -191,6 +193,18 @@ class Waiter:
             cur.execute("SELECT pid FROM pg_stat_replication WHERE application_name LIKE %s", (SUB + "%",))
             return frozenset(int(p) for (p,) in cur.fetchall())
 
+    def _sent(self) -> dict[str, int]:
+        """How far each walsender has read the WAL (``sent``: mirrorline's, ``subscriber_sent``: the subscriber's;
+        a logical walsender's sent position is the end of the last record it decoded)."""
+        out: dict[str, int] = {}
+        with self.src.cursor() as cur:
+            cur.execute("SELECT application_name LIKE %s, sent_lsn::text FROM pg_stat_replication", (SUB + "%",))
+            for sub, lsn in cur.fetchall():
+                if lsn is not None:
+                    k = "subscriber_sent" if sub else "sent"
+                    out[k] = max(out.get(k, 0), parse_lsn(lsn))
+        return out
+
     def _durable_lsn(self) -> int:
         """The last commit LSN the log holds, from its segments' names (no file is read: retention may remove
         one meanwhile)."""
@@ -212,10 +226,15 @@ class Waiter:
         ``before`` (``probe`` gives ``want`` on the subscriber once it has it); None for what did not within
         ``timeout``."""
         got: dict[str, float | None] = {k: None for k in ("durable", *TARGETS, "subscriber")}
+        passed: dict[str, float | None] = {"sent": None, "subscriber_sent": None}  # (not waited for)
         deadline = t0 + timeout
         while any(v is None for v in got.values()) and time.monotonic() < deadline:
             self.runlog.check_alive()
             now = time.monotonic()
+            if None in passed.values():
+                for k, sent in self._sent().items():
+                    if passed[k] is None and sent > before:
+                        passed[k] = now - t0
             if got["durable"] is None and self._durable_lsn() >= before:
                 got["durable"] = now - t0
             if any(got[n] is None for n in TARGETS):
@@ -231,7 +250,7 @@ class Waiter:
                 if row is not None and row[0] == want:
                     got["subscriber"] = now - t0
             time.sleep(0.1)
-        return {k: None if v is None else round(v, 3) for k, v in got.items()}
+        return {k: None if v is None else round(v, 3) for k, v in (got | passed).items()}
 
 
 def wait_live(cluster: PgCluster, waiter: Waiter, timeout: float) -> float:
@@ -241,7 +260,7 @@ def wait_live(cluster: PgCluster, waiter: Waiter, timeout: float) -> float:
     for k in range(1, int(timeout / 5) + 2):
         before, t0, _ = commit(cluster, "UPDATE bench_mark SET v = v + 1")
         got = waiter.wait(before, "SELECT v FROM bench_mark WHERE id = 1", k, t0, 5)
-        if all(v is not None for v in got.values()):
+        if all(got[k] is not None for k in ("durable", *TARGETS, "subscriber")):
             return round(time.monotonic() - t_start, 1)
     raise RuntimeError(f"not every copy had the marker after {timeout:.0f}s: {got}")
 
@@ -387,6 +406,8 @@ def one(
         "mirrorline_s": {n: got[n] for n in TARGETS},
         "last_target_s": last if done else None,
         "ratio": round(got["subscriber"] / last, 2) if done and last and got["subscriber"] is not None else None,
+        "sent_s": got["sent"],
+        "subscriber_sent_s": got["subscriber_sent"],
         "durable_s": got["durable"],
         "units": len(units),
         "changes": sum(u.changes for u in units),
@@ -398,8 +419,10 @@ def one(
         **used,
     }
     say(
-        f"{table} {shape}: subscriber {out['subscriber_s']}s, mirrorline {out['mirrorline_s']} (durable "
-        f"{out['durable_s']}s, compile {out['compile_s']}s, apply {out['apply_s']}), ratio {out['ratio']}, "
+        f"{table} {shape}: subscriber {out['subscriber_s']}s (its walsender past the commit "
+        f"{out['subscriber_sent_s']}s), mirrorline {out['mirrorline_s']} (walsender past the commit "
+        f"{out['sent_s']}s, durable {out['durable_s']}s, compile {out['compile_s']}s, apply {out['apply_s']}), "
+        f"ratio {out['ratio']}, "
         f"peak PSS {peaks['pss']['total']} MB, CPU per 1,000 changes {used['cpu_per_1000_changes']}"
     )
     return out
