@@ -30,19 +30,18 @@ written right after each unit's commit, past the WAL position taken just before 
 ``ratio`` = subscriber_s / last_target_s (> 1: mirrorline's last target had it sooner). The seconds split by phase:
 ``sent_s`` and ``subscriber_sent_s`` (mirrorline's walsender and the subscriber's have decoded the WAL past the
 position taken just before the COMMIT: what is left of the source's decoding after its commit), ``durable_s`` (the
-log holds the transaction, fsynced: capture received its commit and made its streamed changes log
-content), and from ``run``'s unit lines for the units that carried it: ``compile_s`` and ``apply_s`` per target
-(targets apply side by side), the latter by phase in ``apply_phases_s`` (``stage``: net rows into worktables,
-waiting for rows still being read; ``delete``, ``update``, ``insert``; ``commit``; ``other``: connecting, locks, the
-target's state). ``statement_s``: how long the source took to run the statement. ``peak_pss_mb`` /
-``peak_rss_mb``: the peak memory of ``run``'s process
-tree (Python, JVM, Spark's Python workers) during that transaction's replication (proportional: shared pages
-counted once), and over the whole run (``peak``). ``cpu_s``: the CPU seconds each used from just before the
-statement until every copy had the transaction (as ``bench/live`` counts them, with mirrorline's PostgreSQL target's
-backends as ``pg_target_mirrorline``); ``python_threads_cpu_s``: ``run``'s Python process by thread (capture, each
-target's lane, the log's writer...); ``cpu_per_1000_changes``: mirrorline's tree, walsender and target backends per
-1,000 changes per target beside the subscriber's apply worker and walsender (the machine is shared by both, so CPU
-seconds say more steadily than wall seconds what each costs).
+log holds the transaction, fsynced: capture received its commit and made its streamed changes log content), and from
+``run``'s unit lines for the units that carried it: ``compile_s`` and ``apply_s`` per target (targets apply side by
+side), the latter by phase in ``apply_phases_s`` (``stage``: net rows into worktables, waiting for rows still being
+read; ``delete``, ``update``, ``insert``; ``commit``; ``other``: connecting, locks, the target's state).
+``statement_s``: how long the source took to run the statement. ``peak_pss_mb`` / ``peak_rss_mb``: the peak memory
+of ``run``'s process tree (Python, JVM, Spark's Python workers) during that transaction's replication
+(proportional: shared pages counted once), and over the whole run (``peak``). ``cpu_s``: the CPU seconds each
+used from just before the statement until every copy had the transaction (as ``bench/live`` counts them, with
+mirrorline's PostgreSQL target's backends as ``pg_target_mirrorline``); ``python_threads_cpu_s``: ``run``'s Python
+process by thread (capture, each target's lane, the log's writer...); ``cpu_per_1000_changes``: mirrorline's tree,
+walsender and target backends per 1,000 changes per target beside the subscriber's apply worker and walsender (the
+machine is shared by both, so CPU seconds say more steadily than wall seconds what each costs).
 
 At the end every target and the subscriber are compared with the source, every row and column, through this
 benchmark's own readers (``equal``). Prints one JSON line.
@@ -260,7 +259,7 @@ def wait_live(cluster: PgCluster, waiter: Waiter, timeout: float) -> float:
     for k in range(1, int(timeout / 5) + 2):
         before, t0, _ = commit(cluster, "UPDATE bench_mark SET v = v + 1")
         got = waiter.wait(before, "SELECT v FROM bench_mark WHERE id = 1", k, t0, 5)
-        if all(got[k] is not None for k in ("durable", *TARGETS, "subscriber")):
+        if all(got[name] is not None for name in ("durable", *TARGETS, "subscriber")):
             return round(time.monotonic() - t_start, 1)
     raise RuntimeError(f"not every copy had the marker after {timeout:.0f}s: {got}")
 
