@@ -22,10 +22,8 @@ from the log.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import logging
-import os
 import queue
 import threading
 import time
@@ -47,7 +45,6 @@ from mirrorline.pipeline.roster import Phase
 from mirrorline.pipeline.units import UnitReport
 from mirrorline.position import ZERO, Position
 
-LANE_NICE = 10  # a lane thread's nice value
 LANE_PARTS = 1  # parts compiled and waiting in a target's lane at most (each holds its net rows until applied)
 
 if TYPE_CHECKING:
@@ -80,13 +77,6 @@ class Applier(Protocol):
     def registered(self, name: str) -> None: ...
 
 
-def _yielding() -> None:
-    """A lane's thread gives way to capture's: the transaction's rows arriving sooner is what its commit waits for,
-    and the lanes catch up (Linux: a thread's own nice value)."""
-    with contextlib.suppress(OSError):
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), LANE_NICE)
-
-
 def _subxid(part: str) -> int:
     """The subtransaction of a part file (``part-<n>-<subxid>.parquet``)."""
     return int(part.rsplit("-", 1)[1].split(".", 1)[0])
@@ -115,7 +105,7 @@ class _Txn:
 
     def lane(self, n: str, job: Callable[[], None]) -> None:
         if n not in self.lanes:
-            self.lanes[n] = ThreadPoolExecutor(1, thread_name_prefix=f"mirrorline-ahead-{n}", initializer=_yielding)
+            self.lanes[n] = ThreadPoolExecutor(1, thread_name_prefix=f"mirrorline-ahead-{n}")
         q = self.queued.setdefault(n, [])
         q[:] = [f for f in q if not f.done()]
         q.append(self.lanes[n].submit(job))
