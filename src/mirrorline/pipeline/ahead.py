@@ -45,7 +45,10 @@ from mirrorline.pipeline.roster import Phase
 from mirrorline.pipeline.units import UnitReport
 from mirrorline.position import ZERO, Position
 
-LANE_PARTS = 1  # parts compiled and waiting in a target's lane at most (each holds its net rows until applied)
+# a target's lane may hold parts compiled and waiting (each holds its net rows until every lane applied it) while
+# they weigh at most this many bytes of the log's rows, or one part: a faster target is not held to the pace of the
+# slowest (bench/bigtxn --tables wide --shapes update: SQLite rewrites each 2 kB row), and what waits stays bounded
+LANE_BYTES = 96 << 20
 
 if TYPE_CHECKING:
     from mirrorline.apply.target import Ahead, ApplyResult, Target
@@ -100,26 +103,27 @@ class _Txn:
     report: UnitReport | None = None
     # each target's lane: its parts applied in order, in a thread of its own, not waiting for the other targets
     lanes: dict[str, ThreadPoolExecutor] = field(default_factory=dict)
-    queued: dict[str, list[Future[None]]] = field(default_factory=dict)
+    queued: dict[str, list[tuple[Future[None], int]]] = field(default_factory=dict)  # each part and its weight
     given_up: bool = False  # abandoned: a lane's part still queued does nothing
 
-    def lane(self, n: str, job: Callable[[], None]) -> None:
+    def lane(self, n: str, job: Callable[[], None], weight: int = 0) -> None:
         if n not in self.lanes:
             self.lanes[n] = ThreadPoolExecutor(1, thread_name_prefix=f"mirrorline-ahead-{n}")
         q = self.queued.setdefault(n, [])
-        q[:] = [f for f in q if not f.done()]
-        q.append(self.lanes[n].submit(job))
+        q[:] = [(f, w) for f, w in q if not f.done()]
+        q.append((self.lanes[n].submit(job), weight))
 
     def wait(self, most: int = 0) -> None:
-        """Until each lane has at most ``most`` parts queued or running."""
+        """Until each lane's parts queued or running weigh at most ``most`` bytes, or it has one part at most (none
+        with ``most`` 0)."""
         for q in self.queued.values():
-            while len(q) > most:
-                q.pop(0).result()
+            while len(q) > (1 if most else 0) and (not most or sum(w for _, w in q) > most):
+                q.pop(0)[0].result()
 
     def close(self) -> None:
         """Every lane's parts done (what one raised is the caller's to have seen), its thread ended."""
         for q in self.queued.values():
-            for f in q:
+            for f, _ in q:
                 f.exception()
             q.clear()
         for pool in self.lanes.values():
@@ -315,10 +319,10 @@ class AheadApplier:
         tx.compile_seconds += time.monotonic() - t0
         return batch, schemas
 
-    def _apply(self, tx: _Txn, batch: NetBatch, schemas: dict[str, TableSchema]) -> None:
-        """One part queued in every target's lane (each applies its parts in order, side by side with the others);
-        a target that fails leaves the transaction (rolled back). At most ``LANE_PARTS`` parts wait in a lane: the
-        next part is compiled once the slowest target has room for it."""
+    def _apply(self, tx: _Txn, batch: NetBatch, schemas: dict[str, TableSchema], weight: int) -> None:
+        """One part (of ``weight`` bytes of the log's rows) queued in every target's lane (each applies its parts in
+        order, side by side with the others); a target that fails leaves the transaction (rolled back). The next
+        part is compiled once every lane has room for it (``LANE_BYTES``)."""
         names = list(tx.targets)
         left = [len(names)]
         guard = threading.Lock()
@@ -343,8 +347,8 @@ class AheadApplier:
                     batch.release()
 
         for n in names:
-            tx.lane(n, functools.partial(one, n))
-        tx.wait(LANE_PARTS)
+            tx.lane(n, functools.partial(one, n), weight)
+        tx.wait(LANE_BYTES)
 
     def _compile_apply(self, tx: _Txn, rows: pa.Table, end: Position) -> bool:
         """``rows`` compiled and queued at every target; False where no route takes them (``tx`` abandoned)."""
@@ -353,7 +357,7 @@ class AheadApplier:
         except NotAhead as e:
             self._abandon(tx, str(e))
             return False
-        self._apply(tx, batch, schemas)
+        self._apply(tx, batch, schemas, rows.nbytes)
         return True
 
     def _part(self, tx: _Txn, cut: StreamCut) -> None:

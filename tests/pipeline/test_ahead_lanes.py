@@ -1,0 +1,81 @@
+"""The lanes of a transaction applied ahead (pipeline/ahead.py ``_Txn``): a target's lane may run behind the others by
+parts weighing up to ``LANE_BYTES`` (a faster target is not held to the slowest's pace), never by more than that
+plus one part, and a lane's parts run in the order given."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from mirrorline.pipeline.ahead import _Txn
+from mirrorline.position import ZERO
+
+
+def test_a_fast_lane_is_not_held_to_a_slow_lanes_pace_within_the_bound() -> None:
+    tx = _Txn(xid=1, start=ZERO, targets={})
+    gate = threading.Event()  # the slow lane's parts wait for it
+    done: dict[str, list[int]] = {"fast": [], "slow": []}
+
+    def job(name: str, i: int) -> None:
+        if name == "slow":
+            gate.wait(30)
+        done[name].append(i)
+
+    bound, weight = 100, 30
+    queued = 0
+    try:
+        t0 = time.monotonic()
+        for i in range(3):  # three parts of 30 behind in the slow lane: 90, within the bound of 100
+            tx.lane("fast", lambda i=i: job("fast", i), weight)
+            tx.lane("slow", lambda i=i: job("slow", i), weight)
+            tx.wait(bound)
+            queued += 1
+        assert time.monotonic() - t0 < 5  # no wait for the slow lane
+        assert done["slow"] == []
+        waited = threading.Event()
+
+        def fourth() -> None:  # 120 queued in the slow lane: the wait lasts until it has room again
+            tx.lane("fast", lambda: job("fast", 3), weight)
+            tx.lane("slow", lambda: job("slow", 3), weight)
+            tx.wait(bound)
+            waited.set()
+
+        th = threading.Thread(target=fourth)
+        th.start()
+        assert not waited.wait(0.5)
+        gate.set()
+        assert waited.wait(30)
+        th.join()
+    finally:
+        gate.set()
+        tx.close()
+    assert done == {"fast": [0, 1, 2, 3], "slow": [0, 1, 2, 3]}
+
+
+def test_a_lane_with_a_part_heavier_than_the_bound_waits_for_it_before_the_next() -> None:
+    tx = _Txn(xid=1, start=ZERO, targets={})
+    started = threading.Event()
+    release = threading.Event()
+    ran: list[str] = []
+
+    def heavy() -> None:
+        started.set()
+        release.wait(30)
+        ran.append("heavy")
+
+    try:
+        tx.lane("t", heavy, 500)
+        tx.wait(100)  # one part is always allowed, whatever its weight
+        assert started.wait(30)
+        tx.lane("t", lambda: ran.append("next"), 1)
+        th = threading.Thread(target=tx.wait, args=(100,))
+        th.start()
+        th.join(0.3)
+        assert th.is_alive()  # 501 queued: waits for the heavy part
+        release.set()
+        th.join(30)
+        assert not th.is_alive()
+    finally:
+        release.set()
+        tx.close()
+    assert ran == ["heavy", "next"]
