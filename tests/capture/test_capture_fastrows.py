@@ -289,3 +289,33 @@ def test_many_small_transactions_are_decoded_together(monkeypatch: pytest.Monkey
     _, changes, _ = run(msgs, fast=True)
     assert calls == [100]
     assert [(c.pos.lsn, c.pos.seq, c.xid) for c in changes] == [(100 + t, 0, t) for t in range(100)]
+
+
+@pytest.mark.parametrize("ncols", [6, 70])
+def test_columns_left_unsent_in_varying_sets_give_each_row_its_own_list(
+    monkeypatch: pytest.MonkeyPatch, ncols: int
+) -> None:
+    """Updates of one transaction leaving different sets of TOASTed columns unsent (none, one, several, all but the
+    key), on a table of a few columns and on one of more than 62 (the hot path counts each row's set by another
+    means there): each row's list of columns unchanged is the reference path's."""
+    rel = Relation(None, 4, "public", "w", "d", (col("id", 23, True), *(col(f"c{i}", 25) for i in range(1, ncols))))
+    monkeypatch.setitem(TABLES, "public.w", TableInfo("public.w"))
+    msgs: list[bytes | str] = [encode(rel), encode(Begin(2000, 5_000_000, 77))]
+    for r in range(40):
+        vals: list[Any] = [str(r), *(f"v{r}.{i}" for i in range(1, ncols))]
+        for i in range(1, ncols):
+            if (r % 4 == 1 and i == ncols - 1) or (r % 4 == 2 and i % 3 == 0) or (r % 4 == 3):
+                vals[i] = UNCHANGED
+        msgs.append(encode(Update(None, 4, None, None, vals, 1 if UNCHANGED in vals else 0)))
+    msgs.append(encode(Commit(0, 2000, 2040, 5_000_000)))
+    ref_events, ref_changes, _ = run(msgs, fast=False)
+    events, changes, _ = run(msgs, fast=True)
+    assert len(changes) == 40
+    assert changes == ref_changes
+    assert _normal(events) == _normal(ref_events)
+    assert {c.unchanged for c in changes} == {
+        frozenset(),
+        frozenset({f"c{ncols - 1}"}),
+        frozenset(f"c{i}" for i in range(1, ncols) if i % 3 == 0),
+        frozenset(f"c{i}" for i in range(1, ncols)),
+    }

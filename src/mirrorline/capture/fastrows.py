@@ -253,9 +253,15 @@ def _relation_rows(buf: np.ndarray, begins: np.ndarray, ends: np.ndarray, kind: 
     )
     # unchanged: the names of columns not sent (sorted)
     unch = kinds == _UNCH
-    if unch.any():
-        lists = [sorted(rel.names[c] for c in np.flatnonzero(unch[r])) for r in range(m)]
-        unchanged = pa.array(lists, _LIST_T)
+    if unch.any():  # one list per distinct set of columns unsent (a TOASTed column left alone: the same in every row)
+        if ncols <= 62:  # each row's set as the bits of one integer
+            codes, which = np.unique(unch @ (np.int64(1) << np.arange(ncols, dtype=I64)), return_inverse=True)
+            sets = [[c for c in range(ncols) if int(code) >> c & 1] for code in codes]
+        else:
+            rows_of, which = np.unique(unch, axis=0, return_inverse=True)
+            sets = [np.flatnonzero(row).tolist() for row in rows_of]
+        lists = [sorted(rel.names[c] for c in cols) for cols in sets]
+        unchanged = pa.array(lists, _LIST_T).take(pa.array(which.ravel()))
     else:
         unchanged = pa.ListArray.from_arrays(
             pa.array(np.zeros(m + 1, np.int32)), pa.array([], pa.string()), type=_LIST_T
