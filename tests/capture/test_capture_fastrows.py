@@ -319,3 +319,38 @@ def test_columns_left_unsent_in_varying_sets_give_each_row_its_own_list(
         frozenset(f"c{i}" for i in range(1, ncols) if i % 3 == 0),
         frozenset(f"c{i}" for i in range(1, ncols)),
     }
+
+
+def test_long_values_give_the_reference_rows(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rows whose values are long on average (2 kB texts, multibyte characters, a NULL among them: the hot path copies
+    them a slice at a time) are the reference path's rows; so are those of short values beside them."""
+    rel = Relation(None, 5, "public", "long", "d", (col("id", 23, True), col("body", 25), col("note", 25)))
+    monkeypatch.setitem(TABLES, "public.long", TableInfo("public.long"))
+    msgs: list[bytes | str] = [encode(rel), encode(Begin(3000, 5_000_000, 78))]
+    for r in range(30):
+        body = None if r == 7 else ("é€" * (300 + 37 * r) + f"#{r}")
+        msgs.append(encode(Insert(None, 5, [str(r), body, "x" * (r % 3)])))
+    msgs.append(encode(Commit(0, 3000, 3040, 5_000_000)))
+    ref_events, ref_changes, _ = run(msgs, fast=False)
+    monkeypatch.setattr(BatchAssembler, "_replay", lambda *a, **k: pytest.fail("the hot path fell back"))
+    events, changes, _ = run(msgs, fast=True)
+    assert len(changes) == 30
+    assert changes == ref_changes
+    assert _normal(events) == _normal(ref_events)
+    assert changes[3].new["body"] == "é€" * (300 + 37 * 3) + "#3" and changes[7].new["body"] is None
+
+
+def test_a_long_value_that_is_not_utf8_is_the_reference_paths_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    rel = Relation(None, 5, "public", "long", "d", (col("id", 23, True), col("body", 25)))
+    monkeypatch.setitem(TABLES, "public.long", TableInfo("public.long"))
+    good = encode(Insert(None, 5, ["1", "a" * 3000]))
+    assert isinstance(good, bytes)
+    bad = good[:-10] + b"\xff" + good[-9:]
+    msgs: list[bytes | str] = [encode(rel), encode(Begin(3000, 5_000_000, 78)), good, bad]
+    msgs.append(encode(Commit(0, 3000, 3040, 5_000_000)))
+    errors = []
+    for fast in (False, True):
+        with pytest.raises(DecodeError) as e:
+            run(msgs, fast=fast)
+        errors.append(str(e.value))
+    assert errors[0] == errors[1]

@@ -28,6 +28,9 @@ _OPS = pa.array(["I", "U", "D"], pa.string())
 _I, _U, _D, _N, _K, _O = 73, 85, 68, 78, 75, 79
 _T, _NULL, _UNCH = 116, 110, 117
 I64 = np.int64
+# values at least this long on average are copied a slice at a time (4,096 values of 2 kB: 1.9 ms, against 31.5 ms
+# for an index of every byte; of 10 bytes the index is faster, 0.4 against 7.9 ms for 16,384 values)
+LONG_VALUES = 64
 
 
 Segment = tuple[int, int, int, int, int]
@@ -90,7 +93,12 @@ def _strings(buf: np.ndarray, starts: np.ndarray, lens: np.ndarray, null: np.nda
     total = int(offsets[-1])
     if total >= 1 << 31:
         raise Fallback
-    if total:
+    if total >= LONG_VALUES * n:  # long values (a 2 kB text): a slice each, copied whole, not indexed byte by byte
+        view = memoryview(buf)  # type: ignore[arg-type]
+        data = np.frombuffer(
+            b"".join([view[s : s + ln] for s, ln in zip(starts.tolist(), lens.tolist(), strict=True)]), np.uint8
+        )
+    elif total:
         idx = np.repeat(starts - offsets[:-1], lens) + np.arange(total, dtype=I64)
         data = buf[idx]
     else:
