@@ -22,14 +22,12 @@ def test_a_fast_lane_is_not_held_to_a_slow_lanes_pace_within_the_bound() -> None
         done[name].append(i)
 
     bound, weight = 100, 30
-    queued = 0
     try:
         t0 = time.monotonic()
         for i in range(3):  # three parts of 30 behind in the slow lane: 90, within the bound of 100
             tx.lane("fast", lambda i=i: job("fast", i), weight)
             tx.lane("slow", lambda i=i: job("slow", i), weight)
             tx.wait(bound)
-            queued += 1
         assert time.monotonic() - t0 < 5  # no wait for the slow lane
         assert done["slow"] == []
         waited = threading.Event()

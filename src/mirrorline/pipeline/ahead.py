@@ -113,11 +113,10 @@ class _Txn:
         q[:] = [(f, w) for f, w in q if not f.done()]
         q.append((self.lanes[n].submit(job), weight))
 
-    def wait(self, most: int = 0) -> None:
-        """Until each lane's parts queued or running weigh at most ``most`` bytes, or it has one part at most (none
-        with ``most`` 0)."""
+    def wait(self, most: int) -> None:
+        """Until each lane has one part at most queued or running, or parts weighing at most ``most`` bytes."""
         for q in self.queued.values():
-            while len(q) > (1 if most else 0) and (not most or sum(w for _, w in q) > most):
+            while len(q) > 1 and sum(w for _, w in q) > most:
                 q.pop(0)[0].result()
 
     def close(self) -> None:
