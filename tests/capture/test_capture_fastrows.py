@@ -354,3 +354,25 @@ def test_a_long_value_that_is_not_utf8_is_the_reference_paths_error(monkeypatch:
             run(msgs, fast=fast)
         errors.append(str(e.value))
     assert errors[0] == errors[1]
+
+
+def test_a_key_in_another_order_than_the_columns_gives_the_reference_rows(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A composite key whose columns are not in the table's order (its values do not ascend in the messages: the
+    hot path copies them by another means) and NULLs, one the last value of the batch: the reference path's rows,
+    without falling back to it."""
+    rel = Relation(None, 6, "public", "c", "d", (col("k1", 23, True), col("v", 25), col("k2", 25, True)))
+    monkeypatch.setitem(TABLES, "public.c", TableInfo("public.c", key=("k2", "k1")))
+    msgs: list[bytes | str] = [encode(rel), encode(Begin(4000, 5_000_000, 79))]
+    for r in range(20):
+        msgs.append(encode(Insert(None, 6, [str(r), None if r % 3 == 0 else f"v{r}", f"k{r % 4}"])))
+    msgs.append(encode(Update(None, 6, None, None, [str(5), "moved", "k1"], 0)))
+    msgs.append(encode(Delete(None, 6, "K", [str(6), None, "k2"])))
+    msgs.append(encode(Insert(None, 6, ["99", None, "k9"])))
+    msgs.append(encode(Commit(0, 4000, 4040, 5_000_000)))
+    ref_events, ref_changes, _ = run(msgs, fast=False)
+    monkeypatch.setattr(BatchAssembler, "_replay", lambda *a, **k: pytest.fail("the hot path fell back"))
+    events, changes, _ = run(msgs, fast=True)
+    assert len(changes) == 23
+    assert changes == ref_changes
+    assert _normal(events) == _normal(ref_events)
+    assert changes[0].key == ("k0", "0") and changes[21].key == ("k2", "6") and changes[22].new["v"] is None

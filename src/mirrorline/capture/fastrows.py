@@ -28,8 +28,9 @@ _OPS = pa.array(["I", "U", "D"], pa.string())
 _I, _U, _D, _N, _K, _O = 73, 85, 68, 78, 75, 79
 _T, _NULL, _UNCH = 116, 110, 117
 I64 = np.int64
-# values at least this long on average are copied a slice at a time (4,096 values of 2 kB: 1.9 ms, against 31.5 ms
-# for an index of every byte; of 10 bytes the index is faster, 0.4 against 7.9 ms for 16,384 values)
+# where the ranges are not in the buffer's order: values at least this long on average are copied a slice at a time
+# (4,096 values of 2 kB: 1.9 ms, against 31.5 ms for an index of every byte; of 10 bytes the index is faster, 0.4
+# against 7.9 ms for 16,384 values)
 LONG_VALUES = 64
 
 
@@ -42,11 +43,17 @@ class Fallback(Exception):
 
 
 def _be16(buf: np.ndarray, at: np.ndarray) -> np.ndarray:
-    return (buf[at].astype(I64) << 8) | buf[at + 1]
+    """The big-endian 16-bit integers at byte offsets ``at`` of ``buf``: a view of the buffer as one at every byte
+    (numpy reads an unaligned word), one gather."""
+    words = np.ndarray((max(len(buf) - 1, 0),), dtype=">u2", buffer=buf, strides=(1,))
+    return words[at].astype(I64)
 
 
 def _be32(buf: np.ndarray, at: np.ndarray) -> np.ndarray:
-    return (buf[at].astype(I64) << 24) | (buf[at + 1].astype(I64) << 16) | (buf[at + 2].astype(I64) << 8) | buf[at + 3]
+    """The big-endian 32-bit integers at byte offsets ``at`` (as :func:`_be16`: 2.4 ms for 364,000 of them, against
+    9.0 ms for four gathers of a byte and their shifts)."""
+    words = np.ndarray((max(len(buf) - 3, 0),), dtype=">u4", buffer=buf, strides=(1,))
+    return words[at].astype(I64)
 
 
 def _parse_tuples(
@@ -93,16 +100,17 @@ def _strings(buf: np.ndarray, starts: np.ndarray, lens: np.ndarray, null: np.nda
     total = int(offsets[-1])
     if total >= 1 << 31:
         raise Fallback
-    if total >= LONG_VALUES * n:  # long values (a 2 kB text): a slice each, copied whole, not indexed byte by byte
+    data = _taken(buf, starts, lens, total) if total else np.zeros(0, np.uint8)
+    if data is not None:
+        pass
+    elif total >= LONG_VALUES * n:  # long values (a 2 kB text): a slice each, copied whole, not indexed byte by byte
         view = memoryview(buf)  # type: ignore[arg-type]
         data = np.frombuffer(
             b"".join([view[s : s + ln] for s, ln in zip(starts.tolist(), lens.tolist(), strict=True)]), np.uint8
         )
-    elif total:
+    else:
         idx = np.repeat(starts - offsets[:-1], lens) + np.arange(total, dtype=I64)
         data = buf[idx]
-    else:
-        data = np.zeros(0, np.uint8)
     validity = pa.array(~null).buffers()[1] if null.any() else None
     arr = pa.Array.from_buffers(
         pa.string(),
@@ -115,6 +123,27 @@ def _strings(buf: np.ndarray, starts: np.ndarray, lens: np.ndarray, null: np.nda
     except pa.ArrowInvalid:
         raise Fallback from None
     return arr
+
+
+def _taken(buf: np.ndarray, starts: np.ndarray, lens: np.ndarray, total: int) -> np.ndarray | None:
+    """The byte ranges end to end, where they ascend in ``buf`` without overlapping (as a tuple's values do): the
+    buffer seen as an Arrow binary array of the ranges and the gaps between them, and Arrow's take of every other
+    element, a copy per range (364,000 values of a narrow row's sizes: 7.5 ms, against 29 ms for an index of every
+    byte). None where they do not ascend."""
+    n = len(starts)
+    starts = np.minimum(starts, len(buf))  # (a NULL's empty range may start past the end: the last value of all)
+    ends = starts + lens
+    if n > 1 and not bool(np.all(starts[1:] >= ends[:-1])):
+        return None
+    base, top = int(starts[0]), int(ends[-1])
+    if base < 0 or top > len(buf) or top - base >= 1 << 31:
+        return None
+    bounds = np.empty(2 * n, np.int32)
+    bounds[0::2] = starts - base
+    bounds[1::2] = ends - base
+    ranges = pa.Array.from_buffers(pa.binary(), 2 * n - 1, [None, pa.py_buffer(bounds), pa.py_buffer(buf[base:top])])
+    taken = ranges.take(pa.array(np.arange(0, 2 * n, 2, dtype=I64)))
+    return np.frombuffer(taken.buffers()[2], np.uint8, count=total)
 
 
 def _list_offsets(counts: np.ndarray) -> pa.Array:
@@ -208,16 +237,23 @@ def _relation_rows(buf: np.ndarray, begins: np.ndarray, ends: np.ndarray, kind: 
             new_at = new_at.copy()
             new_at[ur] = n_at + 1
     new_rows = np.flatnonzero(~is_d)
-    kinds = np.full((m, ncols), _NULL, np.uint8)
-    starts = np.zeros((m, ncols), I64)
-    lens = np.zeros((m, ncols), I64)
-    if len(new_rows):
-        k, s, ln, after = _parse_tuples(buf, new_at[new_rows], ends[new_rows], ncols)
-        if np.any(after != ends[new_rows]):
+    if len(new_rows) == m:  # no delete: every row's new tuple as parsed
+        kinds, starts, lens, after = _parse_tuples(buf, new_at, ends, ncols)
+        if np.any(after != ends):
             raise Fallback
-        if np.any(k[is_i[new_rows]] == _UNCH):
+        if np.any(kinds[is_i] == _UNCH):
             raise Fallback  # an Insert cannot leave a value unsent
-        kinds[new_rows], starts[new_rows], lens[new_rows] = k, s, ln
+    else:
+        kinds = np.full((m, ncols), _NULL, np.uint8)
+        starts = np.zeros((m, ncols), I64)
+        lens = np.zeros((m, ncols), I64)
+        if len(new_rows):
+            k, s, ln, after = _parse_tuples(buf, new_at[new_rows], ends[new_rows], ncols)
+            if np.any(after != ends[new_rows]):
+                raise Fallback
+            if np.any(k[is_i[new_rows]] == _UNCH):
+                raise Fallback  # an Insert cannot leave a value unsent
+            kinds[new_rows], starts[new_rows], lens[new_rows] = k, s, ln
     # the key: from the new tuple, or the old one for deletes
     key_idx = list(rel.key_idx)
     kk, ks, kl = kinds[:, key_idx].copy(), starts[:, key_idx].copy(), lens[:, key_idx].copy()
@@ -237,9 +273,9 @@ def _relation_rows(buf: np.ndarray, begins: np.ndarray, ends: np.ndarray, kind: 
     old_key_lists: list[list[str | None] | None] = [None] * m
     if old is not None:
         okind, ostart, olen, _ = old
-        for j, r in enumerate(np.flatnonzero(has_old).tolist()):
-            if not is_u[r]:
-                continue
+        old_rows = np.flatnonzero(has_old)
+        for j in np.flatnonzero(is_u[old_rows]).tolist():  # (a delete's old tuple is its key)
+            r = int(old_rows[j])
             nk = [_value(buf, kinds[r, c], starts[r, c], lens[r, c]) for c in key_idx]
             ok = [
                 _value(buf, okind[j, c], ostart[j, c], olen[j, c]) if okind[j, c] != _UNCH else v
@@ -252,10 +288,12 @@ def _relation_rows(buf: np.ndarray, begins: np.ndarray, ends: np.ndarray, kind: 
     sent = (kinds != _UNCH) & ~is_d[:, None]
     counts = sent.sum(axis=1)
     flat = sent.ravel()
-    col_of = np.tile(np.arange(ncols, dtype=I64), m)[flat]
+    col_of = np.tile(np.arange(ncols, dtype=I64), m)
+    fk, fs, fl = kinds.ravel(), starts.ravel(), lens.ravel()
+    if not flat.all():  # (else every value of every row, as they are)
+        col_of, fk, fs, fl = col_of[flat], fk[flat], fs[flat], fl[flat]
     names = pa.array(rel.names, pa.string()).take(pa.array(col_of))
-    fk = kinds.ravel()[flat]
-    values = _strings(buf, starts.ravel()[flat], np.where(fk == _T, lens.ravel()[flat], 0), fk == _NULL)
+    values = _strings(buf, fs, np.where(fk == _T, fl, 0), fk == _NULL)
     new = pa.MapArray.from_arrays(
         _list_offsets(counts), names, values, type=_MAP_T, mask=pa.array(is_d) if is_d.any() else None
     )
