@@ -3,6 +3,7 @@ or of one subtransaction, leftovers of a crash discarded, order with buffered tr
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import pyarrow as pa
@@ -171,10 +172,16 @@ class Watcher:
         self.events.append(("aborted", xid, subxid))
 
 
+def from_parts(cut: stream.StreamCut) -> stream.StreamCut:
+    """The cut without the rows it carries: read from its part files."""
+    return dataclasses.replace(cut, rows=None)
+
+
 def test_a_watcher_reads_each_cut_whole_while_the_transaction_is_open(tmp_path):
     """``run`` applying ahead of the commit: at a block's end past ``cut_rows`` rows, every open part is closed and
-    the rows since the last cut are readable in order, of every subtransaction; a subtransaction's abort and the
-    commit are told; what a commit publishes is every row, at its position."""
+    the rows since the last cut are readable in order, of every subtransaction, from the rows the cut carries and
+    alike from its part files; a subtransaction's abort is told; at the commit a last cut of the rows since the one
+    before, then the commit; what a commit publishes is every row, at its position."""
     watcher = Watcher(cut_rows=3)
     with LogWriter(tmp_path) as w:
         w.stream_watcher = watcher
@@ -187,8 +194,11 @@ def test_a_watcher_reads_each_cut_whole_while_the_transaction_is_open(tmp_path):
         s.end_block()
         ((_, first),) = watcher.events
         assert (first.first_seq, first.last_seq) == (0, 3)
-        assert [int(k[0]) for k in stream.read_cut(first)["key"].to_pylist()] == [1, 2, 3, 4]
-        assert stream.read_cut(first)["seq"].to_pylist() == [0, 1, 2, 3]
+        assert first.rows is not None
+        for cut in (first, from_parts(first)):
+            assert [int(k[0]) for k in stream.read_cut(cut)["key"].to_pylist()] == [1, 2, 3, 4]
+            assert stream.read_cut(cut)["seq"].to_pylist() == [0, 1, 2, 3]
+        assert stream.read_cut(first).equals(stream.read_cut(from_parts(first)))
         s.add(502, [ch(5), ch(6), ch(7)])
         s.add(500, [ch(8)])
         s.abort_subxact(502)  # before the cut: its rows are in none
@@ -196,16 +206,21 @@ def test_a_watcher_reads_each_cut_whole_while_the_transaction_is_open(tmp_path):
         second = watcher.events[-1][1]
         assert watcher.events[1] == ("aborted", 500, 502)
         assert (second.first_seq, second.last_seq) == (4, 7)
-        assert [int(k[0]) for k in stream.read_cut(second)["key"].to_pylist()] == [8]
+        for cut in (second, from_parts(second)):
+            assert [int(k[0]) for k in stream.read_cut(cut)["key"].to_pylist()] == [8]
         s.add(500, [ch(9), ch(10)])
         s.end_block()  # 2 rows since the cut: none
         s.add(500, [ch(11)])
         s.commit(40, 4_000)
-        assert watcher.events[-1][:2] == ("committed", 500)
-        published = watcher.events[-1][2]
+        (what, last), committed = watcher.events[-2], watcher.events[-1]
+        assert what == "cut" and (last.first_seq, last.last_seq) == (8, 10)
+        assert [int(k[0]) for k in stream.read_cut(last)["key"].to_pylist()] == [9, 10, 11]
+        assert committed[:2] == ("committed", 500)
+        published = committed[2]
         with pytest.raises(FileNotFoundError):
-            stream.read_cut(second)
-        assert [int(k[0]) for k in stream.read_cut(second, published)["key"].to_pylist()] == [8]
+            stream.read_cut(from_parts(second))
+        assert [int(k[0]) for k in stream.read_cut(from_parts(second), published)["key"].to_pylist()] == [8]
+        assert stream.read_cut(from_parts(last), published).equals(stream.read_cut(last))
     assert keys(ChangeLog(tmp_path)) == [1, 2, 3, 4, 8, 9, 10, 11]
     assert keys(ChangeLog(tmp_path), Position(40, second.last_seq)) == [9, 10, 11]  # the rest, after the last cut
 
@@ -231,7 +246,7 @@ def test_wide_rows_are_cut_by_bytes(tmp_path):
             s.end_block()
         s.commit(10, 1)
     cuts = [e[1] for e in watcher.events if e[0] == "cut"]
-    assert [(c.first_seq, c.last_seq) for c in cuts] == [(0, 2), (3, 5), (6, 8)]
+    assert [(c.first_seq, c.last_seq) for c in cuts] == [(0, 2), (3, 5), (6, 8), (9, 9)]  # (the last: at the commit)
 
 
 def test_a_big_cut_is_read_a_slice_at_a_time_in_arrival_order(tmp_path):
@@ -246,11 +261,33 @@ def test_a_big_cut_is_read_a_slice_at_a_time_in_arrival_order(tmp_path):
             s.add(10, [ch(k + 2, new={"id": str(k + 2), "v": "z" * 5_000})])
         s.end_block()
         ((_, cut),) = watcher.events
-        assert len(cut.parts) == 2
-        batches = list(stream.iter_cut(cut, batch_bytes=50_000))
-        assert len(batches) >= 5 and max(b.nbytes for b in batches) < 100_000  # (300 kB in all)
-        whole = pa.concat_tables(batches)
-        assert whole["seq"].to_pylist() == list(range(60))
-        assert [int(k[0]) for k in whole["key"].to_pylist()] == list(range(60))
-        assert whole.equals(stream.read_cut(cut))
+        assert len(cut.parts) == 2 and cut.rows is not None
+        for c in (cut, from_parts(cut)):  # the rows it carries, and from its parts
+            batches = list(stream.iter_cut(c, batch_bytes=50_000))
+            assert len(batches) >= 5 and max(b.nbytes for b in batches) < 100_000  # (300 kB in all)
+            whole = pa.concat_tables(batches)
+            assert whole["seq"].to_pylist() == list(range(60))
+            assert [int(k[0]) for k in whole["key"].to_pylist()] == list(range(60))
+            assert whole.equals(stream.read_cut(cut))
+        s.commit(10, 1)
+
+
+def test_a_cut_past_the_bytes_kept_is_read_from_its_parts(tmp_path, monkeypatch):
+    """Rows since the last cut past ``KEEP_BYTES`` (one stream block of TOASTed values): the cut carries none of
+    them, its parts have them all; the next cut carries its own again."""
+    monkeypatch.setattr(stream, "KEEP_BYTES", 25_000)
+    monkeypatch.setattr(stream, "SPILL_ROWS", 1)  # (each row spilled as it comes)
+    watcher = Watcher(cut_rows=1)
+    with LogWriter(tmp_path) as w:
+        w.stream_watcher = watcher
+        s = w.open_stream(9)
+        for k in range(6):
+            s.add(9, [ch(k, new={"id": str(k), "v": "x" * 10_000})])
+        s.end_block()
+        s.add(9, [ch(6)])
+        s.end_block()
+        (_, big), (_, small) = watcher.events
+        assert big.rows is None and small.rows is not None
+        assert [int(k[0]) for k in stream.read_cut(big)["key"].to_pylist()] == list(range(6))
+        assert [int(k[0]) for k in stream.read_cut(small)["key"].to_pylist()] == [6]
         s.commit(10, 1)

@@ -6,7 +6,15 @@ from __future__ import annotations
 
 import threading
 import time
+from pathlib import Path
+from typing import Any, cast
 
+import pytest
+from changes import ch
+
+from mirrorline.log.columns import changes_to_arrow
+from mirrorline.log.stream import StreamCut
+from mirrorline.pipeline import ahead
 from mirrorline.pipeline.ahead import _Txn
 from mirrorline.position import ZERO
 
@@ -77,3 +85,35 @@ def test_a_lane_with_a_part_heavier_than_the_bound_waits_for_it_before_the_next(
         release.set()
         tx.close()
     assert ran == ["heavy", "next"]
+
+
+def test_cuts_waiting_carry_their_rows_only_within_the_bound(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Capture tells the cuts in its thread while the ahead's thread may be behind: the cuts waiting carry their rows
+    in memory while they weigh at most ``HELD_BYTES``; the next is read from its parts when its turn comes, and once
+    the cuts are taken their bytes count no more."""
+    rows = changes_to_arrow([ch(k, new={"id": str(k), "v": "x" * 1_000}) for k in range(100)], 0, 0, 0)
+    cuts = [StreamCut(9, tmp_path, (), i * 100, i * 100 + 99, rows) for i in range(4)]
+    monkeypatch.setattr(ahead, "HELD_BYTES", 2 * rows.nbytes)
+    a = ahead.AheadApplier()
+    a._applier = cast(Any, object())  # (told of cuts; its thread not yet started: nothing takes them)
+    a._skip.add(9)  # (taken, they are passed over)
+    for c in cuts[:3]:
+        a.cut(c)
+    told = list(a._events.queue)
+    assert [e[1].rows is not None for e in told] == [True, True, False]
+    assert [e[2] for e in told] == [rows.nbytes, rows.nbytes, 0]
+    assert all(e[1] == c for e, c in zip(told, cuts[:3], strict=True))  # (the same cut otherwise)
+    thread = threading.Thread(target=a._main)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 10
+        while (a._events.qsize() or a._held) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert a._held == 0
+        a._stop.set()
+        thread.join()
+        a.cut(cuts[3])
+        assert a._events.get_nowait()[1].rows is not None
+    finally:
+        a._stop.set()
+        thread.join()

@@ -22,6 +22,7 @@ from the log.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import queue
@@ -49,6 +50,9 @@ from mirrorline.position import ZERO, Position
 # they weigh at most this many bytes of the log's rows, or one part: a faster target is not held to the pace of the
 # slowest (bench/bigtxn --tables wide --shapes update: SQLite rewrites each 2 kB row), and what waits stays bounded
 LANE_BYTES = 96 << 20
+# the cuts waiting for this thread carry their rows in memory while they weigh at most this many bytes (a cut past
+# it is read back from its part files when its turn comes)
+HELD_BYTES = 64 << 20
 
 if TYPE_CHECKING:
     from mirrorline.apply.target import Ahead, ApplyResult, Target
@@ -145,14 +149,25 @@ class AheadApplier:
         self._skip: set[int] = set()  # transactions not applied ahead (their later cuts are passed over)
         self._guard = threading.Lock()
         self._settled: UnitReport | None = None  # committed ahead while :meth:`leave` waited: for the next settle
+        self._held = 0  # bytes of rows the cuts waiting carry
+        self._held_lock = threading.Lock()
         self.parts = 0  # parts applied ahead, transactions committed ahead, and given up (for tests and logs)
         self.finished = 0
         self.abandoned = 0
 
     # -- capture's thread ------------------------------------------------------------------------------------------
     def cut(self, cut: StreamCut) -> None:
-        if self._applier is not None:
-            self._events.put(("cut", cut))
+        if self._applier is None:
+            return
+        held = 0
+        if cut.rows is not None:
+            held = cut.rows.nbytes
+            with self._held_lock:
+                if self._held + held > HELD_BYTES:
+                    cut, held = dataclasses.replace(cut, rows=None), 0
+                else:
+                    self._held += held
+        self._events.put(("cut", cut, held))
 
     def committed(self, xid: int, info: SegmentInfo) -> None:
         if self._applier is not None:
@@ -231,6 +246,10 @@ class AheadApplier:
                 tx = self._tx
                 if tx is not None:
                     self._abandon(tx, first_line(e))
+            finally:
+                if event[0] == "cut" and event[2]:
+                    with self._held_lock:
+                        self._held -= event[2]
 
     def _event(self, event: tuple[Any, ...]) -> None:
         what, xid = event[0], event[1].xid if event[0] == "cut" else event[1]
