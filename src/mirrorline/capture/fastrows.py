@@ -101,14 +101,12 @@ def _strings(buf: np.ndarray, starts: np.ndarray, lens: np.ndarray, null: np.nda
     if total >= 1 << 31:
         raise Fallback
     data = _taken(buf, starts, lens, total) if total else np.zeros(0, np.uint8)
-    if data is not None:
-        pass
-    elif total >= LONG_VALUES * n:  # long values (a 2 kB text): a slice each, copied whole, not indexed byte by byte
+    if data is None and total >= LONG_VALUES * n:  # long values (a 2 kB text): a slice each, not indexed by byte
         view = memoryview(buf)  # type: ignore[arg-type]
         data = np.frombuffer(
             b"".join([view[s : s + ln] for s, ln in zip(starts.tolist(), lens.tolist(), strict=True)]), np.uint8
         )
-    else:
+    elif data is None:
         idx = np.repeat(starts - offsets[:-1], lens) + np.arange(total, dtype=I64)
         data = buf[idx]
     validity = pa.array(~null).buffers()[1] if null.any() else None
