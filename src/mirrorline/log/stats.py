@@ -144,7 +144,7 @@ def _text_hashes(arr: pa.Array) -> np.ndarray:
 
 def key_hashes(keys: pa.ChunkedArray | pa.Array) -> np.ndarray:
     """A 64-bit hash of each key (:func:`key_ids`; NULL keys hash alike), computed over Arrow's buffers, a slice of
-    :data:`HASH_ROWS` at a time (1,000,000 narrow keys: 50-75 ms, where a hash of them as Python strings took 250)."""
+    :data:`HASH_ROWS` at a time, no Python object made per key (1,000,000 narrow keys: 50-90 ms)."""
     ids = key_ids(keys)
     chunks = ids.chunks if isinstance(ids, pa.ChunkedArray) else [ids]
     out = [_text_hashes(c.slice(i, HASH_ROWS)) for c in chunks for i in range(0, len(c), HASH_ROWS)]
