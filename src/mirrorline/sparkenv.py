@@ -167,6 +167,13 @@ def get_spark(
         "spark.sql.adaptive.enabled": "true",
         "spark.sql.execution.arrow.pyspark.enabled": "true",
         "spark.sql.session.timeZone": "UTC",
+        # Spark's Python workers: one idle worker kept between jobs, not one per core, each holding about 100 MB of
+        # its own (pyarrow, pandas, imported after its fork); the small route's job is one task, and a job of
+        # parallel Python tasks (a warm-up, worktables loaded by Spark tasks, a snapshot's chunks) starts the others
+        # it needs. SQL's Python tasks run with this variable set, an RDD's (a snapshot's) without: set for both,
+        # they share one daemon and its workers where they would keep two (bench/bigtxn --tables wide: peak_pss_mb)
+        "spark.python.factory.idleWorkerMaxPoolSize": "1",
+        "spark.executorEnv.SPARK_SIMPLIFIED_TRACEBACK": "1",
         # jobs of a pool share the cores fairly with other pools: a target loading beside live targets (run) has a
         # pool of its own, so that their small units do not queue behind its chunks
         "spark.scheduler.mode": "FAIR",

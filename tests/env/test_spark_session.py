@@ -18,6 +18,59 @@ def test_python_workers_run_this_interpreter(spark):
     assert set(rdd.map(lambda _: __import__("sys").executable).collect()) == {sys.executable}
 
 
+def test_python_tasks_share_one_daemon_and_keep_one_idle_worker(spark):
+    """SQL's Python tasks (``mapInArrow``) and an RDD's (a snapshot's chunks) are served by one daemon; a job of two
+    tasks side by side starts two workers, and once it ends one stays for the next job (each holds its own ~100 MB);
+    the next job of two runs as well."""
+    import os
+    import time
+
+    def processes() -> dict[int, tuple[int, str]]:
+        procs: dict[int, tuple[int, str]] = {}
+        for d in os.listdir("/proc"):
+            if d.isdigit():
+                try:
+                    with open(f"/proc/{d}/stat") as f:
+                        ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+                    with open(f"/proc/{d}/cmdline", "rb") as f:
+                        cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+                except OSError:
+                    continue
+                procs[int(d)] = (ppid, cmd)
+        return procs
+
+    def daemons_and_workers() -> tuple[set[int], list[int]]:
+        """The JVM's Python daemons in this test's process tree, and the workers they forked."""
+        procs = processes()
+
+        def mine(pid: int) -> bool:
+            while pid > 1 and pid in procs:
+                if pid == os.getpid():
+                    return True
+                pid = procs[pid][0]
+            return False
+
+        forked = {p for p, (_, cmd) in procs.items() if "pyspark.daemon" in cmd and mine(p)}
+        daemons = {p for p in forked if procs[p][0] not in forked}
+        return daemons, [p for p in forked if procs[p][0] in daemons]
+
+    def rdd_job() -> set[int]:
+        rdd = spark.sparkContext.parallelize([0, 1], 2)
+        return set(rdd.map(lambda _: (__import__("time").sleep(1.0), __import__("os").getpid())[1]).collect())
+
+    def sql_job(it):  # (a Python task of SQL's: mapInArrow)
+        yield from it
+
+    spark.range(0, 10, 1, 2).mapInArrow(sql_job, "id long").collect()
+    assert len(rdd_job()) == 2  # side by side: two workers
+    deadline = time.monotonic() + 10
+    while len(daemons_and_workers()[1]) > 1 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    daemons, workers = daemons_and_workers()
+    assert len(daemons) == 1 and len(workers) == 1
+    assert len(rdd_job()) == 2
+
+
 def test_class_archive_is_used_only_when_complete(tmp_path, monkeypatch):
     """The JVM maps the class archive only once ``build_class_archive`` renamed it into place; while a build runs,
     its JVM writes the archive under a temporary name given by the environment."""
