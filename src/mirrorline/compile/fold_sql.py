@@ -8,7 +8,8 @@ is the key's net rows (kind D, U, I; or one E row carrying ``err`` when the sequ
 
 :func:`fold_steps` with ``moves`` (the unit has key changes not sending some columns) adds what resolving those needs
 (see :mod:`mirrorline.compile.spark`): the group's ``allops`` may hold ``d`` ops (the D of such a key change when the
-table's actions drop D: not folded, but the new key still needs the old row's values); the net rows gain
+table's actions drop D: not folded, but the new key still needs the old row's values) and ``hm`` is true when one
+of its ops is the D of such a key change; the net rows gain
 ``moved_from``, ``plsn`` and ``pseq`` (for an I whose image came from a key change and still marks columns: that
 change's position), and each such key change's D adds one ``H`` row (a *handoff*, at the change's position): ``new``
 holds the latest values the old key's row had in the unit for the columns not sent, ``unchanged`` the columns it
@@ -43,12 +44,14 @@ _I_MOVE = (
 )
 
 # The handoffs of the group's key changes (D of a change that marks columns, ``new`` set: a plain D has none), over
-# ``allops``: per such D at (1-based) index j, the last I before it (li, 0: none) and the I and U ops in between (a
-# valid history has no D there), then for each column not sent the nearest of those ops that sent it.
+# ``allops``, in the groups whose ``hm`` says they hold one (most groups of such a unit hold none, and are spared
+# building and filtering an index array: bench/compile.py): per such D at (1-based) index j, the last I before it
+# (li, 0: none) and the I and U ops in between (a valid history has no D there), then for each column not sent the
+# nearest of those ops that sent it.
 _MOVE_STEPS: list[tuple[str, str]] = [
     (
         "hj",
-        "CASE WHEN err IS NULL AND last_epoch THEN filter(sequence(1, size(allops)), j -> "
+        "CASE WHEN hm AND err IS NULL AND last_epoch THEN filter(sequence(1, size(allops)), j -> "
         "get(allops, j - 1).kind IN ('D', 'd') AND get(allops, j - 1).new IS NOT NULL "
         "AND size(get(allops, j - 1).unchanged) > 0) END",
     ),

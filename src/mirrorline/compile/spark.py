@@ -313,17 +313,26 @@ def _plan(
         ops = ops.coalesce(1)
     else:
         ops = ops.repartition(_fold_partitions(n_changes, _parallelism(changes.sparkSession)), "h")
+    # with moves, ``hm``: does the group hold the D of a key change that marks columns (its handoff's source)
+    handoff = F.col("op.kind").isin("D", "d") & F.col("op.new").isNotNull() & (F.size("op.unchanged") > 0)
     grouped = (
         ops.sortWithinPartitions(*group, "op.lsn", "op.seq", "op.sub")
         .groupBy(*group)
-        .agg(F.collect_list("op").alias("ops"))
-        .select("table", F.col("epoch") if truncs else F.lit(0).alias("epoch"), "key", F.expr(SORTED_OPS).alias("ops"))
+        .agg(F.collect_list("op").alias("ops"), *([F.max(handoff).alias("hm")] if moves else []))
+        .select(
+            "table",
+            F.col("epoch") if truncs else F.lit(0).alias("epoch"),
+            "key",
+            F.expr(SORTED_OPS).alias("ops"),
+            *(["hm"] if moves else []),
+        )
     )
     trunc_pos = F.try_element_at(_by_table(trunc_arrays, no_truncs), F.greatest("epoch", F.lit(1)))
     folded = grouped.select(
         "table",
         "key",
         "ops",
+        *(["hm"] if moves else []),
         _by_table({t: F.lit("D" in a) for t, a in acts.items()}, F.lit(True)).alias("si"),
         _by_table({t: F.lit("I" in a) for t, a in acts.items()}, F.lit(True)).alias("su"),
         (F.col("epoch") > 0).alias("e"),
