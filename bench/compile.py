@@ -2,9 +2,16 @@
 
 For each size: a generated unit (about 5 changes per key, 3 tables, inserts/updates/deletes, some unchanged-TOAST
 updates and key changes) is written to Parquet in the log row layout (not timed); then, timed, it is compiled from
-that Parquet, the net rows written to Parquet (compile_changes(out=...): nothing is skipped). The anchor, measured
-in the same run: the Parquet scan alone (every column read and materialized, nothing written), the floor of any
-compile.
+that Parquet, the net rows written to Parquet (compile_changes(out=...): nothing is skipped), with the unit's
+statistics as ``run`` has them from the log's segment footers (``log.stats.table_stats`` of the unit: the tables'
+first and last positions, TRUNCATEs and key changes, so no job counts them). The anchor, measured in the same run:
+the Parquet scan alone (every column read and materialized, nothing written), the floor of any compile.
+
+Where the seconds go (``stages`` of each size): each Spark stage of the timed compile, read from Spark's status API
+(the UI's REST endpoint, enabled for this benchmark only): its wall seconds, the CPU and garbage-collection seconds
+of its tasks summed over both cores, and the bytes it shuffled, in the order they ran (the scan and the shuffle's
+write; the fold, its sort and the Parquet write of the net rows; with key changes that leave columns unsent, the
+handoffs' second pass). ``gc_share``: the tasks' GC seconds over their run seconds.
 
 Scaling (``--scaling``, on the largest size): the same log compiled by child processes on ``local[1]``,
 ``local[2]``, and a Spark standalone cluster on this machine (``mirrorline.sparkcluster``) with one and with two
@@ -117,6 +124,7 @@ def main() -> int:
     from mirrorline.compile import generated
     from mirrorline.compile.spark import compile_changes
     from mirrorline.log.rows import SPARK_DDL
+    from mirrorline.log.stats import table_stats
     from mirrorline.sparkenv import get_spark
 
     work = Path(args.workdir or tempfile.mkdtemp(prefix="mirrorline-bench-compile-"))
@@ -125,7 +133,7 @@ def main() -> int:
     scaling: dict[str, Any] | None = None
     with PeakMemory() as mem:
         t0 = time.monotonic()
-        spark = get_spark()
+        spark = get_spark(conf={"spark.ui.enabled": "true"})  # the status API: where the seconds go
         log(f"spark up in {time.monotonic() - t0:.1f}s ({spark.sparkContext.master})")
         for size in sizes:
             src = work / f"unit-{size}"
@@ -138,6 +146,7 @@ def main() -> int:
             step = max(1, -(-size // 8))
             for i, off in enumerate(range(0, size, step)):
                 pq.write_table(table.slice(off, step), src / f"seg-{i:05d}.parquet", row_group_size=256_000)
+            stats = table_stats(table, sketch=False)
             del table
             log(f"{size} changes generated and written in {time.monotonic() - t0:.1f}s")
 
@@ -153,9 +162,11 @@ def main() -> int:
             mem.reset()
             out = work / f"net-{size}"
             t0 = time.monotonic()
+            started = _stage_ids(spark)
             # the compile materializes its result once, as Parquet at ``out``: nothing is skipped
-            batch = compile_changes(spark.read.schema(SPARK_DDL).parquet(str(src)), out=str(out))
+            batch = compile_changes(spark.read.schema(SPARK_DDL).parquet(str(src)), out=str(out), stats=stats)
             seconds = time.monotonic() - t0
+            stages = _stages(spark, started)
             counts = batch.counts()
             batch.release()
             net_rows = sum(sum(k.values()) for k in counts.values())
@@ -170,6 +181,10 @@ def main() -> int:
                     "peak_rss_mib": mem.peak_mib,
                     "anchor_scan_seconds": round(scan_s, 2),
                     "vs_anchor": round(seconds / scan_s, 2),
+                    "stages": stages,
+                    "gc_share": round(
+                        sum(st["gc_s"] for st in stages) / max(sum(st["run_s"] for st in stages), 1e-9), 2
+                    ),
                 }
             )
             log(
@@ -196,19 +211,65 @@ def main() -> int:
     return 0
 
 
+def _stage_list(spark: Any) -> list[dict[str, Any]]:
+    import urllib.request
+
+    sc = spark.sparkContext
+    with urllib.request.urlopen(f"{sc.uiWebUrl}/api/v1/applications/{sc.applicationId}/stages", timeout=30) as r:
+        return list(json.load(r))
+
+
+def _stage_ids(spark: Any) -> set[int]:
+    """The stages that ran before now (the warm-up's, the anchor's)."""
+    return {int(st["stageId"]) for st in _stage_list(spark)}
+
+
+def _stages(spark: Any, before: set[int]) -> list[dict[str, Any]]:
+    """The completed stages not in ``before``, in the order they ran, with their wall, CPU and GC seconds (the last
+    two summed over the stage's tasks) and the bytes they shuffled; stages of less than 0.1 s are left out."""
+    from datetime import datetime
+
+    def at(text: str) -> float:
+        return datetime.strptime(text, "%Y-%m-%dT%H:%M:%S.%f%Z").timestamp()
+
+    out = []
+    for st in sorted(_stage_list(spark), key=lambda st: int(st["stageId"])):
+        if int(st["stageId"]) in before or st.get("status") != "COMPLETE":
+            continue
+        wall = at(st["completionTime"]) - at(st["submissionTime"])
+        if wall < 0.1:
+            continue
+        out.append(
+            {
+                "stage": int(st["stageId"]),
+                "tasks": int(st["numTasks"]),
+                "wall_s": round(wall, 2),
+                "run_s": round(st["executorRunTime"] / 1000, 2),
+                "cpu_s": round(st["executorCpuTime"] / 1e9, 2),
+                "gc_s": round(st.get("jvmGcTime", 0) / 1000, 2),
+                "shuffle_write_mb": round(st["shuffleWriteBytes"] / 2**20),
+            }
+        )
+    return out
+
+
 def _one(master: str, src: str) -> int:
     """A scaling child: compile the log at ``src`` on ``master`` (after a warm-up on a slice); print changes/s."""
+    import pyarrow.parquet as pq
+
     from mirrorline.compile.spark import compile_changes
     from mirrorline.log.rows import SPARK_DDL
+    from mirrorline.log.stats import table_stats
     from mirrorline.sparkenv import get_spark
 
     spark = get_spark(master, conf={"spark.executor.memory": "2g"} if master.startswith("spark:") else None)
     df = spark.read.schema(SPARK_DDL).parquet(src)
     _warm(df)
     size = df.count()
+    stats = table_stats(pq.read_table(src), sketch=False)  # as in the main run: what run has from the log
     out = tempfile.mkdtemp(prefix="mirrorline-bench-net-")
     t0 = time.monotonic()
-    compile_changes(spark.read.schema(SPARK_DDL).parquet(src), out=out).release()
+    compile_changes(spark.read.schema(SPARK_DDL).parquet(src), out=out, stats=stats).release()
     seconds = time.monotonic() - t0
     shutil.rmtree(out, ignore_errors=True)
     print(json.dumps({"master": master, "seconds": round(seconds, 2), "changes_per_s": round(size / seconds)}))
