@@ -161,8 +161,8 @@ def main() -> int:
 
             mem.reset()
             out = work / f"net-{size}"
-            t0 = time.monotonic()
             started = _stage_ids(spark)
+            t0 = time.monotonic()
             # the compile materializes its result once, as Parquet at ``out``: nothing is skipped
             batch = compile_changes(spark.read.schema(SPARK_DDL).parquet(str(src)), out=str(out), stats=stats)
             seconds = time.monotonic() - t0

@@ -43,17 +43,23 @@ _I_MOVE = (
     "THEN get(ops, last_i - 1).seq END"
 )
 
+
 # The handoffs of the group's key changes (D of a change that marks columns, ``new`` set: a plain D has none), over
 # ``allops``, in the groups whose ``hm`` says they hold one (most groups of such a unit hold none, and are spared
 # building and filtering an index array: bench/compile.py): per such D at (1-based) index j, the last I before it
 # (li, 0: none) and the I and U ops in between (a valid history has no D there), then for each column not sent the
 # nearest of those ops that sent it.
+def handoff_op(op: str) -> str:
+    """Is the op ``op`` (an expression of the ops' struct) the D of a key change that marks columns: the one test both
+    the aggregate's ``hm`` and the step ``hj`` make."""
+    return f"{op}.kind IN ('D', 'd') AND {op}.new IS NOT NULL AND size({op}.unchanged) > 0"
+
+
 _MOVE_STEPS: list[tuple[str, str]] = [
     (
         "hj",
         "CASE WHEN hm AND err IS NULL AND last_epoch THEN filter(sequence(1, size(allops)), j -> "
-        "get(allops, j - 1).kind IN ('D', 'd') AND get(allops, j - 1).new IS NOT NULL "
-        "AND size(get(allops, j - 1).unchanged) > 0) END",
+        f"{handoff_op('get(allops, j - 1)')}) END",
     ),
     (
         "hw",

@@ -48,7 +48,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from mirrorline.compile.batch import NET_ARROW, NET_DDL, NetBatch
-from mirrorline.compile.fold_sql import SORTED_OPS, fold_steps
+from mirrorline.compile.fold_sql import SORTED_OPS, fold_steps, handoff_op
 from mirrorline.compile.reference import ALL_ACTIONS, Actions, Bags, normalised
 from mirrorline.errors import InvalidSequenceError
 from mirrorline.log.stats import Stats
@@ -314,7 +314,7 @@ def _plan(
     else:
         ops = ops.repartition(_fold_partitions(n_changes, _parallelism(changes.sparkSession)), "h")
     # with moves, ``hm``: does the group hold the D of a key change that marks columns (its handoff's source)
-    handoff = F.col("op.kind").isin("D", "d") & F.col("op.new").isNotNull() & (F.size("op.unchanged") > 0)
+    handoff = F.expr(handoff_op("op"))
     grouped = (
         ops.sortWithinPartitions(*group, "op.lsn", "op.seq", "op.sub")
         .groupBy(*group)
