@@ -27,8 +27,9 @@ lists on the driver):
    (``H`` row) per such change (see :mod:`mirrorline.compile.fold_sql`) to a first scratch Parquet; handoffs that
    come from an earlier key change of the old key (chains a->b->c) are resolved by joining them with the handoffs,
    once per link of the longest chain; then each I whose image came from such a change takes the values its
-   handoff found and names in ``moved_from`` the key whose row at the target holds the rest, and the net rows are
-   written to the batch's Parquet.
+   handoff found and names in ``moved_from`` the key whose row at the target holds the rest. The first pass writes
+   the rows the second reads (H, E, and those I) apart from the net rows that are final as they are, whose files
+   are then moved into the batch's folder beside the second pass's, not read and written again.
 
 Performance (bench/compile.py): the Parquet scan of the log rows (the ``new`` map dominates) and the one shuffle of
 the images are most of the time; everything else is a few string functions per key.
@@ -40,12 +41,15 @@ helpers over it are in ``tests/support/compile_support.py``.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import shutil
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlparse
 
 from mirrorline.compile.batch import NET_ARROW, NET_DDL, NetBatch
 from mirrorline.compile.fold_sql import SORTED_OPS, fold_steps, handoff_op
@@ -95,6 +99,7 @@ _ERR_DDL = (
 
 
 _MOVES_DDL = "plsn BIGINT, pseq BIGINT"
+_MOVES_PART = "_mirrorline_final"  # the first pass's partition column in the moves form: see _final
 
 
 def _dec_pos(d: Any) -> Position:
@@ -116,17 +121,21 @@ def _pos_struct(pos: Position) -> Column:
 
 
 @contextmanager
-def _sort_aggregate(spark: Any) -> Iterator[None]:
-    """Plan collect_list as a sort aggregate while the fold is planned and run. Its input is already partitioned and
-    sorted by key, so the aggregate streams; the default object-hash aggregate would add a partial aggregation that
-    merges nothing and fall back to sorting everything again past 128 keys."""
-    conf = "spark.sql.execution.useObjectHashAggregateExec"
-    before = spark.conf.get(conf)
-    spark.conf.set(conf, "false")
+def _conf(spark: Any, key: str, value: str) -> Iterator[None]:
+    """The session's setting ``key`` at ``value`` while the block runs."""
+    before = spark.conf.get(key)
+    spark.conf.set(key, value)
     try:
         yield
     finally:
-        spark.conf.set(conf, before)
+        spark.conf.set(key, before)
+
+
+def _sort_aggregate(spark: Any) -> contextlib.AbstractContextManager[None]:
+    """Plan collect_list as a sort aggregate while the fold is planned and run. Its input is already partitioned and
+    sorted by key, so the aggregate streams; the default object-hash aggregate would add a partial aggregation that
+    merges nothing and fall back to sorting everything again past 128 keys."""
+    return _conf(spark, "spark.sql.execution.useObjectHashAggregateExec", "false")
 
 
 @dataclass
@@ -370,8 +379,24 @@ def _plan(
     return _Plan([t for _, t in first_seen], truncs, n_changes, last, net_all, moves)
 
 
+def _needs_handoff() -> Column:
+    """Is a first pass's row an I that takes values from its key change's handoff (step 5 of the module's notes)."""
+    from pyspark.sql import functions as F
+
+    return F.coalesce((F.col("kind") == "I") & F.col("plsn").isNotNull() & (F.size("unchanged") > 0), F.lit(False))
+
+
+def _final() -> Column:
+    """Is a first pass's row a net row as it stands (D, U or I that takes nothing from a handoff): the partition
+    value ``_MOVES_PART`` gives it (``n``; ``p`` for the H, E and I rows the second pass reads)."""
+    from pyspark.sql import functions as F
+
+    return F.when(F.col("kind").isin("D", "U", "I") & ~_needs_handoff(), F.lit("n")).otherwise(F.lit("p"))
+
+
 def _resolve_moves(first: DataFrame) -> DataFrame:
-    """The net rows (NET_DDL) from a first pass holding H rows (see step 5 of the module's notes)."""
+    """The net rows (NET_DDL) that a first pass's H rows complete: ``first`` holds the H rows and the I rows that
+    need them, and any other rows (see step 5 of the module's notes)."""
     from pyspark.sql import functions as F
 
     no_vals = F.create_map().cast("map<string,string>")
@@ -408,7 +433,7 @@ def _resolve_moves(first: DataFrame) -> DataFrame:
             F.when(pending, F.col("l_pseq")).otherwise(F.col("pseq")).alias("pseq"),
         )
     net = first.where(F.col("kind").isin("D", "U", "I"))
-    needs = F.coalesce((F.col("kind") == "I") & F.col("plsn").isNotNull() & (F.size("unchanged") > 0), F.lit(False))
+    needs = _needs_handoff()
     found = hand.select(
         F.col("table").alias("h_table"),
         F.col("lsn").alias("h_lsn"),
@@ -517,16 +542,27 @@ def compile_changes(
         from pyspark.sql import functions as F
 
         seen = Observation("mirrorline_compile")
+        # in the moves form, a partition of the rows final as they are and one of those the second pass reads
+        parted = plan.net_all.withColumn(_MOVES_PART, _final()) if plan.moves else plan.net_all
+        counted = parted.observe(
+            seen,
+            F.count_if(F.col("kind") == "E").alias("errors"),
+            F.count_if(F.col("kind").isin("D", "U", "I")).alias("net"),
+            *([F.count_if(F.col(_MOVES_PART) == "n").alias("final")] if plan.moves else []),
+        )
         with _sort_aggregate(spark):
-            plan.net_all.observe(
-                seen,
-                F.count_if(F.col("kind") == "E").alias("errors"),
-                F.count_if(F.col("kind").isin("D", "U", "I")).alias("net"),
-            ).write.mode("overwrite").parquet(first)
-        written = spark.read.schema(f"{NET_DDL}, {_MOVES_DDL + ', ' if plan.moves else ''}{_ERR_DDL}").parquet(first)
-        errors = _errors(written, 1) if seen.get.get("errors", 1) else []
+            if plan.moves:  # (two writers a task, so that Spark does not sort the rows by their partition)
+                with _conf(spark, "spark.sql.maxConcurrentOutputFileWriters", "2"):
+                    counted.write.mode("overwrite").partitionBy(_MOVES_PART).parquet(first)
+            else:
+                counted.write.mode("overwrite").parquet(out)
+        pending = f"{first}/{_MOVES_PART}=p" if plan.moves else out
+        schema = f"{NET_DDL}, {_MOVES_DDL + ', ' if plan.moves else ''}{_ERR_DDL}"
+        written = spark.read.schema(schema).parquet(pending) if not plan.moves or os.path.isdir(pending) else None
+        errors = _errors(written, 1) if written is not None and seen.get.get("errors", 1) else []
+        net_rows: int | None = int(seen.get.get("net", 0))
         if plan.moves and not errors:
-            _resolve_moves(written).write.mode("overwrite").parquet(out)
+            net_rows = _second_pass(spark, written, f"{first}/{_MOVES_PART}=n", out, int(seen.get.get("final", 0)))
     except BaseException:
         if scratch:
             shutil.rmtree(scratch, ignore_errors=True)
@@ -546,8 +582,33 @@ def compile_changes(
         truncated={t: ps[-1] for t, ps in plan.truncs.items()},
         changes=plan.changes,
         scratch=scratch,
-        net_rows=int(seen.get.get("net", 0)) if not plan.moves else None,
+        net_rows=net_rows,
     )
+
+
+def _second_pass(spark: Any, pending: DataFrame | None, final: str, out: str, finals: int) -> int | None:
+    """Step 5's second pass: the rows that take values from handoffs (``pending``, the first pass's ``p`` part, None
+    when it has no rows) completed and written to ``out``, and the first pass's final rows (its ``n`` part, ``finals``
+    rows) moved there as they are, not read and written again. Returns how many net rows ``out`` holds (None when not
+    counted)."""
+    from pyspark.sql import Observation
+    from pyspark.sql import functions as F
+
+    done = _resolve_moves(pending) if pending is not None else spark.createDataFrame([], NET_DDL)
+    url = urlparse(out)
+    if url.scheme not in ("", "file"):  # a store this process cannot rename into: the final rows written again
+        if os.path.isdir(final):
+            done = done.unionByName(spark.read.schema(NET_DDL).parquet(final).select(*done.columns))
+        done.write.mode("overwrite").parquet(out)
+        return None
+    seen = Observation("mirrorline_moves")
+    done.observe(seen, F.count(F.lit(1)).alias("n")).write.mode("overwrite").parquet(out)
+    if os.path.isdir(final):
+        target = url.path if url.scheme else out
+        for name in os.listdir(final):
+            if name.endswith((".parquet", ".parquet.crc")):
+                os.replace(os.path.join(final, name), os.path.join(target, name))
+    return int(seen.get.get("n", 0)) + finals
 
 
 def _collected(plan: _Plan, start: Position | None, end: Position | None) -> NetBatch | None:
