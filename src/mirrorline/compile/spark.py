@@ -607,7 +607,7 @@ def _second_pass(spark: Any, pending: DataFrame | None, final: str, out: str, fi
         target = url.path if url.scheme else out
         for name in os.listdir(final):
             if name.endswith((".parquet", ".parquet.crc")):
-                os.replace(os.path.join(final, name), os.path.join(target, name))
+                shutil.move(os.path.join(final, name), os.path.join(target, name))  # (a rename on one device)
     return int(seen.get.get("n", 0)) + finals
 
 
