@@ -1,7 +1,7 @@
 """``run`` loads a new target while the targets already live keep applying (DESIGN §7): a heartbeat row
-inserted at the source every 100 ms reaches the live target (PostgreSQL) within its normal lag all through the load
-of a 1M-row table into the new one (SQLite, whose load is the slowest); the new target then catches up and both
-equal the source."""
+inserted at the source every 100 ms reaches the live target (PostgreSQL) within a lag far below the load's length
+all through the load of a 3M-row table into the new one (SQLite, whose load is the slowest); the new target then
+catches up and both equal the source."""
 
 from __future__ import annotations
 
@@ -100,7 +100,11 @@ def test_a_new_target_loads_while_the_live_one_keeps_its_lag(
         load_seconds = loaded_at - first
         assert load_seconds > 2.5, f"the load went on for {load_seconds:.1f} s after the first unit: too short"
         assert len(during) > 10 * load_seconds * 0.5, (len(during), load_seconds)
-        assert max(during.values()) < 3.0, f"live lag during the load: max {max(during.values()):.1f} s"
+        # a live target held back by the load would have a beat's lag near the load's length (9 s alone here, its
+        # lag at most 1.5 s); half of it, or 3 s, leaves room for a test beside this one on the same cores
+        bound = max(3.0, load_seconds / 2)
+        lag = max(during.values())
+        assert lag < bound, f"live lag during a load of {load_seconds:.1f} s: max {lag:.1f} s (bound {bound:.1f} s)"
         beats.done.set()
         beats.join()
         # the new target catches up and equals the source; so does the live one
