@@ -132,17 +132,24 @@ rows = spark.range(0, 4_000_000).selectExpr("id % 1000 AS k", "CAST(id AS STRING
 rows.groupBy("k").agg(F.max("s")).collect()
 grown = int(runtime.totalMemory())
 freed = sparkenv.shrink()
-print(json.dumps({"grown": grown, "freed": freed, "total": int(runtime.totalMemory()), "again": sparkenv.shrink()}))
+bean = spark._jvm.java.lang.management.ManagementFactory.getPlatformMXBean(
+    spark._jvm.java.lang.Class.forName("com.sun.management.HotSpotDiagnosticMXBean")
+)
+ratios = [int(bean.getVMOption(n).getValue()) for n in ("MinHeapFreeRatio", "MaxHeapFreeRatio")]
+print(json.dumps({"grown": grown, "freed": freed, "total": int(runtime.totalMemory()), "again": sparkenv.shrink(),
+                  "ratios": ratios}))
 """
 
 
 def test_an_idle_jvm_gives_back_the_heap_its_work_left_unused() -> None:
     """After a job that grew the heap (mostly with garbage), ``shrink`` (run calls it when idle) collects it once, and
-    the serial collector gives back what is unused beyond its MaxHeapFreeRatio in that one collection; called
+    the serial collector gives back what is unused beyond the idle MaxHeapFreeRatio in that one collection; called
     again with nothing grown, it collects nothing. (A JVM of its own: the suite's shared one holds other tests'
     heap.)"""
     import json
     import subprocess
+
+    from mirrorline import sparkenv
 
     r = subprocess.run([sys.executable, "-c", IDLE_JVM], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
@@ -150,3 +157,4 @@ def test_an_idle_jvm_gives_back_the_heap_its_work_left_unused() -> None:
     grown, freed, total = got["grown"], got["freed"], got["total"]
     assert freed == grown - total and total < 0.6 * grown, (grown >> 20, total >> 20)  # in steps: ~5% at first
     assert got["again"] == 0
+    assert tuple(got["ratios"]) == sparkenv.WORK_FREE  # (the idle ratios only for shrink's collection)
