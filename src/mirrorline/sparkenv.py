@@ -133,9 +133,9 @@ def master() -> str:
 
 # Sized for a small machine (bench/live reports run's peak memory): a heap of at most 1 GB (local mode: the executors
 # are in this JVM) that starts small, grows with the work and gives back what it no longer uses. While Spark works,
-# the serial collector keeps 40-70% of the heap free (HotSpot's defaults): with less room (10-30%) the old generation
-# held little more than its live data and filled again at once, a full collection every 0.3-0.7 s, 11-15 s of a
-# 10M-change unit's 46-52 s (bench/compile, -Xlog:gc). When run is idle it asks for one collection with the tight
+# the serial collector keeps 40-70% of the heap free (HotSpot's defaults): 10-30% leaves the old generation little
+# above its live data, a full collection every 0.3-0.7 s (bench/compile --sizes 10000000 with -Xlog:gc: 11-15 s of
+# 46-52 s, against 3 s of 41-43 s with 40-70%). When run is idle it asks for one collection with the tight
 # ratios (:func:`shrink`), which gives back at once (not over several collections) all but 30% of free heap.
 # Raise with [spark] conf = { "spark.driver.memory" = "4g" } (or MIRRORLINE_SPARK_DRIVER_MEMORY) for units of
 # millions of changes on a machine that has the memory.
