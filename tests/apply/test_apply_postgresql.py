@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 from apply_support import ITEMS, ORDERS, P, batch, change, fetch, net, open_target, sql
 
+from mirrorline.apply.postgresql.dialect import POSTGRESQL
 from mirrorline.errors import ApplyError
 from mirrorline.model import Column, TableSchema
 
@@ -186,5 +187,62 @@ def test_a_large_worktable_gets_the_memory_of_its_join_for_its_transaction_only(
         s.fit_join(10_000_000)
         assert s.query("SHOW work_mem") == [("1GB",)]
         s.commit()
+    finally:
+        s.disconnect()
+
+
+def test_a_large_worktable_is_merge_joined_along_the_key_index(pg: Any) -> None:
+    """From MERGE_MIN_ROWS worktable rows, a table whose key leads a btree index is joined by a merge join (the
+    target's rows changed in the index's order, not the worktable's), for the rest of the transaction or until a
+    table that cannot be; a table without such an index, a key that may hold NULLs, a small worktable and the next
+    transaction get the planner's own choice."""
+    from mirrorline.apply.postgresql import PgSession
+    from mirrorline.apply.postgresql.session import MERGE_MIN_ROWS
+
+    pg.execute('CREATE SCHEMA "we ird"')
+    pg.execute('CREATE TABLE "we ird"."t.1" (a int NOT NULL, "b c" bigint NOT NULL, v text, PRIMARY KEY ("b c", a))')
+    pg.execute('CREATE TABLE "we ird".plain (id bigint NOT NULL, v text)')  # no index: a merge would sort it all
+    pg.execute('CREATE TABLE "we ird".other (id bigint NOT NULL, v text, UNIQUE (v, id))')  # the key not leading
+    pg.execute('CREATE TABLE "we ird".nul (id bigint, v text)')
+    pg.execute('CREATE INDEX ON "we ird".nul (id)')
+    cols = (Column("a", "integer", nullable=False), Column("b c", "bigint", nullable=False), Column("v", "text"))
+    keyed = TableSchema("we ird.t.1", cols, key=("a", "b c"))
+    plain = TableSchema("we ird.plain", (Column("id", "bigint", nullable=False), Column("v", "text")), key=("id",))
+    other = TableSchema("we ird.other", plain.columns, key=("id",))
+    nul = TableSchema("we ird.nul", (Column("id", "bigint"), Column("v", "text")), key=("id",))
+    s = PgSession(pg.dsn)
+
+    def hashing() -> str:
+        return str(s.query("SHOW enable_hashjoin")[0][0])
+
+    try:
+        s.begin()
+        s.before_joins(keyed, MERGE_MIN_ROWS - 1)
+        assert hashing() == "on"
+        s.before_joins(keyed, MERGE_MIN_ROWS)
+        assert hashing() == "off"
+        s.execute("CREATE TEMP TABLE w (_ml_k0 text, _ml_k1 text, v text)")
+        s.execute("INSERT INTO w SELECT g::text, g::text, 'x' FROM generate_series(1, 100000) g")
+        s.execute('INSERT INTO "we ird"."t.1" SELECT g, g, NULL FROM generate_series(1, 100000) g')
+        s.execute('ANALYZE w, "we ird"."t.1"')
+        update = POSTGRESQL.join_update(keyed, "w", ["v"], None)
+        plan = "\n".join(r[0] for r in s.query("EXPLAIN " + update))
+        assert "Merge Join" in plan and "Hash" not in plan, plan
+        for t in (plain, other, nul):
+            s.before_joins(t, MERGE_MIN_ROWS * 10)
+            assert hashing() == "on", t.table
+        s.before_joins(keyed, MERGE_MIN_ROWS)
+        s.commit()
+        assert hashing() == "on"
+    finally:
+        s.disconnect()
+    pg.execute(f'ALTER DATABASE "{pg.name}" SET enable_hashjoin = off')  # a database that turned them off: left so
+    s = PgSession(pg.dsn)
+    try:
+        s.begin()
+        s.before_joins(keyed, MERGE_MIN_ROWS)
+        s.before_joins(plain, MERGE_MIN_ROWS)
+        assert hashing() == "off"
+        s.rollback()
     finally:
         s.disconnect()

@@ -374,6 +374,7 @@ class SqlTarget(Target):
         t0 = result.timed("stage", t0)
         if staged:
             name, n = staged
+            s.before_joins(ts, n)
             got = s.dml(d.bag_delete(ts, name) if ts.bag else d.join_delete(ts, name))
             # (where the actions drop D, every delete is a replace's: the row may be there, or not)
             if got != n and not (got < n and self.needs.keeps_deleted(ts.table)):
@@ -384,6 +385,7 @@ class SqlTarget(Target):
         t0 = result.timed("stage", t0)
         if staged:
             name, n = staged
+            s.before_joins(ts, n)
             self._bulk_updates(s, ts, name, n)
             counts["U"] = n
             t0 = result.timed("update", t0)

@@ -63,6 +63,12 @@ class Session(ABC):
         for i in range(0, len(rows), size):
             yield rows[i : i + size]
 
+    def before_joins(self, ts: TableSchema, rows: int) -> None:
+        """The statements that follow, in this transaction, join a worktable of ``rows`` rows to ``ts``'s table by
+        its key (the unit's deletes or updates): a session whose engine can be told how to join them says so here.
+        Nothing by default."""
+        return None
+
     def truncate(self, table: str) -> None:
         """Empty the target's table for the source table ``table`` (inside the current transaction)."""
         self.execute(self.dialect.truncate(table))
