@@ -61,7 +61,7 @@ def test_a_commit_leaves_the_copy_into_the_file_to_the_checkpointer(
 def test_units_back_to_back_keep_the_wal_bounded_and_a_closed_target_leaves_one_file(
     spark: Any, request: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(limits, "SQLITE_WAL_PAGES", 1)  # every unit waits for the checkpoint before it writes
+    monkeypatch.setattr(limits, "SQLITE_WAL_BYTES", 1)  # every unit waits for the checkpoint before it writes
     t = open_target("sqlite", request, tmp_path)
     wal = Path(t.location + "-wal")
     sizes = []
@@ -81,8 +81,9 @@ def test_units_back_to_back_keep_the_wal_bounded_and_a_closed_target_leaves_one_
 def test_a_unit_waits_for_the_checkpoint_under_way_only_past_the_wal_bound(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(limits, "SQLITE_WAL_PAGES", 100)
+    monkeypatch.setattr(limits, "SQLITE_WAL_BYTES", 100 * 16384)
     c = Checkpointer(str(tmp_path / "t.db"))
+    c.page_size = 16384
     c._idle.clear()  # a checkpoint under way
     c.pages = 100
     c.settle()  # at the bound: the unit goes on
@@ -92,3 +93,33 @@ def test_a_unit_waits_for_the_checkpoint_under_way_only_past_the_wal_bound(
     assert not done.wait(0.3)  # past it: the unit waits
     c._idle.set()  # until the checkpoint ends
     assert done.wait(5)
+
+
+def test_a_new_database_gets_large_pages_and_an_existing_one_keeps_its_own(
+    spark: Any, request: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A database file the target creates has ``limits.SQLITE_PAGE_SIZE`` pages; one that exists (made by an earlier
+    mirrorline, or by its user) keeps its page size and is applied to as before; the WAL's bound counts bytes."""
+    t = open_target("sqlite", request, tmp_path)
+    t.apply(batch(spark, rows(0, 100), P(0), P(0x100)), SCHEMAS)
+    with sqlite3.connect(t.location) as c:
+        assert c.execute("PRAGMA page_size").fetchone() == (limits.SQLITE_PAGE_SIZE,)
+    t.checkpointer.wait_idle(30)
+    assert t.checkpointer.page_size == limits.SQLITE_PAGE_SIZE
+
+    old = tmp_path / "old" / "target.sqlite"
+    old.parent.mkdir()
+    with sqlite3.connect(old) as c:  # as a file of 4 kB pages, SQLite's default, with rows in it already
+        c.execute("PRAGMA page_size = 4096")
+        c.execute("PRAGMA journal_mode = WAL")
+        c.execute('CREATE TABLE "elsewhere" (x INTEGER)')
+    monkeypatch.setattr(limits, "SQLITE_WAL_BYTES", 50 * 4096)
+    t2 = open_target("sqlite", request, old.parent)
+    for k in range(3):
+        t2.apply(batch(spark, rows(k * 1000, (k + 1) * 1000), P(k * 0x100), P((k + 1) * 0x100)), SCHEMAS)
+    assert t2.checkpointer.page_size == 4096 and t2.checkpointer.runs >= 1
+    assert sorted(r[0] for r in fetch(t2, "public.items", ["id"])) == list(range(3000))
+    t2.close()
+    with sqlite3.connect(old) as c:
+        assert c.execute("PRAGMA page_size").fetchone() == (4096,)
+        assert c.execute('SELECT count(*) FROM "items"').fetchone() == (3000,)

@@ -12,7 +12,7 @@ database's journal, replayed by the next connection.
 
 The WAL starts again from its beginning only when a unit begins after a complete checkpoint; so that units that
 follow one another closely do not grow it without end, a unit waits for the checkpoint under way once the WAL holds
-more than ``limits.SQLITE_WAL_PAGES`` (:meth:`Checkpointer.settle`)."""
+more than ``limits.SQLITE_WAL_BYTES`` (:meth:`Checkpointer.settle`)."""
 
 from __future__ import annotations
 
@@ -39,6 +39,7 @@ class Checkpointer:
         self.runs = 0  # checkpoints run (the tests read it)
         self.failed: str | None = None  # the last checkpoint's error, None once one succeeds
         self.pages = 0  # the WAL's pages when the last checkpoint ran
+        self.page_size = 4096  # the database's, read by the first checkpoint
 
     def due(self) -> None:
         """A commit happened: checkpoint soon (the thread starts with the first)."""
@@ -53,7 +54,7 @@ class Checkpointer:
 
     def settle(self) -> None:
         """Before a unit writes: wait for the checkpoint under way when the WAL holds more than its bound."""
-        if self.pages > limits.SQLITE_WAL_PAGES:
+        if self.pages * self.page_size > limits.SQLITE_WAL_BYTES:
             self.wait_idle()
 
     def wait_idle(self, timeout: float | None = None) -> bool:
@@ -84,6 +85,7 @@ class Checkpointer:
                 try:
                     if conn is None:
                         conn = sqlite3.connect(self.path, timeout=5, isolation_level=None, check_same_thread=False)
+                        ((self.page_size,),) = conn.execute("PRAGMA page_size").fetchall()
                     (_, pages, done), *_ = conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
                     self.pages = 0 if pages == done else pages
                     self.runs += 1

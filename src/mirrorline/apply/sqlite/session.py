@@ -62,12 +62,14 @@ class SqliteSession(Session):
     dialect = SQLITE
     db_errors: tuple[type[BaseException], ...] = (sqlite3.Error,)
 
-    def __init__(self, path: str, checkpointer: Checkpointer | None = None) -> None:
+    def __init__(self, path: str, checkpointer: Checkpointer | None = None, page_size: int | None = None) -> None:
         self.checkpointer = checkpointer
         try:
             self.conn = sqlite3.connect(path, timeout=120, isolation_level=None, check_same_thread=False)
         except sqlite3.Error as e:
             raise TargetError(f"cannot open SQLite database {path}: {e}", target=path) from e
+        if page_size is not None:  # a new database's (before anything is written); an existing one keeps its own
+            self.conn.execute(f"PRAGMA page_size = {int(page_size)}")
         self.conn.execute("PRAGMA journal_mode = WAL")
         self.conn.execute("PRAGMA synchronous = NORMAL")
         if checkpointer is not None:  # its checkpoints run in their own thread, not inside COMMIT

@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+from mirrorline import limits
 from mirrorline.apply.engine import SqlTarget
 from mirrorline.apply.session import Session
 from mirrorline.apply.sqlite.checkpoint import Checkpointer
@@ -30,7 +31,7 @@ class SqliteTarget(SqlTarget):
             return self._checkpointer
 
     def connect(self) -> Session:
-        return SqliteSession(self.location, self.checkpointer)
+        return SqliteSession(self.location, self.checkpointer, limits.SQLITE_PAGE_SIZE)
 
     def close(self) -> None:
         super().close()
