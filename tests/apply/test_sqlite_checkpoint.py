@@ -109,7 +109,7 @@ def test_a_new_database_gets_large_pages_and_an_existing_one_keeps_its_own(
 
     old = tmp_path / "old" / "target.sqlite"
     old.parent.mkdir()
-    with sqlite3.connect(old) as c:  # as a file of 4 kB pages, SQLite's default, with rows in it already
+    with sqlite3.connect(old) as c:  # a file of 4 kB pages, SQLite's default, with a table of its own in it
         c.execute("PRAGMA page_size = 4096")
         c.execute("PRAGMA journal_mode = WAL")
         c.execute('CREATE TABLE "elsewhere" (x INTEGER)')
