@@ -11,7 +11,7 @@ import pytest
 from changes import ch
 
 from mirrorline.errors import LogError
-from mirrorline.log import ChangeLog, LogWriter, stream
+from mirrorline.log import ChangeLog, LogWriter, segments, stream
 from mirrorline.log.columns import changes_to_arrow
 from mirrorline.position import Position
 
@@ -155,6 +155,42 @@ def test_memory_and_files_stay_bounded(tmp_path, monkeypatch):
     assert log.count(Position(10, 10), Position(10, 17)) == 5
     assert log.advance(Position(10, 10), 3) == (seg.last, len(expect) - 9)  # one transaction: the rest, whole
     assert log.after_time(1) is None and log.after_time(2) == seg.last
+
+
+def test_parts_are_read_once_the_merge_reaches_them(tmp_path, monkeypatch):
+    """A stream's parts that follow one another (a transaction's blocks without subtransactions) are read one at a
+    time, not each one's first rows at once; where a subtransaction's rows interleave with them, both are read side
+    by side: in log order, every row once."""
+    with LogWriter(tmp_path) as w:
+        w.stream_watcher = Watcher(cut_rows=1)  # (each block's parts closed at its end)
+        s = w.open_stream(1)
+        for k in range(0, 100, 10):
+            s.add(1, [ch(i) for i in range(k, k + 10)])
+            s.end_block()
+        for k in range(100, 140, 2):
+            s.add(1, [ch(k)])
+            s.add(2, [ch(k + 1)])
+        s.end_block()
+        for k in range(140, 200, 10):
+            s.add(1, [ch(i) for i in range(k, k + 10)])
+            s.end_block()
+        s.commit(10, 1)
+    reading, most = [0], [0]
+    real = segments._part_batches
+
+    def counting(*args):
+        reading[0] += 1
+        most[0] = max(most[0], reading[0])
+        try:
+            yield from real(*args)
+        finally:
+            reading[0] -= 1
+
+    monkeypatch.setattr(segments, "_part_batches", counting)
+    log = ChangeLog(tmp_path)
+    assert len(log.segments()[0].parts) == 18
+    assert keys(log) == list(range(200))
+    assert most[0] == 2 and reading[0] == 0
 
 
 class Watcher:
