@@ -49,8 +49,10 @@ PARALLEL_ROWS = 1_000_000
 FEED_BYTES = 64 << 20
 
 # what a DuckDB target's database may hold in memory (its memory_limit, in bytes): DuckDB's default is 80% of the
-# machine's, in run's own process (apply/duckdb/target.py; bench/bigtxn --tables wide --shapes insert)
-DUCKDB_MEMORY = 256 << 20
+# machine's, in run's own process (apply/duckdb/target.py). 128 MiB against 256: 1M rows of 2 kB inserted in one
+# transaction applied in the same time (bench/bigtxn --tables wide --shapes insert: DuckDB's apply 59-64 s either
+# way), run's peak PSS 1,585-1,604 MB -> 1,476-1,531; 1M-row UPDATE .. FROM and DELETE .. USING as fast
+DUCKDB_MEMORY = 128 << 20
 
 # bytes a SQLite target's WAL may hold before its next unit waits for the checkpoint that runs after each commit (off
 # the commit path: apply/sqlite/checkpoint.py), so that the WAL starts again from its beginning

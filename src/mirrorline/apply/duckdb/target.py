@@ -32,9 +32,10 @@ from mirrorline.apply.target import ApplyResult
 from mirrorline.errors import TargetError
 
 # DuckDB's default memory_limit is 80% of the machine's memory, taken inside run's own process (DuckDB alone, 250,000
-# rows of 2 kB inserted in one transaction: 792 MB resident; 475 MB at 256 MiB, as fast); bounded, it writes blocks
-# out as it goes. Set once the database is open, not as the open's configuration: DuckDB refuses a second open of
-# one file in one process with another configuration (a reader with DuckDB's defaults beside the target)
+# rows of 2 kB inserted in one transaction: 792 MB resident; 475 MB at 256 MiB, as fast; limits.DUCKDB_MEMORY says
+# what its size bought); bounded, it writes blocks out as it goes. Set once the database is open, not as the open's
+# configuration: DuckDB refuses a second open of one file in one process with another configuration (a reader with
+# DuckDB's defaults beside the target)
 SET_MEMORY = f"SET memory_limit = '{limits.DUCKDB_MEMORY >> 20}MiB'"
 
 # DuckDB appends a big insert as whole row groups written as they fill, after the table's last row group; the
