@@ -129,6 +129,17 @@ def test_arrow_allocates_from_jemalloc_unless_the_user_names_an_allocator(preset
     assert out.strip() == (preset or "jemalloc")
 
 
+def test_the_command_hands_the_gil_over_sooner_than_python_does():
+    """A command's threads hand the GIL over every millisecond, not every 5 (``cli.main.SWITCH_INTERVAL``: threads
+    in DuckDB, SQLite and psycopg take it back often)."""
+    code = (
+        "import sys; from mirrorline.cli import main as m; "
+        "m.main = lambda: print(sys.getswitchinterval()) or 0; m.entry()"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert float(out) == 0.001 != sys.getswitchinterval()
+
+
 def test_config_before_or_after_the_command(tmp_path: Path, capsys: Any, monkeypatch: Any) -> None:
     """``-c`` counts the same before the command (``mirrorline -c x.toml status``) as after it; without it,
     $MIRRORLINE_CONFIG, else ./mirrorline.toml."""
