@@ -511,3 +511,31 @@ def test_duckdb_lets_go_of_a_big_append_without_writing_it_again(request: Any, t
     append(300_000, 10)
     assert sum(row_groups()) == 270_010 and len(row_groups()) <= 4  # a small append's close vacuums again
     assert len(fetch(t, ITEMS.table, ["id"])) == 270_010
+
+
+def test_duckdb_knows_the_state_a_unit_committed_without_opening_the_file_again(
+    spark: Any, request: Any, tmp_path: Path, monkeypatch: Any
+) -> None:
+    """DuckDB: the target lets go of the file after each unit, having read the state the unit committed: the look
+    at its position after the unit opens nothing, and once anyone else changed the file it is read from the file."""
+    import duckdb
+
+    t = open_target("duckdb", request, tmp_path)
+    real, opened = duckdb.connect, []
+
+    def counting(path: str, *args: Any, **kwargs: Any) -> Any:
+        if path == t.location and not kwargs.get("read_only"):
+            opened.append(path)
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(duckdb, "connect", counting)
+    seed(spark, t)
+    assert len(opened) == 1 and t.applied_position() == P(0x100) and len(opened) == 1
+    rows = [net("public.items", "I", [9], {"id": 9, "name": "n9", "qty": 9, "note": "y"})]
+    t.apply(batch(spark, rows, P(0x100), P(0x200, 1)), SCHEMAS)
+    assert t.applied_position() == P(0x200, 1) and len(opened) == 2
+    other = real(t.location)  # another writer while the target has let go of the file
+    other.execute("CREATE TABLE main.elsewhere (x int)")
+    other.close()
+    assert t.applied_position() == P(0x200, 1) and len(opened) == 3  # read from the file again
+    assert fetch(t, "public.items", ["id"])[-1] == (9,)

@@ -71,13 +71,16 @@ class DuckdbTarget(SqlTarget):
                 out += [0, 0, 0]
         return tuple(out)
 
-    def _use(self, n: int) -> None:
+    def _use(self, n: int, known: AppliedState | None = None) -> None:
         """Count a user in (1) or out (-1); the last one out lets go of the file (under the same lock as an open, so
-        a session being opened meanwhile is counted first)."""
+        a session being opened meanwhile is counted first), and ``known``, the state it read last, is what
+        :meth:`applied_positions` returns while the file stays as it leaves it."""
         with self._lock:
             self._users += n
             if self._users == 0:
                 self._close()
+                if known is not None:
+                    self._known = (self._stamp(), known)
 
     def session(self) -> Session:
         self._use(1)
@@ -98,16 +101,21 @@ class DuckdbTarget(SqlTarget):
             self._use(-1)
 
     def apply(self, *args: Any, **kwargs: Any) -> ApplyResult:
-        """As every kind's, the file held for the whole unit and let go of after it (phase ``close``)."""
+        """As every kind's, the file held for the whole unit and let go of after it (phase ``close``). The state the
+        unit committed is read before the file is let go of: the applier's look at it after the unit (and until the
+        file changes) need not open the file again (bench/live: each unit opened a DuckDB target twice)."""
         self._use(1)
         result: ApplyResult | None = None
+        state: AppliedState | None = None
         try:
             result = super().apply(*args, **kwargs)
+            with contextlib.suppress(duckdb.Error):  # (a read that fails: the next look opens the file)
+                state = super().applied_positions()
             return result
         finally:
             self._known = None
             t0 = time.monotonic()
-            self._use(-1)
+            self._use(-1, state)
             if result is not None:  # (DuckDB writes what its WAL holds into the file as it lets go)
                 result.seconds += result.timed("close", t0) - t0
 
