@@ -51,7 +51,9 @@ FEED_BYTES = 64 << 20
 # what a DuckDB target's database may hold in memory (its memory_limit, in bytes): DuckDB's default is 80% of the
 # machine's, in run's own process (apply/duckdb/target.py). 128 MiB against 256: 1M rows of 2 kB inserted in one
 # transaction applied in the same time (bench/bigtxn --tables wide --shapes insert: DuckDB's apply 59-64 s either
-# way), run's peak PSS 1,585-1,604 MB -> 1,476-1,531; 1M-row UPDATE .. FROM and DELETE .. USING as fast
+# way), run's peak PSS 1,585-1,604 MB -> 1,476-1,531; DuckDB alone, a 1M-row UPDATE .. FROM and DELETE .. USING
+# as fast (0.3-0.4 s either way); in bench/bigtxn's update and delete shapes DuckDB had them 1.2-7.9 s after the
+# commit at 128 MiB (the wide UPDATE 6.7-7.9 s; 9.0-9.4 s at 256 in runs of another day)
 DUCKDB_MEMORY = 128 << 20
 
 # bytes a SQLite target's WAL may hold before its next unit waits for the checkpoint that runs after each commit (off

@@ -192,9 +192,9 @@ def arrow_allocator() -> None:
 # mostly call into libraries that let go of the GIL while they work and take it back often (DuckDB after each of its
 # tasks, SQLite, psycopg, Arrow): each take waits out the interval of a thread that runs Python meanwhile (capture's
 # decoding, the compile). A DuckDB insert of 400,000 rows of 2 kB beside two threads running Python: 19-21 s at 5
-# ms, 8.0 s at 1 ms, 7.1 s beside threads that do not hold the GIL. bench/live, one run each: at 1,000 tps p99 1.6
-# s against 2.4 s, CPU per target 0.059 against 0.064 s per 1,000 changes; unthrottled, 13,400 changes/s applied
-# against 10,400 (pgbench 3,600 against 3,000 tps), p99 7.0 against 10.8 s
+# ms, 8.0 s at 1 ms, 7.1 s beside threads that do not hold the GIL. bench/live --phases r1000,unthrottled, two runs
+# each: at 1,000 tps p99 1.08-1.60 s against 1.11-2.43 s, CPU per target alike (1.36-1.40x against 1.39-1.46x the
+# subscriber's); unthrottled p99 7.0-8.2 s against 10.8-12.3 s. bench/bigtxn's six shapes do not tell them apart
 SWITCH_INTERVAL = 0.001
 
 
