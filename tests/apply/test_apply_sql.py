@@ -36,7 +36,8 @@ def test_seed000_join_update_is_the_worktable_update() -> None:
         'WHERE t."k" = CAST(w._ml_k0 AS integer)'
     )
     assert DUCKDB.join_update(T, "w_u", ["c"], None) == (
-        'UPDATE "main"."T" AS t SET "c" = CAST(w."c" AS INTEGER) FROM w_u AS w WHERE t."k" = CAST(w._ml_k0 AS INTEGER)'
+        'UPDATE "mirrorline_target"."main"."T" AS t SET "c" = CAST(w."c" AS INTEGER) FROM w_u AS w '
+        'WHERE t."k" = CAST(w._ml_k0 AS INTEGER)'
     )
 
 
@@ -44,7 +45,9 @@ def test_join_delete_per_dialect() -> None:
     assert POSTGRESQL.join_delete(T, "w_d") == (
         'DELETE FROM "public"."T" AS t USING w_d AS w WHERE t."k" = CAST(w._ml_k0 AS integer)'
     )
-    assert DUCKDB.join_delete(T, "w_d").startswith('DELETE FROM "main"."T" AS t USING w_d AS w WHERE')
+    assert DUCKDB.join_delete(T, "w_d").startswith(
+        'DELETE FROM "mirrorline_target"."main"."T" AS t USING w_d AS w WHERE'
+    )
     sqlite = SQLITE.join_delete(T, "w_d")
     assert sqlite.startswith('DELETE FROM "T" WHERE rowid IN (SELECT t.rowid FROM w_d AS w JOIN "T" AS t ON t."k" = ')
     assert "mirrorline_bad(w._ml_k0, 'integer', 'public.T', 'k')" in sqlite
@@ -62,11 +65,12 @@ def test_every_identifier_is_quoted() -> None:
     assert stmt.startswith('INSERT INTO "sales"."we""ird" ("i""d", "v") SELECT CAST(w."i""d" AS bigint)')
     assert SQLITE.table(ODD.table) == '"sales.we""ird"'
     assert SQLITE.table("public.orders") == '"orders"'
-    assert DUCKDB.table("public.orders") == '"main"."orders"'
+    assert DUCKDB.table("public.orders") == '"mirrorline_target"."main"."orders"'
     ddl = DUCKDB.create_table(ODD)
     assert ddl[0] == 'CREATE SCHEMA IF NOT EXISTS "sales"'
     assert ddl[1] == (
-        'CREATE TABLE IF NOT EXISTS "sales"."we""ird" ("i""d" BIGINT NOT NULL, "v" BLOB, PRIMARY KEY ("i""d"))'
+        'CREATE TABLE IF NOT EXISTS "mirrorline_target"."sales"."we""ird" ("i""d" BIGINT NOT NULL, "v" BLOB, '
+        'PRIMARY KEY ("i""d"))'
     )
 
 

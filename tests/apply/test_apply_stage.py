@@ -140,30 +140,43 @@ def test_a_duckdb_target_bounds_what_its_database_holds_in_memory(tmp_path: Any)
         t.close()
 
 
-def test_a_duckdb_target_and_a_reader_with_duckdbs_defaults_share_its_file_in_one_process(tmp_path: Any) -> None:
-    """A reader in run's process that opens the target's file with DuckDB's defaults (a test's own, an embedding
-    program's) while the target holds it, and the target opening it while such a reader holds it: both work (DuckDB
-    refuses a second open of one file with another configuration, so the memory limit is set after the open)."""
+def test_a_duckdb_target_and_a_reader_in_its_process_share_its_file(tmp_path: Any) -> None:
+    """A reader in run's process (a test's own, an embedding program's) reads the target's file through the process's
+    home of it (``reading``) while the target holds it, and the target opens it while such a reader holds it; a
+    plain second open of the file in the process is refused by DuckDB while the target holds it, and one that holds
+    the file keeps the target out with an error that says so. Between units the file is free."""
     import duckdb
 
     from mirrorline import limits
     from mirrorline.apply import open_target
+    from mirrorline.apply.duckdb.home import reading
+    from mirrorline.apply.lock import TargetBusy
     from mirrorline.config import TargetConfig
 
     path = str(tmp_path / "t.duckdb")
-    t = open_target(TargetConfig(name="d", url=f"duckdb:///{path}", kind="duckdb", location=path))
+    t = open_target(TargetConfig(name="d", url=f"duckdb:///{path}", kind="duckdb", location=path), open_wait=0.2)
     try:
         with t.transaction() as s:  # the target holds the file
             s.execute("CREATE TABLE items (id INTEGER)")
             s.execute("INSERT INTO items VALUES (1)")
-            with duckdb.connect(path) as reader:  # (the unit's table is not committed yet)
+            with reading(path) as reader:  # (the unit's table is not committed yet)
                 found = reader.execute("SELECT count(*) FROM duckdb_tables() WHERE table_name = 'items'").fetchone()
                 assert found == (0,)
-        with duckdb.connect(path) as reader:  # a reader holds the file: the target opens it beside it
+            with pytest.raises(duckdb.Error, match="already attached"):
+                duckdb.connect(path)
+        with reading(path) as reader:  # a reader holds the file: the target opens it beside it
             with t.transaction() as s:
                 s.execute("INSERT INTO items VALUES (2)")
                 limit = s.query("SELECT current_setting('memory_limit')")[0][0]
             assert reader.execute("SELECT count(*) FROM items").fetchone() == (2,)
         assert limit.replace(" ", "") == f"{limits.DUCKDB_MEMORY >> 20}.0MiB", limit
+        with duckdb.connect(path) as plain:  # between units the file is free; held so, it keeps the target out
+            assert plain.execute("SELECT count(*) FROM items").fetchone() == (2,)
+            with pytest.raises(TargetBusy, match="holds the DuckDB database"), t.transaction() as s:
+                s.execute("INSERT INTO items VALUES (3)")
+        with t.transaction() as s:
+            s.execute("INSERT INTO items VALUES (3)")
+        with duckdb.connect(path, read_only=True) as plain:
+            assert plain.execute("SELECT count(*) FROM items").fetchone() == (3,)
     finally:
         t.close()

@@ -3,6 +3,7 @@ with net batches built on Spark."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -520,22 +521,56 @@ def test_duckdb_knows_the_state_a_unit_committed_without_opening_the_file_again(
     at its position after the unit opens nothing, and once anyone else changed the file it is read from the file."""
     import duckdb
 
+    from mirrorline.apply.duckdb.home import Home
+
     t = open_target("duckdb", request, tmp_path)
-    real, opened = duckdb.connect, []
+    real, opened = Home.enter, []
 
-    def counting(path: str, *args: Any, **kwargs: Any) -> Any:
-        if path == t.location and not kwargs.get("read_only"):
-            opened.append(path)
-        return real(path, *args, **kwargs)
+    def counting(home: Home) -> Any:
+        if home.path == os.path.realpath(t.location) and home._users == 0:  # the file attached
+            opened.append(home.path)
+        return real(home)
 
-    monkeypatch.setattr(duckdb, "connect", counting)
+    monkeypatch.setattr(Home, "enter", counting)
     seed(spark, t)
     assert len(opened) == 1 and t.applied_position() == P(0x100) and len(opened) == 1
     rows = [net("public.items", "I", [9], {"id": 9, "name": "n9", "qty": 9, "note": "y"})]
     t.apply(batch(spark, rows, P(0x100), P(0x200, 1)), SCHEMAS)
     assert t.applied_position() == P(0x200, 1) and len(opened) == 2
-    other = real(t.location)  # another writer while the target has let go of the file
+    other = duckdb.connect(t.location)  # another writer while the target has let go of the file
     other.execute("CREATE TABLE main.elsewhere (x int)")
     other.close()
     assert t.applied_position() == P(0x200, 1) and len(opened) == 3  # read from the file again
     assert fetch(t, "public.items", ["id"])[-1] == (9,)
+
+
+def test_duckdb_schemas_named_like_a_database_or_the_file_are_those_schemas(spark: Any, tmp_path: Path) -> None:
+    """DuckDB: a source schema named like one of DuckDB's databases (``memory``, ``temp``, ``system``) or like the
+    target's file holds its tables, read back by a reader of the test's own; the file is free between units."""
+    import duckdb
+
+    from mirrorline.apply import target_class
+    from mirrorline.model import Column, TableSchema
+
+    names = ["memory.t", "temp.t", "system.t", "sales.t", "public.t"]
+    schemas = {
+        n: TableSchema(n, (Column("id", "integer", nullable=False), Column("v", "text")), key=("id",)) for n in names
+    }
+    path = str(tmp_path / "sales.duckdb")
+    t = target_class("duckdb")("d", path)
+    try:
+        rows = [net(n, "I", [i], {"id": i, "v": n}) for i, n in enumerate(names)]
+        t.apply(batch(spark, rows, P(0), P(0x100)), schemas)
+        rows = [net(n, "U", [i], {"id": i, "v": n.upper()}) for i, n in enumerate(names)]
+        t.apply(batch(spark, rows, P(0x100), P(0x200)), schemas)
+        assert t.applied_position() == P(0x200)
+    finally:
+        t.close()
+    with duckdb.connect(path, read_only=True) as c:
+        got = c.execute(
+            "SELECT schema_name, table_name FROM duckdb_tables() WHERE table_name = 't' ORDER BY schema_name"
+        ).fetchall()
+        assert got == [("main", "t"), ("memory", "t"), ("sales", "t"), ("system", "t"), ("temp", "t")]
+        for i, n in enumerate(names):
+            schema = "main" if n == "public.t" else n.split(".")[0]
+            assert c.execute(f'SELECT id, v FROM sales."{schema}".t').fetchall() == [(i, n.upper())]

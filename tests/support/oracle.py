@@ -158,21 +158,19 @@ def read(
             if found is None:
                 return None
             return sconn.execute(f"SELECT {sel} FROM {_q(one_name)}").fetchall()
-    import duckdb
+    from mirrorline.apply.duckdb.home import reading
 
     duck_schema = "main" if schema == "public" else schema
-    dconn = duckdb.connect(location)  # DuckDB's defaults, as a target of this process opens it
-    try:
+    with reading(location) as dconn:  # as a target of this process opens it (a second open of the file is refused)
         dconn.execute("SET TimeZone = 'UTC'")
         n = dconn.execute(
-            "SELECT count(*) FROM information_schema.tables WHERE table_schema = ? AND table_name = ?",
+            "SELECT count(*) FROM information_schema.tables WHERE table_catalog = current_database() "
+            "AND table_schema = ? AND table_name = ?",
             (duck_schema, name),
         ).fetchone()
         if not n or not n[0]:
             return None
         return dconn.execute(f"SELECT {sel} FROM {_q(duck_schema)}.{_q(name)}").fetchall()
-    finally:
-        dconn.close()
 
 
 def iceberg_table(location: str, table: str) -> Any:

@@ -4,7 +4,12 @@ from __future__ import annotations
 
 from mirrorline.apply import types as type_map
 from mirrorline.apply.sql import Dialect, lit
-from mirrorline.model import Column
+from mirrorline.model import Column, quote_ident
+
+CATALOG = "mirrorline_target"
+"""The name a DuckDB target's database file is attached under (:class:`~mirrorline.apply.duckdb.DuckdbTarget`), and
+the first part of every table name this dialect writes: a name of three parts is never read as a catalog's, so a
+schema named ``temp``, ``system``, ``memory`` or like the file means that schema."""
 
 
 class DuckdbDialect(Dialect):
@@ -13,6 +18,12 @@ class DuckdbDialect(Dialect):
     rebuilds_to_alter = True  # "Cannot change the type of this column: an index depends on it!", even in a rebuild's
     # transaction after DROP INDEX
     text_type = "VARCHAR"
+
+    def table(self, table: str) -> str:
+        return f"{quote_ident(CATALOG)}.{super().table(table)}"
+
+    def own(self, name: str) -> str:
+        return f"{quote_ident(CATALOG)}.{super().own(name)}"
 
     def type_info(self, table: str, col: Column) -> type_map.TypeInfo:
         b = type_map.base_type(col.type_name)

@@ -30,8 +30,11 @@ class DuckdbSession(Session):
     dialect = DUCKDB
     db_errors = (duckdb.Error,)
 
-    def __init__(self, conn: duckdb.DuckDBPyConnection) -> None:
+    def __init__(self, conn: duckdb.DuckDBPyConnection, catalog: str | None = None) -> None:
+        """A cursor of ``conn``; ``catalog``: the attached database its unqualified names mean."""
         self.cur = conn.cursor()
+        if catalog is not None:
+            self.cur.execute(f"USE {quote_ident(catalog)}")
         self._worktables: set[str] = set()  # Arrow tables registered as worktables (see load)
         self.appended = 0  # rows appended by insert_rows and load_chunk (the target counts them as it lets go)
 

@@ -4,7 +4,8 @@ Python).
 
 DuckDB lets one process at a time open a database file to write it, and a process that has it open for reading keeps
 writers out. So the target holds the file only while it is used: from the first session to the last one's end, and
-for a whole :meth:`apply`. Between units any DuckDB client can open it (``duckdb.connect(path, read_only=True)``),
+for a whole :meth:`apply`, attached to the process's in-memory database of that file (:mod:`.home`). Between units any
+DuckDB client can open it (``duckdb.connect(path, read_only=True)``),
 ``status`` and ``verify`` too; while one holds it, applying waits for it (:attr:`open_wait`, then the target waits its
 turn). The applied positions read between units come from memory while the file is as this target left it (its
 size and time unchanged), so an idle ``run`` does not open the file at all.
@@ -20,9 +21,9 @@ from typing import Any
 
 import duckdb
 
-from mirrorline import limits
 from mirrorline.apply import lock
-from mirrorline.apply.duckdb.dialect import DUCKDB
+from mirrorline.apply.duckdb.dialect import CATALOG, DUCKDB
+from mirrorline.apply.duckdb.home import Home
 from mirrorline.apply.duckdb.session import DuckdbSession
 from mirrorline.apply.engine import SqlTarget
 from mirrorline.apply.lock import TargetBusy
@@ -30,13 +31,6 @@ from mirrorline.apply.session import Session
 from mirrorline.apply.state import AppliedState
 from mirrorline.apply.target import ApplyResult
 from mirrorline.errors import TargetError
-
-# DuckDB's default memory_limit is 80% of the machine's memory, taken inside run's own process (DuckDB alone, 250,000
-# rows of 2 kB inserted in one transaction: 792 MB resident; 475 MB at 256 MiB, as fast; limits.DUCKDB_MEMORY says
-# what its size bought); bounded, it writes blocks out as it goes. Set once the database is open, not as the open's
-# configuration: DuckDB refuses a second open of one file in one process with another configuration (a reader with
-# DuckDB's defaults beside the target)
-SET_MEMORY = f"SET memory_limit = '{limits.DUCKDB_MEMORY >> 20}MiB'"
 
 # DuckDB appends a big insert as whole row groups written as they fill, after the table's last row group; the
 # checkpoint as the database is closed then vacuums, merging that partial last row group with the new ones: every
@@ -54,7 +48,8 @@ class DuckdbTarget(SqlTarget):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._db: duckdb.DuckDBPyConnection | None = None
+        self._home = Home.of(self.location)
+        self._db: duckdb.DuckDBPyConnection | None = None  # the home's connection while this target holds the file
         self._lock = threading.Lock()
         self._users = 0  # sessions handed out and not closed, plus applies running: the file is held while > 0
         self._appended = 0  # rows the sessions appended since the database was opened (APPENDED_NO_VACUUM)
@@ -124,18 +119,13 @@ class DuckdbTarget(SqlTarget):
             deadline = time.monotonic() + self.open_wait
             while self._db is None:
                 try:
-                    db = duckdb.connect(self.location)
-                    try:
-                        db.execute(SET_MEMORY)
-                    except BaseException:
-                        db.close()
-                        raise
-                    self._db = db
+                    self._db = self._home.enter()
                 except duckdb.Error as e:
-                    if "lock" in str(e).lower() and time.monotonic() < deadline:
+                    busy = any(w in str(e).lower() for w in ("lock", "already attached", "file handle conflict"))
+                    if busy and time.monotonic() < deadline:
                         time.sleep(0.05)
                         continue
-                    if "lock" in str(e).lower():
+                    if busy:
                         raise TargetBusy(
                             f"target {self.name}: another process holds the DuckDB database {self.location} open "
                             f"({str(e).strip().splitlines()[0]})",
@@ -148,7 +138,7 @@ class DuckdbTarget(SqlTarget):
                         hint="check the path and the file",
                         target=self.name,
                     ) from e
-            return DuckdbSession(self._db)
+            return DuckdbSession(self._db, CATALOG)
 
     def try_lock(self) -> Any:
         handle = super().try_lock()
@@ -180,8 +170,8 @@ class DuckdbTarget(SqlTarget):
         return state
 
     def _let_go(self) -> None:
-        """Close the database (its idle sessions first), so that another process can open it (DuckDB writes what its
-        WAL holds into the file as it closes)."""
+        """Let go of the file (its idle sessions first), so that another process can open it (DuckDB writes what its
+        WAL holds into the file as it detaches it)."""
         with self._lock:
             self._close()
 
@@ -193,12 +183,10 @@ class DuckdbTarget(SqlTarget):
             with contextlib.suppress(Exception):
                 sess.disconnect()
         if self._db is not None:
-            if self._appended >= APPENDED_NO_VACUUM:
-                with contextlib.suppress(duckdb.Error):
-                    self._db.execute("SET max_vacuum_tasks = 0")
+            no_vacuum = self._appended >= APPENDED_NO_VACUUM
             self._appended = 0
-            self._db.close()
             self._db = None
+            self._home.leave(no_vacuum)
 
     def close(self) -> None:
         super().close()
