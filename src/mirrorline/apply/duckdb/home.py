@@ -98,6 +98,16 @@ class Home:
                 with contextlib.suppress(duckdb.Error):
                     db.close()
 
+    def close_idle(self) -> None:
+        """Close the home's in-memory database (its DuckDB threads and memory) when nobody uses the file; the next
+        :meth:`enter` makes another."""
+        with self._lock:
+            db = self._db if self._users == 0 else None
+            if db is not None:
+                self._db = None
+                with contextlib.suppress(duckdb.Error):
+                    db.close()
+
     def __del__(self) -> None:
         db = getattr(self, "_db", None)
         if db is not None:

@@ -191,3 +191,4 @@ class DuckdbTarget(SqlTarget):
     def close(self) -> None:
         super().close()
         self._let_go()
+        self._home.close_idle()
