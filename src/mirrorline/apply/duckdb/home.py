@@ -3,12 +3,12 @@ the file is attached (``ATTACH``, as :data:`~mirrorline.apply.duckdb.dialect.CAT
 and detached (``DETACH``, which writes what the file's WAL holds into it, as a close does) once the last one is done,
 so that another process can open it between units.
 
-A new DuckDB database costs about 10 ms of CPU to set up (its catalog of functions), an attach half a millisecond:
-a target that lets go of its file after every unit opened a new database each time (bench/live --phases r300: CPU
-per 1,000 changes). One home per file and process, shared by every target object of that file and by
-:func:`reading`, as DuckDB shares one database among the connections of a process that open the same file: a
-second attach of one file in one process is refused ("Unique file handle conflict"). A home no target refers to any
-more is closed with its last reference (its registry holds it weakly).
+A new DuckDB database costs about 10 ms of CPU to set up (its catalog of functions), an attach half a millisecond,
+and a target lets go of its file after every unit (bench/live --phases r300: CPU per 1,000 changes). One home per
+file and process, shared by every target object of that file and by :func:`reading`, as DuckDB shares one database
+among the connections of a process that open the same file: a second attach of one file in one process is refused
+("Unique file handle conflict"). A home no target refers to any more goes with its last reference, and its DuckDB
+connection with it (the registry holds homes weakly).
 """
 
 from __future__ import annotations
@@ -107,12 +107,6 @@ class Home:
                 self._db = None
                 with contextlib.suppress(duckdb.Error):
                     db.close()
-
-    def __del__(self) -> None:
-        db = getattr(self, "_db", None)
-        if db is not None:
-            with contextlib.suppress(Exception):
-                db.close()
 
 
 @contextlib.contextmanager

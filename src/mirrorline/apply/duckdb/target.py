@@ -33,10 +33,10 @@ from mirrorline.apply.target import ApplyResult
 from mirrorline.errors import TargetError
 
 # DuckDB appends a big insert as whole row groups written as they fill, after the table's last row group; the
-# checkpoint as the database is closed then vacuums, merging that partial last row group with the new ones: every
+# checkpoint as the file is detached then vacuums, merging that partial last row group with the new ones: every
 # appended row is compressed and written a second time (250,000 rows of 2 kB appended to a table of 20,000: closing
 # took 7 s, 0.02 s without the vacuum). After a unit that appended at least this many rows (DuckDB's row group), the
-# close skips the vacuum (``max_vacuum_tasks = 0``; the next close vacuums again): one partial row group stays
+# detach skips the vacuum (``max_vacuum_tasks = 0``; the next one vacuums again): one partial row group stays
 # unmerged before the appended ones. Deletes and updates leave it as it is (their row groups need the vacuum to
 # give back space). bench/bigtxn --tables wide --shapes insert.
 APPENDED_NO_VACUUM = 122_880
@@ -127,7 +127,8 @@ class DuckdbTarget(SqlTarget):
                         continue
                     if busy:
                         raise TargetBusy(
-                            f"target {self.name}: another process holds the DuckDB database {self.location} open "
+                            f"target {self.name}: another process, or another connection of this one, holds the "
+                            f"DuckDB database {self.location} open "
                             f"({str(e).strip().splitlines()[0]})",
                             hint="DuckDB lets one process open a database to write it: stop that process, or let it "
                             "finish",
