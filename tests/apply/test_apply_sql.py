@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pyarrow as pa
 import pytest
 
@@ -99,6 +101,37 @@ def test_state_and_rejects_tables() -> None:
     assert SQLITE.upsert_state().count("?") == 7
     assert '"table"' in DUCKDB.create_rejects() and "VARCHAR" in DUCKDB.create_rejects()
     assert POSTGRESQL.insert_reject().count("%s") == 9
+
+
+def test_state_write_sets_many_scopes_in_few_statements(tmp_path: Any) -> None:
+    """A unit of more tables than one statement takes (state.WRITE_ROWS) sets every table's position and the unit's
+    end, on SQLite and DuckDB, over positions written before."""
+    from mirrorline.apply import state as applied
+    from mirrorline.apply.duckdb.dialect import CATALOG
+    from mirrorline.apply.duckdb.home import Home
+    from mirrorline.apply.duckdb.session import DuckdbSession
+    from mirrorline.apply.sqlite.session import SqliteSession
+
+    assert SQLITE.upsert_state(3).count("?") == 21
+    tables = [f'public."t {i}"' for i in range(applied.WRITE_ROWS * 2 + 5)]
+    home = Home.of(str(tmp_path / "d.duckdb"))
+    for s in (
+        SqliteSession(str(tmp_path / "s.sqlite")),
+        DuckdbSession(home.enter(), CATALOG),
+    ):
+        s.begin()
+        applied.ensure(s)
+        applied.write(s, tables[:7], Position(5, 1), unit=True)
+        applied.write(s, tables, Position(9, 2), unit=True)
+        applied.write(s, tables[-3:], Position(10, 0), unit=False)
+        applied.write(s, tables[:1], Position(11, 0), unit=False)
+        s.commit()
+        got = applied.read(s)
+        assert got.unit_end == Position(9, 2)
+        want = {t: Position(9, 2) for t in tables} | {t: Position(10, 0) for t in tables[-3:]}
+        assert got.tables == want | {tables[0]: Position(11, 0)}
+        s.disconnect()
+    home.leave()
 
 
 def test_serial_one_row_worktable() -> None:

@@ -521,7 +521,11 @@ def test_duckdb_knows_the_state_a_unit_committed_without_opening_the_file_again(
     at its position after the unit opens nothing, and once anyone else changed the file it is read from the file."""
     import duckdb
 
+    from mirrorline.apply import state as applied
+    from mirrorline.apply.duckdb.dialect import CATALOG
     from mirrorline.apply.duckdb.home import Home
+    from mirrorline.apply.duckdb.session import DuckdbSession
+    from mirrorline.apply.sql import lit
 
     t = open_target("duckdb", request, tmp_path)
     real, opened = Home.enter, []
@@ -542,6 +546,34 @@ def test_duckdb_knows_the_state_a_unit_committed_without_opening_the_file_again(
     other.close()
     assert t.applied_position() == P(0x200, 1) and len(opened) == 3  # read from the file again
     assert fetch(t, "public.items", ["id"])[-1] == (9,)
+
+    # the next unit's look at the positions before it writes: from memory too, while the file is as it was left
+    reads: list[str] = []
+    real_query = DuckdbSession.query
+
+    def query(self: DuckdbSession, sql: str, params: Any = ()) -> Any:
+        if "mirrorline_applied" in sql:
+            reads.append(sql)
+        return real_query(self, sql, params)
+
+    monkeypatch.setattr(DuckdbSession, "query", query)
+    rows = [net("public.items", "I", [10], {"id": 10, "name": "n10", "qty": 1, "note": "y"})]
+    t.apply(batch(spark, rows, P(0x200, 1), P(0x300)), SCHEMAS)
+    assert len(reads) == 1  # (the state the unit committed, read as it lets go of the file)
+    # another applier moves the target on while this one has let go of the file: the next unit sees it and skips
+    with duckdb.connect(":memory:") as c:
+        c.execute(f"ATTACH {lit(t.location)} AS {CATALOG}")
+        s = DuckdbSession(c, CATALOG)
+        s.begin()
+        applied.write(s, [], P(0x500), unit=True)
+        s.commit()
+        s.disconnect()
+        c.execute(f"DETACH {CATALOG}")
+    rows = [net("public.items", "I", [11], {"id": 11, "name": "n11", "qty": 1, "note": "y"})]
+    result = t.apply(batch(spark, rows, P(0x300), P(0x400)), SCHEMAS)
+    assert result.skipped == ["public.items"] and t.applied_position() == P(0x500)
+    ids = {int(r[0]) for r in fetch(t, "public.items", ["id"])}
+    assert 10 in ids and 11 not in ids
 
 
 def test_duckdb_schemas_named_like_a_database_or_the_file_are_those_schemas(spark: Any, tmp_path: Path) -> None:
@@ -574,3 +606,27 @@ def test_duckdb_schemas_named_like_a_database_or_the_file_are_those_schemas(spar
         for i, n in enumerate(names):
             schema = "main" if n == "public.t" else n.split(".")[0]
             assert c.execute(f'SELECT id, v FROM sales."{schema}".t').fetchall() == [(i, n.upper())]
+
+
+@pytest.mark.parametrize("kind", SQL_KINDS)
+def test_the_columns_of_a_units_tables_are_read_in_one_look(kind: str, request: Any, tmp_path: Path) -> None:
+    """``tables_columns`` (what a unit reads before it writes) gives each table's columns in their order, as
+    ``table_columns`` does one table at a time: one name in two schemas, names with quotes, dots and spaces, and a
+    table the target lacks (None)."""
+    t = open_target(kind, request, tmp_path)
+    made = [
+        TableSchema("public.t one", (Column("id", "bigint", nullable=False), Column("b", "text")), key=("id",)),
+        TableSchema("sales.t one", (Column("x", "integer"), Column("id", "bigint", nullable=False)), key=("id",)),
+        TableSchema(
+            'public.we"ird.name', (Column('c "1"', "text"), Column("k", "integer", nullable=False)), key=("k",)
+        ),
+    ]
+    t.ensure_schema(made)
+    asked = ["sales.t one", "public.nope", "public.t one", 'public.we"ird.name']
+    with t.transaction() as s:
+        got = s.tables_columns(asked)
+        one_by_one = {name: s.table_columns(name) for name in asked}
+    assert list(got) == asked
+    assert got == one_by_one
+    assert got["public.nope"] is None
+    assert got["sales.t one"] == ["x", "id"] and got['public.we"ird.name'] == ['c "1"', "k"]

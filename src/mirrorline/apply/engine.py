@@ -178,8 +178,9 @@ class SqlTarget(Target):
         changed: list[str] = []
         rebuilt: dict[str, list[tuple[str, str]]] = {}
         self.check_types(s, schemas)
+        columns = s.tables_columns([ts.table for ts in schemas])  # (a change to one table leaves the others' alone)
         for ts in schemas:
-            have = s.table_columns(ts.table)
+            have = columns[ts.table]
             recorded = state.shapes.get(ts.table)
             if have is None:
                 for stmt in self.dialect.create_table(self.shape(ts)):

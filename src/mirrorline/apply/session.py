@@ -101,6 +101,11 @@ class Session(ABC):
     def table_columns(self, table: str) -> list[str] | None:
         """The columns of the target's table for the source table ``table``, or None when it does not exist."""
 
+    def tables_columns(self, tables: Sequence[str]) -> dict[str, list[str] | None]:
+        """:meth:`table_columns` of each of ``tables`` (a kind whose catalog read has a cost of its own per query
+        reads them in one)."""
+        return {t: self.table_columns(t) for t in tables}
+
     def user_indexes(self, table: str) -> list[tuple[str, str]]:
         """The indexes made on the target's table by others than mirrorline (name, the statement that makes it):
         what a rebuild makes again afterwards. None known by default."""

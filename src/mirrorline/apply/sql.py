@@ -442,11 +442,14 @@ class Dialect(ABC):
     def read_state(self) -> str:
         return f"SELECT scope, lsn, seq, end_lsn, end_seq, position FROM {self.own(STATE_TABLE)}"
 
-    def upsert_state(self) -> str:
+    def upsert_state(self, rows: int = 1) -> str:
+        """Set ``rows`` scopes (distinct) of the state table, 7 parameters each: scope, lsn, seq, end_lsn, end_seq,
+        position, updated_at."""
         p = self.param
+        values = ", ".join([f"({p}, {p}, {p}, {p}, {p}, {p}, {p})"] * rows)
         return (
             f"INSERT INTO {self.own(STATE_TABLE)} (scope, lsn, seq, end_lsn, end_seq, position, updated_at) "
-            f"VALUES ({p}, {p}, {p}, {p}, {p}, {p}, {p}) ON CONFLICT (scope) DO UPDATE SET lsn = excluded.lsn, "
+            f"VALUES {values} ON CONFLICT (scope) DO UPDATE SET lsn = excluded.lsn, "
             f"seq = excluded.seq, end_lsn = excluded.end_lsn, end_seq = excluded.end_seq, "
             f"position = excluded.position, updated_at = excluded.updated_at"
         )

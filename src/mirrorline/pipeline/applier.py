@@ -122,6 +122,11 @@ class Applier:
         )
         self.compiler = self.units.compiler
         self._upkeep = Upkeep()
+        # the threads a unit's targets apply in, kept between units (a pool made per unit started a thread per
+        # target and unit: bench/live --phases r300, CPU per 1,000 changes); made again, larger, for a larger group
+        self._pool: ThreadPoolExecutor | None = None
+        self._pool_size = 0
+        self._pool_lock = threading.Lock()
         self._turn = False
         self.on_message: Callable[[str], None] = lambda m: log.info("%s", m)  # what run prints (runner sets it)
         self._held_turn = False  # a held table's unit was the last step: a live unit goes first now
@@ -186,8 +191,21 @@ class Applier:
 
     def close(self) -> None:
         self._upkeep.join()
+        with self._pool_lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown()
         self.units.close()
         self.roster.close()
+
+    def _workers(self, n: int) -> ThreadPoolExecutor:
+        """The apply threads, at least ``n`` of them."""
+        with self._pool_lock:
+            if self._pool is None or self._pool_size < n:
+                if self._pool is not None:
+                    self._pool.shutdown(wait=False)  # (its threads idle: the last group's futures were waited for)
+                self._pool, self._pool_size = ThreadPoolExecutor(n, thread_name_prefix="mirrorline-apply"), n
+            return self._pool
 
     # -- the roster --------------------------------------------------------------------------------------------
 
@@ -429,14 +447,16 @@ class Applier:
         if len(group) == 1 and not next_unit:
             apply_one(group[0])
             return
-        with ThreadPoolExecutor(len(group), thread_name_prefix="mirrorline-apply") as pool:
-            futures = [pool.submit(apply_one, n) for n in group]
+        pool = self._workers(len(group))
+        futures = [pool.submit(apply_one, n) for n in group]
+        try:
             if next_unit:
                 try:
                     self.units.compile_next(batch.end, futures)
                 except Exception as e:  # the next step compiles that unit again, and reports its error
                     log.debug("compiling ahead failed: %s", e)
-            errors = [e for e in (f.exception() for f in futures) if e is not None]
+        finally:
+            errors = [e for e in (f.exception() for f in futures) if e is not None]  # (every target done first)
         if errors:
             self.units.drop_ahead()
             raise errors[0]

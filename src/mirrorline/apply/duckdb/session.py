@@ -113,15 +113,25 @@ class DuckdbSession(Session):
         return n
 
     def table_columns(self, table: str) -> list[str] | None:
-        schema, name = self.dialect.names(table)
-        rows = self.cur.execute(
-            # (duckdb_columns(): what information_schema.columns is a view over, a third of its time: once per
-            # table per unit)
-            "SELECT column_name FROM duckdb_columns() WHERE database_name = current_database() "
-            "AND schema_name = ? AND table_name = ? ORDER BY column_index",
-            [schema, name],
-        ).fetchall()
-        return [r[0] for r in rows] or None
+        return self.tables_columns([table])[table]
+
+    def tables_columns(self, tables: Sequence[str]) -> dict[str, list[str] | None]:
+        """One catalog query for all of ``tables`` (duckdb_columns(), what information_schema.columns is a view
+        over, in a third of its time; a query costs about 0.5 ms of CPU however few tables it asks for: a unit asks
+        for its tables' columns before it writes)."""
+        names = {self.dialect.names(t): t for t in tables}
+        found: dict[str, list[str]] = {}
+        if names:
+            marks = ", ".join("?" * len(names))
+            rows = self.cur.execute(
+                "SELECT schema_name, table_name, column_name FROM duckdb_columns() WHERE database_name = "
+                f"current_database() AND table_name IN ({marks}) ORDER BY schema_name, table_name, column_index",
+                [n for _, n in names],
+            ).fetchall()
+            for schema, name, column in rows:
+                if (schema, name) in names:
+                    found.setdefault(names[schema, name], []).append(column)
+        return {t: found.get(t) for t in tables}
 
     def user_indexes(self, table: str) -> list[tuple[str, str]]:
         schema, name = self.dialect.names(table)

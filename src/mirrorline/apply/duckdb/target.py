@@ -98,12 +98,13 @@ class DuckdbTarget(SqlTarget):
     def apply(self, *args: Any, **kwargs: Any) -> ApplyResult:
         """As every kind's, the file held for the whole unit and let go of after it (phase ``close``). The state the
         unit committed is read before the file is let go of, so the applier's look at it after the unit (and until
-        the file changes) opens nothing (bench/live --phases r300: CPU per 1,000 changes)."""
+        the file changes) opens nothing, and neither does the next unit's look before it writes (bench/live
+        --phases r300: CPU per 1,000 changes)."""
         self._use(1)
         result: ApplyResult | None = None
         state: AppliedState | None = None
         try:
-            result = super().apply(*args, **kwargs)
+            result = super().apply(*args, **kwargs)  # (its look at the positions first: from memory, as above)
             with contextlib.suppress(Exception):  # (the unit is committed; a read that fails: the next look opens it)
                 state = super().applied_positions()
             return result
@@ -160,7 +161,7 @@ class DuckdbTarget(SqlTarget):
                 )
             self.unlock(handle)
         known, stamp = self._known, self._stamp()
-        if known is not None and known[0] == stamp and self._users == 0:
+        if known is not None and known[0] == stamp and self._db is None:  # (not attached: nothing of ours open)
             return known[1]
         self._use(1)
         try:

@@ -208,6 +208,19 @@ class PgSession(Session):
         )
         return [r[0] for r in rows] or None
 
+    def tables_columns(self, tables: Sequence[str]) -> dict[str, list[str] | None]:
+        """One catalog query (one round trip) for all of ``tables``."""
+        found: dict[str, list[str]] = {}
+        if tables:
+            rows = self.query(
+                "SELECT t.i, a.attname FROM unnest(%s::text[]) WITH ORDINALITY AS t(name, i) JOIN pg_attribute a "
+                "ON a.attrelid = to_regclass(t.name) AND a.attnum > 0 AND NOT a.attisdropped ORDER BY t.i, a.attnum",
+                ([self.dialect.table(t) for t in tables],),
+            )
+            for i, column in rows:
+                found.setdefault(tables[int(i) - 1], []).append(column)
+        return {t: found.get(t) for t in tables}
+
     def user_indexes(self, table: str) -> list[tuple[str, str]]:
         rows = self.query(
             "SELECT c.relname, pg_get_indexdef(i.indexrelid) FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid "
