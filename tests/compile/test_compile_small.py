@@ -7,6 +7,7 @@ import random
 from dataclasses import replace
 from typing import Any
 
+import pyarrow as pa
 import pytest
 from compile_cases import CASES, pos, render, unit
 from compile_histories import Picker, inject, pack, random_histories, unpack
@@ -158,3 +159,37 @@ def test_unit_rows_keeps_the_configured_tables_only() -> None:
     assert unit_rows({"public.b": None}, iter([first, second])).num_rows == 0
     assert unit_rows(None, iter([changes_to_table(mine + other)])).num_rows == 6
     assert unit_rows({"public.a": None}, iter([])).num_rows == 0
+
+
+def test_the_python_task_freezes_its_workers_garbage_collector_once(tmp_path: Any) -> None:
+    """The small plan's Python task (in a Spark worker: a process of its own here) reads the unit's rows, and has its
+    process's objects frozen out of the cyclic collector's walk (the full collection PySpark's daemon runs after each
+    task then walks only what came after), once."""
+    import subprocess
+    import sys
+    import textwrap
+
+    rows = changes_to_table(unit("a: I 1 c=1", "a: U 1 c=2", "b: I 7 c=x"))
+    path = tmp_path / "rows.arrow"
+    with pa.OSFile(str(path), "wb") as f, pa.ipc.new_file(f, rows.schema) as w:
+        w.write_table(rows)
+    script = textwrap.dedent(
+        f"""
+        import gc, pyspark
+        from mirrorline.compile import small
+
+        class Ctx:
+            def getLocalProperty(self, name):
+                return {str(path)!r} if name == small.UNIT_PROPERTY else None
+
+        pyspark.TaskContext.get = staticmethod(lambda: Ctx())
+        assert gc.get_freeze_count() == 0
+        first = sum(b.num_rows for b in small._read_unit(iter([])))
+        frozen = gc.get_freeze_count()
+        second = sum(b.num_rows for b in small._read_unit(iter([])))
+        print(first, second, frozen > 1000, gc.get_freeze_count() == frozen)
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["3", "3", "True", "True"]
