@@ -116,9 +116,9 @@ def write(s: Session, tables: Iterable[str], end: Position, unit: bool) -> None:
     scopes = list(dict.fromkeys([*tables, *([GLOBAL_SCOPE] if unit else [])]))
     # one statement for a unit's scopes (a DuckDB statement costs about 1.5 ms of CPU to plan: bench/live --phases
     # r300, CPU per 1,000 changes)
+    row = (end.lsn, end.seq, end.lsn, end.seq, str(end), stamp)
     for i in range(0, len(scopes), WRITE_ROWS):
         part = scopes[i : i + WRITE_ROWS]
-        row = (end.lsn, end.seq, end.lsn, end.seq, str(end), stamp)
         s.execute(s.dialect.upsert_state(len(part)), [v for scope in part for v in (scope, *row)])
 
 
