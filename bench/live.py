@@ -8,7 +8,8 @@ Setup (not timed, except where said): one throwaway PostgreSQL cluster. Database
   subscription to it (its slot created beforehand with ``pg_create_logical_replication_slot``, since CREATE
   SUBSCRIPTION to the same cluster would hang creating it), seeded by ``copy_data`` and waited for until every table
   is ready (``subscription_sync_s``).
-- mirrorline: a configuration (source, a log folder, ``[apply] latency = --latency``, the four pgbench tables) with
+- mirrorline: a configuration (source, a log folder, ``[apply] latency = --latency``, the four pgbench tables and the
+  heartbeat) with
   three targets: ``sqlite`` and ``duckdb`` files and ``pg``, database ``bench_ml`` of the same cluster. ``mirrorline
   run -c CONFIG`` is started as a process of its own (its stdout and stderr in ``run.log``); it loads the new targets
   itself (``snapshot``: rows and seconds of each target's last progress line), then replicates. Once every target is
@@ -31,6 +32,10 @@ every 0.1 s from the first phase until everything is drained. Once a second duri
   probing it when ``run`` has just closed it would make ``run`` fail), so its lag is computed with the same formula
   from the applied position ``run`` records in the log's reader registry (``<log>/readers/duckdb.json``, written
   right after each unit's commit).
+- mirrorline's ``heartbeat_lag`` for ``sqlite`` and ``pg``: ``clock_timestamp()`` minus the heartbeat value the
+  target holds, read from the SQLite file and from ``bench_ml``: end to end, from the source's commit through capture,
+  the log and the unit (the lag above starts once a change is in the log), measured as the subscriber's heartbeat lag
+  (overstates by up to 0.1 s). Not for ``duckdb``, which this process cannot open while ``run`` holds it.
 - the subscriber: ``replay_lag`` of its walsender in ``pg_stat_replication`` (NULL, caught up, counts as 0), and the
   heartbeat's lag: ``clock_timestamp()`` minus the heartbeat value the subscriber holds (overstates by up to 0.1 s).
 
@@ -471,6 +476,7 @@ class Heartbeat(threading.Thread):
         self.dsn = dsn
         self.stopping = threading.Event()
         self.error: BaseException | None = None
+        self.updates = 0  # committed so far (each one change every copy applies)
 
     def run(self) -> None:
         try:
@@ -479,6 +485,7 @@ class Heartbeat(threading.Thread):
             with conn.cursor() as cur:
                 while not self.stopping.is_set():
                     cur.execute("UPDATE bench_heartbeat SET t = clock_timestamp() WHERE id = 1")
+                    self.updates += 1
                     self.stopping.wait(HEARTBEAT_EVERY)
             conn.close()
         except BaseException as e:
@@ -522,10 +529,44 @@ class Probe:
         self.sub.autocommit = True
         self.src = psycopg2.connect(cluster.dsn(SRC_DB))
         self.src.autocommit = True
+        # the targets whose copy of the heartbeat this process can read while run applies (not DuckDB's: see above)
+        self.beat_targets = {n: t for n, t in config.targets.items() if t.kind in ("sqlite", "postgresql")}
+        self._beat_conns: dict[str, Any] = {}
 
     def close(self) -> None:
         self.sub.close()
         self.src.close()
+        for c in self._beat_conns.values():
+            c.close()
+
+    def heartbeats(self) -> dict[str, float | None]:
+        """target -> the age in seconds of the heartbeat value it holds (None: not readable now), as the
+        subscriber's heartbeat lag: end to end, from the source's commit (overstates by up to HEARTBEAT_EVERY)."""
+        out: dict[str, float | None] = {}
+        for n, t in self.beat_targets.items():
+            try:
+                conn = self._beat_conns.get(n)
+                if t.kind == "sqlite":
+                    if conn is None:
+                        conn = self._beat_conns[n] = sqlite3.connect(t.location, timeout=1, isolation_level=None)
+                    row = conn.execute('SELECT "t" FROM "bench_heartbeat" WHERE "id" = 1').fetchone()
+                    out[n] = time.time() - datetime.fromisoformat(row[0]).timestamp() if row else None
+                else:
+                    if conn is None:
+                        conn = self._beat_conns[n] = psycopg2.connect(t.location)
+                        conn.autocommit = True
+                    with conn.cursor() as cur:
+                        cur.execute(
+                            'SELECT EXTRACT(epoch FROM clock_timestamp() - "t")::float8 '
+                            'FROM "public"."bench_heartbeat" WHERE "id" = 1'
+                        )
+                        row = cur.fetchone()
+                    out[n] = float(row[0]) if row else None
+            except (sqlite3.Error, psycopg2.Error, ValueError, TypeError):  # not loaded yet, or busy: no sample
+                out[n] = None
+                with contextlib.suppress(Exception):
+                    self._beat_conns.pop(n).close()
+        return out
 
     def mirrorline(self) -> dict[str, tuple[str | None, float | None]]:
         """target -> (state, lag seconds); state None where it came from the reader registry."""
@@ -632,7 +673,7 @@ def setup_subscriber(cluster: PgCluster, work: Path, timeout: float = 900) -> fl
 
 def write_config(path: Path, work: Path, cluster: PgCluster, latency: str) -> None:
     q = json.dumps  # a JSON string is a valid TOML basic string
-    tables = "\n".join(f'[tables."public.{t}"]\n' for t in TABLES)
+    tables = "\n".join(f'[tables."public.{t}"]\n' for t in [*TABLES, "bench_heartbeat"])
     path.write_text(
         f'[source]\ndsn = {q(cluster.dsn(SRC_DB))}\nslot = "mirrorline"\n\n'
         f"[log]\npath = {q(str(work / 'log'))}\n\n"
@@ -764,12 +805,14 @@ def run_phase(
     work: Path,
     children: list[subprocess.Popen[Any]],
     samples_out: dict[str, Any],
+    heartbeat: Heartbeat | None = None,
 ) -> dict[str, Any]:
     out_path = work / f"pgbench_{name}.log"
     cmd = [cluster.bin("pgbench"), "-n", "-T", str(seconds), *extra, *pg_args(cluster), SRC_DB]
     say(f"phase {name}: pgbench {' '.join(extra)} for {seconds}s")
     targets = sorted(probe.config.targets)
     ml: dict[str, list[tuple[float, float | None]]] = {n: [] for n in targets}
+    ml_beat: dict[str, list[tuple[float, float | None]]] = {n: [] for n in sorted(probe.beat_targets)}
     replay: list[tuple[float, float | None]] = []
     beat: list[tuple[float, float | None]] = []
     with open(out_path, "wb") as f:
@@ -778,6 +821,7 @@ def run_phase(
         children.append(pb)
         meter = CpuMeter(runlog.proc.pid, probe.subscriber_senders)
         meter.start()
+        beats0 = heartbeat.updates if heartbeat is not None else 0
         cpu: dict[str, float] | None = None
         nxt = t0
         last_say = t0
@@ -794,6 +838,8 @@ def run_phase(
                 lags = probe.mirrorline()
                 for n in targets:
                     ml[n].append((t, lags.get(n, (None, None))[1]))
+                for n, v in probe.heartbeats().items():
+                    ml_beat[n].append((t, v))
                 try:
                     rp, hb = probe.subscriber()
                 except psycopg2.Error as e:
@@ -808,12 +854,18 @@ def run_phase(
                     say(f"phase {name} {t:.0f}s: lag {shown}; subscriber replay {r(rp)}, heartbeat {r(hb, 2)}")
             time.sleep(max(0.0, min(0.2, nxt - time.monotonic())))
         t1 = time.monotonic()
+        beats = (heartbeat.updates if heartbeat is not None else 0) - beats0
         if cpu is None:  # the last window was missed (a slow sample): pgbench's backends are gone by now
             cpu = meter.stop()
     text = out_path.read_text(errors="replace")
     if pb.returncode != 0:
         say(f"phase {name}: pgbench exited with {pb.returncode}: {text.strip()[-500:]}")
-    samples_out[name] = {"mirrorline": ml, "subscriber_replay_lag": replay, "subscriber_heartbeat_lag": beat}
+    samples_out[name] = {
+        "mirrorline": ml,
+        "mirrorline_heartbeat_lag": ml_beat,
+        "subscriber_replay_lag": replay,
+        "subscriber_heartbeat_lag": beat,
+    }
     fig = parse_pgbench(text)
     units = runlog.units_between(t0, t1)
     res: dict[str, Any] = {
@@ -825,11 +877,12 @@ def run_phase(
         # pgbench's TPC-B-like transaction changes 4 rows of the replicated tables (3 updates, 1 insert)
         "source_changes_per_s": r(fig["tps"] * 4, 1) if fig["tps"] is not None else None,
         "lag": {n: lag_figures(ml[n]) for n in targets},
+        "heartbeat_lag": {n: lag_figures(v) for n, v in ml_beat.items()},
         "subscriber": {"replay_lag": lag_figures(replay), "heartbeat_lag": lag_figures(beat)},
         **unit_figures(units, targets),
     }
     res["applied_changes_per_s"] = r(res["changes_sum"] / (t1 - t0), 1)
-    res["cpu_per_1000_changes"] = cpu_per_1000(cpu, res["changes_sum"], fig["tps"], t1 - t0, len(targets))
+    res["cpu_per_1000_changes"] = cpu_per_1000(cpu, res["changes_sum"], fig["tps"], t1 - t0, len(targets), beats)
     say(
         f"phase {name}: tps {fig['tps']}, {res['units']} units, lag end "
         + ", ".join(f"{n} {res['lag'][n]['end']}" for n in targets)
@@ -839,18 +892,18 @@ def run_phase(
 
 
 def cpu_per_1000(
-    cpu: Mapping[str, float], applied: float, tps: float | None, seconds: float, targets: int
+    cpu: Mapping[str, float], applied: float, tps: float | None, seconds: float, targets: int, beats: int = 0
 ) -> dict[str, Any]:
     """CPU seconds per 1,000 changes: mirrorline's whole tree (Python, JVM, Spark's workers) and its walsender per
     1,000 changes applied, and per target; the subscriber's apply worker and walsender per 1,000 changes of the
-    source (pgbench's transaction changes 4 rows of the replicated tables); ``per_target_over_subscriber`` their
-    ratio (the issue's aim: at most 2)."""
+    source (pgbench's transaction changes 4 rows of the replicated tables; ``beats``: the heartbeat's updates in the
+    phase, which both apply); ``per_target_over_subscriber`` their ratio (the issue's aim: at most 2)."""
     window = cpu.get("capacity", 0.0) / (os.cpu_count() or 1)  # the meter stops 2 s before the phase ends
     scale = seconds / window if window else 1.0
     ml = sum(cpu.get(k, 0.0) for k in ("mirrorline_python", "mirrorline_jvm", "mirrorline_other"))
     ml = (ml + cpu.get("pg_walsender_mirrorline", 0.0)) * scale
     sub = (cpu.get("pg_subscriber_apply", 0.0) + cpu.get("pg_walsender_subscriber", 0.0)) * scale
-    source = (tps or 0.0) * 4 * seconds
+    source = (tps or 0.0) * 4 * seconds + beats
     out: dict[str, Any] = {"mirrorline": None, "mirrorline_per_target": None, "subscriber": None}
     if applied:
         out["mirrorline"] = round(ml / applied * 1000, 3)
@@ -1103,10 +1156,16 @@ def bench(args: argparse.Namespace, work: Path, out: dict[str, Any]) -> None:
 
             heartbeat = Heartbeat(cluster.dsn(SRC_DB))
             heartbeat.start()
+            # the targets hold the heartbeat of the setup until its first updates pass through: not a phase's lag
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline and not all(
+                v is not None and v < 2.0 for v in probe.heartbeats().values()
+            ):
+                time.sleep(0.2)
             out["phases"] = {}
             for name, extra in [ph for ph in PHASES if ph[0] in args.phases.split(",")]:
                 out["phases"][name] = run_phase(
-                    name, extra, args.phase_seconds, cluster, probe, runlog, work, children, samples
+                    name, extra, args.phase_seconds, cluster, probe, runlog, work, children, samples, heartbeat
                 )
                 if heartbeat.error is not None:
                     raise RuntimeError(f"heartbeat failed: {heartbeat.error}")

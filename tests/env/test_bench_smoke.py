@@ -83,6 +83,13 @@ def test_each_benchmark_runs_at_a_tiny_size(
     assert len(lines) == 1, r.stdout[-3000:]
     figures = json.loads(lines[0])
     assert TINY[script][1] in figures, figures
+    if script == "live.py":  # the heartbeat read in the SQLite and PostgreSQL targets, every phase
+        for phase in figures["phases"].values():
+            assert {n: f["samples"] - f["missing"] > 0 for n, f in phase["heartbeat_lag"].items()} == {
+                "pg": True,
+                "sqlite": True,
+            }, phase
+        assert all(t["equal"] for t in figures["equal"].values()), figures["equal"]
 
 
 def test_every_benchmark_has_a_tiny_run() -> None:
