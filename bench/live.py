@@ -671,12 +671,12 @@ def setup_subscriber(cluster: PgCluster, work: Path, timeout: float = 900) -> fl
         time.sleep(0.5)
 
 
-def write_config(path: Path, work: Path, cluster: PgCluster, latency: str) -> None:
+def write_config(path: Path, work: Path, cluster: PgCluster, latency: str, segment_seconds: str = "250ms") -> None:
     q = json.dumps  # a JSON string is a valid TOML basic string
     tables = "\n".join(f'[tables."public.{t}"]\n' for t in [*TABLES, "bench_heartbeat"])
     path.write_text(
         f'[source]\ndsn = {q(cluster.dsn(SRC_DB))}\nslot = "mirrorline"\n\n'
-        f"[log]\npath = {q(str(work / 'log'))}\n\n"
+        f"[log]\npath = {q(str(work / 'log'))}\nsegment_seconds = {q(segment_seconds)}\n\n"
         f"[apply]\nlatency = {q(latency)}\n\n"
         f"{tables}\n"
         f"[targets.sqlite]\nurl = {q('sqlite:///' + str(work / 'target.sqlite'))}\n\n"
@@ -1136,7 +1136,7 @@ def bench(args: argparse.Namespace, work: Path, out: dict[str, Any]) -> None:
             out["setup"]["subscription_sync_s"] = r(setup_subscriber(cluster, work), 2)
             cluster.create_database(ML_DB)
             config_path = work / "mirrorline.toml"
-            write_config(config_path, work, cluster, args.latency)
+            write_config(config_path, work, cluster, args.latency, args.segment_seconds)
             config = load_config(config_path)
             probe = Probe(config, cluster)
 
@@ -1215,6 +1215,7 @@ def main() -> None:
     p.add_argument("--phase-seconds", type=int, default=120)
     p.add_argument("--scale", type=int, default=10)
     p.add_argument("--latency", default="500ms", help="mirrorline's [apply] latency")
+    p.add_argument("--segment-seconds", default="250ms", help="mirrorline's [log] segment_seconds")
     p.add_argument(
         "--phases", default=",".join(n for n, _ in PHASES), help="which phases to run, in their order (comma-separated)"
     )
@@ -1228,7 +1229,12 @@ def main() -> None:
     p.add_argument("--start-timeout", type=float, default=900, help="seconds for every target to become live")
     p.add_argument("--drain-timeout", type=float, default=300, help="seconds to apply everything after the load")
     args = p.parse_args()
-    out: dict[str, Any] = {"latency": args.latency, "scale": args.scale, "phase_seconds": args.phase_seconds}
+    out: dict[str, Any] = {
+        "latency": args.latency,
+        "segment_seconds": args.segment_seconds,
+        "scale": args.scale,
+        "phase_seconds": args.phase_seconds,
+    }
     run_in_folder(bench, args, out, "live", say)
 
 
