@@ -91,16 +91,21 @@ def test_run_killed_while_it_applies_ahead_of_the_commit(pg: Any, pg_cluster: An
         for round_ in range(1, 5):
             proc = start(conf, log)
             try:
-                with conn.cursor() as cur:  # (a change in the log before the transaction: its end is known)
-                    cur.execute('INSERT INTO public."big one" VALUES (%s, 0, NULL)', (-round_,))
-                conn.commit()
-                before = source(pg.dsn)
-                wait_until(
-                    lambda b=before: all(rows(k, u) == b for k, u in urls.items() if k != "duckdb"),
-                    timeout=180,
-                    what="run has every target at the source",
-                    context=lambda b=before: f"{differences(b)}\n{tail()}",
-                )
+                # a change in the log before the transaction, so that its start is known: committed once run has
+                # every target at the source (in the first round, a change committed before run made its slot is in
+                # the targets' snapshots, not in the log), and applied before the transaction begins
+                for change in (False, True):
+                    if change:
+                        with conn.cursor() as cur:
+                            cur.execute('INSERT INTO public."big one" VALUES (%s, 0, NULL)', (-round_,))
+                        conn.commit()
+                    before = source(pg.dsn)
+                    wait_until(
+                        lambda b=before: all(rows(k, u) == b for k, u in urls.items() if k != "duckdb"),
+                        timeout=180,
+                        what="run has every target at the source",
+                        context=lambda b=before: f"{differences(b)}\n{tail()}",
+                    )
                 big_transaction(conn, round_)
                 wait_until(
                     lambda r=round_: ahead_started(r), timeout=60, what="the transaction is applied ahead", context=tail
