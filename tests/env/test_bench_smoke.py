@@ -85,7 +85,7 @@ def test_each_benchmark_runs_at_a_tiny_size(
     assert TINY[script][1] in figures, figures
     if script == "live.py":  # the heartbeat read in the SQLite and PostgreSQL targets, every phase
         for phase in figures["phases"].values():
-            assert {n: f["samples"] - f["missing"] > 0 for n, f in phase["heartbeat_lag"].items()} == {
+            assert {n: f["samples"] > 0 for n, f in phase["heartbeat_lag"].items()} == {
                 "pg": True,
                 "sqlite": True,
             }, phase
