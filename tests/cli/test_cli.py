@@ -129,6 +129,27 @@ def test_arrow_allocates_from_jemalloc_unless_the_user_names_an_allocator(preset
     assert out.strip() == (preset or "jemalloc")
 
 
+@pytest.mark.parametrize("preset", [None, "dirty_decay_ms:2000"])
+def test_arrows_jemalloc_gives_freed_pages_back_sooner_unless_the_user_says_otherwise(preset):
+    """The command has Arrow's jemalloc give freed pages back after 100 ms (``cli.main.ARROW_JEMALLOC_CONF``), or
+    as the user's ``JE_ARROW_MALLOC_CONF`` says: read back from jemalloc's own statistics, so that a pyarrow whose
+    jemalloc reads another variable fails here."""
+    import os
+    import re
+
+    code = (
+        "import os; from mirrorline.cli.main import arrow_allocator; arrow_allocator(); "
+        "os.environ['JE_ARROW_MALLOC_CONF'] += ',stats_print:true'; "
+        "import pyarrow as pa; pa.array(range(1000))"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("ARROW_DEFAULT_MEMORY_POOL", "JE_ARROW_MALLOC_CONF")}
+    if preset:
+        env["JE_ARROW_MALLOC_CONF"] = preset
+    err = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env).stderr
+    decay = re.findall(r"opt\.(dirty|muzzy)_decay_ms: (\d+)", err)
+    assert decay == ([("dirty", "2000"), ("muzzy", "1000")] if preset else [("dirty", "100"), ("muzzy", "100")])
+
+
 def test_the_command_hands_the_gil_over_sooner_than_python_does():
     """A command's threads hand the GIL over every millisecond, not every 5 (``cli.main.SWITCH_INTERVAL``: threads
     in DuckDB, SQLite and psycopg take it back often)."""

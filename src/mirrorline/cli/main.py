@@ -180,12 +180,23 @@ def os_error_text(e: OSError) -> str:
     return f"{what}{where} (run again with -vv for details)"
 
 
+# how long jemalloc keeps the pages of Arrow's freed buffers before it gives them back to the system (arrow_allocator)
+ARROW_JEMALLOC_CONF = "dirty_decay_ms:100,muzzy_decay_ms:100"
+
+
 def arrow_allocator() -> None:
     """Arrow's buffers from jemalloc unless the user's environment names an allocator (``ARROW_DEFAULT_MEMORY_POOL``;
     Spark's Python workers inherit it): it gives freed memory back where pyarrow's default, mimalloc, kept it
     (``./dev bench bigtxn --tables narrow --shapes update``, one run each: ``run``'s Python peak 818 MB with mimalloc,
-    673 MB with jemalloc, every target as soon or sooner). Set before pyarrow is imported, which reads it once."""
+    673 MB with jemalloc, every target as soon or sooner). Set before pyarrow is imported, which reads it once.
+
+    jemalloc gives back the pages of what was freed after 100 ms rather than Arrow's 1 s (``JE_ARROW_MALLOC_CONF``,
+    read by Arrow's jemalloc as it starts, unless the user's environment sets it): ``./dev bench bigtxn --tables
+    wide --shapes insert``, three runs paired with three at 1 s: run's tree at its peak 1,430-1,464 MB against
+    1,473-1,531 (its Python process 815-854 MB against 850-915), its Python's CPU 39.9-41.5 s against 37.5-44.4;
+    0 ms gave back a further 50 MB but cost 40% more CPU."""
     os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "jemalloc")
+    os.environ.setdefault("JE_ARROW_MALLOC_CONF", ARROW_JEMALLOC_CONF)
 
 
 # how long a thread holds the GIL before one waiting takes it, in seconds (Python's default: 5 ms). run's threads
